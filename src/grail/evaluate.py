@@ -1,0 +1,87 @@
+"""Held-out evaluation: sample completions, score them with a reward function, report acc@n.
+
+Stands alone (it never imports the trainer); training's evaluation and `grail demo` call it.
+acc@n = mean over problems of (correct samples / n).  Greedy decoding is `temperature=0`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+RewardFn = Callable[..., list[float]]
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    acc_at_n: float  # mean over problems of correct/n
+    n: int  # samples per problem
+    num_problems: int
+    correct_P: tuple[int, ...]  # correct samples per problem
+    completions: tuple[str, ...]  # P*n completions, problem-major
+
+    def as_metrics(self, prefix: str) -> dict[str, float]:
+        return {f"{prefix}/acc@{self.n}": self.acc_at_n, f"{prefix}/num_problems": float(self.num_problems)}
+
+
+@torch.no_grad()
+def sample_completions(
+    model,
+    tokenizer,
+    prompts: Sequence[str],
+    n: int = 1,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    max_new_tokens: int = 64,
+    batch_size: int = 64,
+    seed: int = 0,
+) -> list[str]:
+    """`n` completions per prompt (problem-major order), decoded without special tokens.
+
+    Prompts are plain strings, tokenised as is (no chat template). Left padding, so that every row's
+    continuation starts at the same column.
+    """
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    rows = [p for p in prompts for _ in range(n)]
+    sampling = temperature > 0
+    gen_kwargs = dict(max_new_tokens=max_new_tokens, do_sample=sampling, pad_token_id=tokenizer.pad_token_id)
+    if sampling:
+        gen_kwargs.update(temperature=temperature, top_p=top_p, top_k=top_k)
+    out: list[str] = []
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for start in range(0, len(rows), batch_size):
+            batch = tokenizer(rows[start : start + batch_size], return_tensors="pt", padding=True,
+                              padding_side="left", add_special_tokens=False).to(device)
+            ids_BL = model.generate(**batch, **gen_kwargs)
+            new_BT = ids_BL[:, batch["input_ids"].shape[1] :]
+            out.extend(tokenizer.batch_decode(new_BT, skip_special_tokens=True))
+    model.train(was_training)
+    return out
+
+
+def evaluate(
+    model,
+    tokenizer,
+    prompts: Sequence[str],
+    answers: Sequence[str],
+    reward_fn: RewardFn,
+    n: int = 1,
+    **sample_kwargs,
+) -> EvalResult:
+    """Sample `n` completions per prompt and score them with `reward_fn` (TRL reward-function contract)."""
+    if len(prompts) != len(answers):
+        raise ValueError(f"evaluate: {len(prompts)} prompts but {len(answers)} answers; they must pair up.")
+    if not prompts:
+        raise ValueError("evaluate: no prompts to evaluate.")
+    completions = sample_completions(model, tokenizer, prompts, n=n, **sample_kwargs)
+    repeated_answers = [a for a in answers for _ in range(n)]
+    rewards = reward_fn(completions=completions, answer=repeated_answers)
+    correct_P = tuple(int(sum(r >= 1.0 for r in rewards[i * n : (i + 1) * n])) for i in range(len(prompts)))
+    acc = sum(c / n for c in correct_P) / len(prompts)
+    return EvalResult(acc, n, len(prompts), correct_P, tuple(completions))

@@ -1,0 +1,140 @@
+"""Warm start: a short supervised pre-training of the tiny model on synthetic-task traces, cached on disk.
+
+GRPO learns only from groups whose rewards differ; a randomly initialised model never gets a reward, so
+RL needs a policy that already succeeds sometimes. This module fits the tiny model to reference traces
+(loss on completion tokens only) for a fixed number of steps, chosen so that held-out sampled accuracy
+lands roughly in 20-60 %, and caches the result under a key made from every setting that affects it.
+The cached directory is a normal `save_pretrained` checkpoint (model + tokenizer), loadable by path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from grail.tasks import TaskConfig, generate
+from grail.tiny import build_tiny_model, build_tokenizer
+
+RECIPE_VERSION = 1  # bump when the training loop below changes, so old caches are not reused
+
+
+def default_cache_dir() -> Path:
+    """`$GRAIL_CACHE` if set, else `~/.cache/grail-rl`."""
+    return Path(os.environ.get("GRAIL_CACHE") or Path.home() / ".cache" / "grail-rl")
+
+
+@dataclass(frozen=True)
+class WarmStartConfig:
+    # 2-step problems + 300 steps: ~45 % sampled (T=1) / ~60 % greedy held-out accuracy, ~60 s on 2 cores.
+    task: TaskConfig = field(default_factory=lambda: TaskConfig(num_steps=2))
+    steps: int = 300
+    batch_size: int = 64
+    lr: float = 3e-3
+    warmup_steps: int = 30
+    num_examples: int = 4000  # distinct train-split traces drawn for SFT (held-out split is never seen)
+    seed: int = 0
+    hidden_size: int = 192
+    num_layers: int = 4
+
+    def __post_init__(self):
+        for name in ("steps", "batch_size", "num_examples", "hidden_size", "num_layers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"warm start: {name}={getattr(self, name)} must be >= 1.")
+        if not self.lr > 0:
+            raise ValueError(f"warm start: lr={self.lr} must be > 0.")
+
+    def cache_key(self) -> str:
+        payload = json.dumps({"recipe": RECIPE_VERSION, **asdict(self)}, sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def _batches(tokenizer, examples, batch_size: int, generator: torch.Generator):
+    """Endless shuffled batches of (input_ids_BL, labels_BL, attention_mask_BL), right-padded."""
+    prompt_ids = [tokenizer(e.prompt, add_special_tokens=False)["input_ids"] for e in examples]
+    full_ids = [
+        p + tokenizer(e.solution, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        for p, e in zip(prompt_ids, examples, strict=True)
+    ]
+    while True:
+        order = torch.randperm(len(examples), generator=generator).tolist()
+        for start in range(0, len(order) - batch_size + 1, batch_size):
+            idx = order[start : start + batch_size]
+            width = max(len(full_ids[i]) for i in idx)
+            ids_BL = torch.full((batch_size, width), tokenizer.pad_token_id)
+            labels_BL = torch.full((batch_size, width), -100)
+            mask_BL = torch.zeros((batch_size, width), dtype=torch.long)
+            for row, i in enumerate(idx):
+                seq, n_prompt = full_ids[i], len(prompt_ids[i])
+                ids_BL[row, : len(seq)] = torch.tensor(seq)
+                labels_BL[row, n_prompt : len(seq)] = torch.tensor(seq[n_prompt:])  # completion + eos only
+                mask_BL[row, : len(seq)] = 1
+            yield ids_BL, labels_BL, mask_BL
+
+
+def train_warm_start(config: WarmStartConfig, out_dir: Path, log: Callable[[str], None] = print) -> Path:
+    """Run the SFT and `save_pretrained` model + tokenizer into `out_dir` (no caching here)."""
+    tokenizer = build_tokenizer()
+    model = build_tiny_model(tokenizer, seed=config.seed, hidden_size=config.hidden_size,
+                             num_layers=config.num_layers)
+    examples = generate(config.task, config.num_examples, "train", seed=config.seed)
+    generator = torch.Generator().manual_seed(config.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.0)
+
+    def lr_factor(step: int) -> float:  # linear warm-up, cosine decay to 10 %
+        if step < config.warmup_steps:
+            return (step + 1) / config.warmup_steps
+        progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+    model.train()
+    batches = _batches(tokenizer, examples, config.batch_size, generator)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        for step in range(config.steps):
+            ids_BL, labels_BL, mask_BL = next(batches)
+            loss = model(input_ids=ids_BL, attention_mask=mask_BL, labels=labels_BL).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            if (step + 1) % 50 == 0 or step + 1 == config.steps:
+                log(f"warm start: step {step + 1}/{config.steps}  loss {loss.item():.3f}")
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
+def warm_start(
+    config: WarmStartConfig, cache_dir: str | Path | None = None, log: Callable[[str], None] = print
+) -> Path:
+    """Path of the warm-started tiny checkpoint for `config`, training it on a cache miss.
+
+    Written to a temporary directory and renamed into place, so an interrupted run never leaves a
+    half-written checkpoint that a later run would trust.
+    """
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    final = root / f"tiny-warmstart-{config.cache_key()}"
+    if (final / "warmstart.json").exists():
+        log(f"warm start: reusing cached checkpoint {final}")
+        return final
+    log(f"warm start: training the tiny model ({config.steps} steps); cached at {final}")
+    staging = root / f".{final.name}.tmp-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    train_warm_start(config, staging, log)
+    (staging / "warmstart.json").write_text(json.dumps(asdict(config), indent=2, sort_keys=True))
+    try:
+        staging.rename(final)
+    except OSError:  # another process finished first: keep theirs
+        shutil.rmtree(staging, ignore_errors=True)
+    return final
