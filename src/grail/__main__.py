@@ -1,0 +1,3 @@
+from grail.cli import run
+
+run()

@@ -1,0 +1,73 @@
+"""Training data: the synthetic task, a local JSONL/JSON file, or a Hub dataset, normalised to the two
+columns TRL's GRPOTrainer and our reward functions read: `prompt` (string or chat messages) and `answer`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from datasets import Dataset, load_dataset
+
+from grail.config import SYNTHETIC_DATASET, GRAILConfig
+from grail.tasks import generate
+
+LOCAL_SUFFIXES = (".jsonl", ".json")
+
+
+def synthetic_rows(cfg: GRAILConfig, split: str) -> list[dict]:
+    """`task_num_train` (train) or `task_num_heldout` (heldout) problems as {prompt, answer} rows."""
+    n = cfg.task_num_train if split == "train" else cfg.task_num_heldout
+    return [{"prompt": e.prompt, "answer": e.answer} for e in generate(cfg.task_config(), n, split, cfg.task_seed)]
+
+
+def _load_raw(cfg: GRAILConfig) -> Dataset:
+    path = Path(cfg.dataset).expanduser()
+    if path.suffix in LOCAL_SUFFIXES or path.exists():
+        if not path.is_file():
+            raise FileNotFoundError(f"dataset file {str(path)!r} does not exist; check the path given as "
+                                    f"dataset, or give a Hub dataset id.")
+        try:
+            return load_dataset("json", data_files=str(path), split="train")
+        except Exception as err:  # datasets raises several types for malformed JSON
+            raise ValueError(f"could not read dataset file {str(path)!r} as JSON lines: {err}. Each line must "
+                             f"be one JSON object with a {cfg.prompt_column!r} and an {cfg.answer_column!r} "
+                             f"field.") from err
+    return load_dataset(cfg.dataset, cfg.dataset_config, split=cfg.dataset_split)
+
+
+def _with_suffix(prompt, suffix: str, conversational: bool):
+    if isinstance(prompt, list):  # chat messages: extend the last user turn
+        messages = [dict(m) for m in prompt]
+        last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=None)
+        if last_user is None:
+            raise ValueError("a chat prompt has no user message to append prompt_suffix to.")
+        messages[last_user]["content"] = messages[last_user]["content"] + suffix
+        return messages
+    text = prompt + suffix
+    return [{"role": "user", "content": text}] if conversational else text
+
+
+def load_train_dataset(cfg: GRAILConfig) -> Dataset:
+    """The training prompts as a Dataset with columns `prompt` and `answer` (other columns dropped)."""
+    if cfg.dataset == SYNTHETIC_DATASET:
+        rows = synthetic_rows(cfg, "train")
+        return Dataset.from_list([{**r, "prompt": _with_suffix(r["prompt"], cfg.prompt_suffix,
+                                                               cfg.conversational)} for r in rows])
+    raw = _load_raw(cfg)
+    missing = [c for c in (cfg.prompt_column, cfg.answer_column) if c not in raw.column_names]
+    if missing:
+        raise ValueError(f"dataset {cfg.dataset!r} has no column {', '.join(map(repr, missing))}; its columns "
+                         f"are {raw.column_names}. Set prompt_column / answer_column to the right names.")
+    if len(raw) == 0:
+        raise ValueError(f"dataset {cfg.dataset!r} (split {cfg.dataset_split!r}) is empty.")
+    raw = raw.select_columns([cfg.prompt_column, cfg.answer_column])
+    for index, row in enumerate(raw):
+        if row[cfg.prompt_column] in (None, "", []) or row[cfg.answer_column] in (None, "", []):
+            raise ValueError(f"dataset {cfg.dataset!r}, row {index}: empty {cfg.prompt_column!r} or "
+                             f"{cfg.answer_column!r}; remove or fix that row.")
+
+    def normalise(row: dict) -> dict:
+        return {"prompt": _with_suffix(row[cfg.prompt_column], cfg.prompt_suffix, cfg.conversational),
+                "answer": row[cfg.answer_column]}
+
+    return raw.map(normalise, remove_columns=raw.column_names)

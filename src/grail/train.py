@@ -1,0 +1,121 @@
+"""One training run: resolve the model, load data, build `GRAILTrainer`, train, write the run directory.
+
+Run directory (`output_dir`):
+    config.yaml           the values set by preset, file and flags: `grail train --config` on it reruns the run
+    resolved_config.json  every field after defaults and device resolution (for the record)
+    metrics.jsonl         one JSON object per logging step ({"step": N, ...TRL and grail metrics})
+    checkpoint-N/         TRL checkpoints every `save_steps`
+    final/                the trained model and tokenizer, loadable with `from_pretrained(path)`
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from transformers import TrainerCallback
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+from grail.config import SYNTHETIC_DATASET, TINY_MODEL, GRAILConfig
+from grail.data import load_train_dataset
+from grail.rewards import exact_int_reward, math_verify_reward
+from grail.trainer import GRAILTrainer
+from grail.warmstart import WarmStartConfig, warm_start
+
+Log = Callable[[str], None]
+REWARDS = {"exact_int": exact_int_reward, "math_verify": math_verify_reward}
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    run_dir: Path
+    final_dir: Path
+    steps: int
+    train_seconds: float  # wall time of trainer.train()
+    seconds_per_step: float  # median over steps after the first (first steps pay cold caches)
+
+
+def reward_function(cfg: GRAILConfig):
+    name = cfg.reward
+    if name == "auto":
+        name = "exact_int" if cfg.dataset == SYNTHETIC_DATASET else "math_verify"
+    return REWARDS[name]
+
+
+def warm_start_config(cfg: GRAILConfig) -> WarmStartConfig:
+    return WarmStartConfig(task=cfg.task_config(), steps=cfg.warmstart_steps, lr=cfg.warmstart_lr,
+                           hidden_size=cfg.tiny_hidden_size, num_layers=cfg.tiny_num_layers)
+
+
+def resolve_model_path(cfg: GRAILConfig, log: Log = print) -> str:
+    """`tiny` → the cached warm-started checkpoint (trained on a miss); anything else as given."""
+    if cfg.model_name_or_path == TINY_MODEL:
+        return str(warm_start(warm_start_config(cfg), cfg.cache_dir, log))
+    return cfg.model_name_or_path
+
+
+class MetricsJsonl(TrainerCallback):
+    """Appends every log dict, with its step, as one JSON line."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_world_process_zero and logs:
+            with self.path.open("a") as f:
+                f.write(json.dumps({"step": state.global_step, **logs}) + "\n")
+
+
+class Progress(TrainerCallback):
+    """One compact line per logging step, and per-step wall times for the run summary."""
+
+    def __init__(self, log: Log):
+        self.log, self.step_seconds, self._last = log, [], None
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._last = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.step_seconds.append(time.perf_counter() - self._last)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs or "reward" not in logs:
+            return
+        recent = self.step_seconds[-1] if self.step_seconds else float("nan")
+        eta = recent * (state.max_steps - state.global_step)
+        self.log(f"step {state.global_step}/{state.max_steps} | reward {logs['reward']:.3f} | "
+                 f"loss {logs.get('loss', float('nan')):.4f} | {recent:.2f} s/step | eta {eta:.0f} s")
+
+
+def write_run_config(cfg: GRAILConfig, overrides: dict, run_dir: Path) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({**overrides, "output_dir": str(run_dir)},
+                                                        sort_keys=True))
+    (run_dir / "resolved_config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=str,
+                                                             sort_keys=True))
+
+
+def train(cfg: GRAILConfig, overrides: dict | None = None, log: Log = print) -> TrainResult:
+    """Train with GRPO (+ token weighting) as configured; see the module docstring for what is written."""
+    run_dir = Path(cfg.output_dir)
+    write_run_config(cfg, overrides or {}, run_dir)
+    model_path = resolve_model_path(cfg, log)
+    dataset = load_train_dataset(cfg)
+    progress = Progress(log)
+    trainer = GRAILTrainer(model=model_path, reward_funcs=[reward_function(cfg)], args=cfg,
+                           train_dataset=dataset, callbacks=[MetricsJsonl(run_dir / "metrics.jsonl"), progress])
+    for noisy in (PrinterCallback, ProgressCallback):  # our Progress line replaces both
+        trainer.remove_callback(noisy)
+    log(f"training {cfg.model_name_or_path} on {cfg.dataset} for {cfg.max_steps} steps "
+        f"(token_weighting={cfg.token_weighting}); run directory {run_dir}")
+    start = time.perf_counter()
+    trainer.train()
+    train_seconds = time.perf_counter() - start
+    final_dir = run_dir / "final"
+    trainer.save_model(str(final_dir))
+    later = sorted(progress.step_seconds[1:]) or progress.step_seconds or [float("nan")]
+    return TrainResult(run_dir, final_dir, trainer.state.global_step, train_seconds, later[len(later) // 2])

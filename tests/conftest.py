@@ -1,0 +1,31 @@
+"""Shared fixtures: everything offline, on CPU, built in the test session (no Hub)."""
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    """A freshly initialised tiny model + tokenizer saved with save_pretrained."""
+    from grail.tiny import save_tiny
+
+    return save_tiny(tmp_path_factory.mktemp("tiny"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from grail.tiny import build_tokenizer
+
+    return build_tokenizer()
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    """An empty warm-start cache for this test (never the user's ~/.cache)."""
+    path = tmp_path / "cache"
+    monkeypatch.setenv("GRAIL_CACHE", str(path))
+    return path

@@ -1,0 +1,116 @@
+"""The CLI in process: a 2-step GRPO run, the demo, a JSONL dataset, and clear errors for bad configs."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from grail.cli import main
+from grail.warmstart import WarmStartConfig, warm_start
+
+# A shorter warm start than the default (300 steps) keeps the suite fast; 200 steps still gives
+# groups with mixed rewards, which a GRPO update needs to move the parameters at all.
+WARM_STEPS = 200
+FAST = ["--max_steps", "2", "--per_device_train_batch_size", "32", "--task_num_train", "64", "--save_steps", "1",
+        "--learning_rate", "1e-3", "--warmstart_steps", str(WARM_STEPS)]
+
+
+@pytest.fixture(scope="session")
+def warm_cache(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("warm")
+    path = warm_start(WarmStartConfig(steps=WARM_STEPS), cache, log=lambda s: None)
+    return cache, path
+
+
+def _weights(directory):
+    return load_file(str(directory / "model.safetensors"))
+
+
+def test_two_step_grpo_run_writes_run_dir_and_changes_parameters(tmp_path, warm_cache, capsys):
+    cache, start = warm_cache
+    run = tmp_path / "run"
+    rc = main(["train", "--preset", "tiny-cpu", *FAST, "--cache_dir", str(cache), "--output_dir", str(run)])
+    assert rc == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "step 2/2" in out and "reusing cached checkpoint" in out
+    # resolved config, reloadable overrides, metrics, checkpoints, final model
+    overrides = yaml.safe_load((run / "config.yaml").read_text())
+    assert overrides["max_steps"] == 2 and overrides["loss_type"] == "dr_grpo"
+    resolved = json.loads((run / "resolved_config.json").read_text())
+    assert resolved["learning_rate"] == 1e-3 and resolved["use_cpu"] is True and resolved["bf16"] is False
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train_lines = [x for x in lines if "reward" in x]
+    assert [x["step"] for x in train_lines] == [1, 2]
+    assert all(x["weights/mean"] == 1.0 and "rewards/exact_int_reward/mean" in x for x in train_lines)
+    assert (run / "checkpoint-2").is_dir() and (run / "final" / "tokenizer.json").is_file()
+    before, after = _weights(start), _weights(run / "final")
+    changed = [k for k in before if not torch.equal(before[k], after[k])]
+    assert len(changed) > len(before) // 2, f"only {len(changed)} of {len(before)} tensors changed"
+
+
+def test_the_written_config_reruns(tmp_path, warm_cache):
+    cache, _ = warm_cache
+    first = tmp_path / "first"
+    assert main(["train", "--preset", "tiny-cpu", *FAST, "--max_steps", "1", "--cache_dir", str(cache),
+                 "--output_dir", str(first)]) == 0
+    second = tmp_path / "second"
+    assert main(["train", "--config", str(first / "config.yaml"), "--output_dir", str(second)]) == 0
+    a = json.loads((first / "resolved_config.json").read_text())
+    b = json.loads((second / "resolved_config.json").read_text())
+    differing = {k for k in a if a[k] != b[k]}
+    assert differing <= {"output_dir", "logging_dir", "run_name"}, differing
+
+
+def test_demo_prints_before_after_table(tmp_path, warm_cache, capsys):
+    cache, _ = warm_cache
+    rc = main(["demo", "--max_steps", "2", "--warmstart_steps", str(WARM_STEPS), "--task_num_heldout", "16",
+               "--cache_dir", str(cache), "--output_dir", str(tmp_path / "demo")])
+    assert rc == 0
+    out = capsys.readouterr().out
+    for text in ("before RL", "after RL", "greedy accuracy", "sampled acc@4", "GRPO steps", "demo wall time"):
+        assert text in out
+    assert (tmp_path / "demo" / "final" / "model.safetensors").is_file()
+
+
+def test_jsonl_dataset_trains_with_math_verify_reward(tmp_path, tiny_dir):
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"question": f"What is {i}+{i}?", "final": str(2 * i)}) + "\n"
+                            for i in range(8)))
+    run = tmp_path / "run"
+    rc = main(["train", "--model_name_or_path", str(tiny_dir), "--dataset", str(data), "--prompt_column",
+               "question", "--answer_column", "final", "--prompt_suffix", " Box it.", "--max_steps", "1",
+               "--per_device_train_batch_size", "8", "--num_generations", "4", "--max_completion_length", "8",
+               "--logging_steps", "1", "--output_dir", str(run)])
+    assert rc == 0
+    (line,) = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"reward"' in x]
+    assert "rewards/math_verify_reward/mean" in line
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["train", "--learning_rat", "1e-6"], "'learning_rat'"),
+    (["train", "--max_steps", "ten"], "max_steps"),
+    (["train", "--token_weighting", "magic"], "token_weighting"),
+    (["train", "--dataset", "/nonexistent/data.jsonl", "--max_steps", "1"], "/nonexistent/data.jsonl"),
+    (["demo", "--dataset", "some/hub-set"], "grail train"),
+])
+def test_bad_input_exits_2_with_a_message_naming_it(tmp_path, argv, named, capsys):
+    assert main([*argv, "--output_dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("grail: error:") and named in err
+
+
+def test_unknown_key_in_config_file_is_named(tmp_path, capsys):
+    path = tmp_path / "c.yaml"
+    path.write_text("preset: tiny-cpu\nnum_generation: 4\n")
+    assert main(["train", "--config", str(path)]) == 2
+    assert "unknown config key 'num_generation'" in capsys.readouterr().err
+
+
+def test_module_entry_point_and_presets():
+    out = subprocess.run([sys.executable, "-m", "grail", "presets", "paper"], capture_output=True, text=True,
+                         check=True).stdout
+    assert yaml.safe_load(out)["paper"]["loss_type"] == "dr_grpo"

@@ -1,0 +1,66 @@
+"""GRAILConfig: choices match dispatch tables, every field documented, device defaults, clear errors."""
+
+import dataclasses
+
+import pytest
+
+from grail.config import GRAILConfig, literal_choices
+from grail.presets import PRESETS
+from grail.train import REWARDS
+from grail.trainer import WEIGHTINGS
+
+OWN_FIELDS = [f for f in dataclasses.fields(GRAILConfig) if f.name in GRAILConfig.__annotations__]
+
+
+def test_literal_choices_equal_the_dispatch_tables():
+    assert set(literal_choices("token_weighting")) == set(WEIGHTINGS)
+    assert set(literal_choices("reward")) == set(REWARDS) | {"auto"}
+
+
+def test_every_grail_field_has_help():
+    assert len(OWN_FIELDS) >= 15
+    for f in OWN_FIELDS:
+        assert len(f.metadata.get("help", "")) > 15, f.name
+
+
+def test_cpu_defaults_are_resolved(tmp_path):
+    cfg = GRAILConfig(output_dir=str(tmp_path))
+    assert cfg.use_cpu is True and cfg.bf16 is False
+    assert cfg.activation_checkpointing is False and cfg.gradient_checkpointing is False
+
+
+def test_explicit_user_values_win_over_resolved_defaults(tmp_path):
+    assert GRAILConfig(output_dir=str(tmp_path), activation_checkpointing=True).activation_checkpointing is True
+    with pytest.warns(FutureWarning):  # the old name still works, through transformers' alias
+        assert GRAILConfig(output_dir=str(tmp_path), gradient_checkpointing=True).activation_checkpointing is True
+    assert GRAILConfig(output_dir=str(tmp_path), bf16=True).bf16 is True
+
+
+@pytest.mark.parametrize("kwargs, named", [
+    ({"token_weighting": "grail"}, "token_weighting"),
+    ({"reward": "exact"}, "reward"),
+    ({"task_num_steps": 0}, "num_steps"),
+    ({"task_filler_rate": 1.5}, "filler_rate"),
+    ({"warmstart_steps": 0}, "warmstart_steps"),
+    ({"warmstart_lr": -1.0}, "warmstart_lr"),
+    ({"num_generations": 3, "per_device_train_batch_size": 8}, "num_generations"),
+])
+def test_bad_values_raise_naming_the_field(tmp_path, kwargs, named):
+    with pytest.raises(ValueError, match=named):
+        GRAILConfig(output_dir=str(tmp_path), **kwargs)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_presets_build_valid_configs(tmp_path, name):
+    values = {k: v for k, v in PRESETS[name].items() if k not in ("bf16", "optim")}  # GPU-only on this machine
+    cfg = GRAILConfig(output_dir=str(tmp_path), **values)
+    assert cfg.loss_type == "dr_grpo" and cfg.scale_rewards == "none" and cfg.beta == 0.0
+
+
+def test_paper_preset_matches_methods_section_1():
+    p = PRESETS["paper"]
+    assert (p["epsilon"], p["epsilon_high"], p["num_generations"], p["num_iterations"]) == (0.2, 0.28, 8, 4)
+    assert (p["learning_rate"], p["max_steps"], p["seed"], p["top_k"], p["max_completion_length"]) == (
+        1e-6, 200, 42, 50, 4096)
+    assert p["per_device_train_batch_size"] * p["gradient_accumulation_steps"] * 4 == 32 * 8
+    assert p["prompt_suffix"] == " Please reason step by step, and put your final answer within \\boxed{}."

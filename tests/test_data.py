@@ -1,0 +1,60 @@
+"""Training data: any file with prompt/answer columns, suffixes, chat wrapping, clear errors."""
+
+import json
+
+import pytest
+
+from grail.config import GRAILConfig
+from grail.data import load_train_dataset
+
+
+def _cfg(tmp_path, **kw):
+    return GRAILConfig(output_dir=str(tmp_path / "run"), **kw)
+
+
+def _jsonl(tmp_path, rows):
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_jsonl_with_custom_columns_is_normalised(tmp_path):
+    path = _jsonl(tmp_path, [{"problem": "1+1?", "solution": "2", "extra": 1}, {"problem": "2*3?", "solution": 6}])
+    ds = load_train_dataset(_cfg(tmp_path, dataset=path, prompt_column="problem", answer_column="solution",
+                                 prompt_suffix=" Box it."))
+    assert ds.column_names == ["prompt", "answer"]
+    assert ds[0] == {"prompt": "1+1? Box it.", "answer": "2"} or ds[0]["prompt"] == "1+1? Box it."
+    assert len(ds) == 2
+
+
+def test_conversational_wraps_strings_and_extends_message_lists(tmp_path):
+    path = _jsonl(tmp_path, [{"prompt": "What is 2+2?", "answer": "4"}])
+    ds = load_train_dataset(_cfg(tmp_path, dataset=path, conversational=True, prompt_suffix=" Think."))
+    assert ds[0]["prompt"] == [{"role": "user", "content": "What is 2+2? Think."}]
+    chat = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "3+3?"}]
+    ds = load_train_dataset(_cfg(tmp_path, dataset=_jsonl(tmp_path, [{"prompt": chat, "answer": "6"}]),
+                                 prompt_suffix=" Think."))
+    assert ds[0]["prompt"][0]["content"] == "Be terse." and ds[0]["prompt"][1]["content"] == "3+3? Think."
+
+
+def test_synthetic_dataset_has_the_requested_size_and_exact_answers(tmp_path):
+    ds = load_train_dataset(_cfg(tmp_path, task_num_train=50))
+    assert len(ds) == 50 and ds[0]["prompt"].startswith("Q: ") and ds[0]["answer"].lstrip("-").isdigit()
+
+
+def test_missing_column_error_names_it_and_the_fix(tmp_path):
+    path = _jsonl(tmp_path, [{"question": "1+1?", "answer": "2"}])
+    with pytest.raises(ValueError, match=r"no column 'prompt'.*\['question', 'answer'\].*prompt_column"):
+        load_train_dataset(_cfg(tmp_path, dataset=path))
+
+
+def test_empty_rows_missing_files_and_bad_json_are_reported(tmp_path):
+    with pytest.raises(ValueError, match="row 1: empty"):
+        load_train_dataset(_cfg(tmp_path, dataset=_jsonl(tmp_path, [{"prompt": "a", "answer": "1"},
+                                                                     {"prompt": "", "answer": "2"}])))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_train_dataset(_cfg(tmp_path, dataset=str(tmp_path / "nope.jsonl")))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a", "answer": \n')
+    with pytest.raises(ValueError, match="could not read dataset file"):
+        load_train_dataset(_cfg(tmp_path, dataset=str(bad)))

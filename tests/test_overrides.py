@@ -1,0 +1,74 @@
+"""Config merging: precedence, typing of strings, unknown keys and bad values named."""
+
+import pytest
+
+from grail.overrides import ConfigError, build_config, merge, parse_flags
+
+
+def _yaml(tmp_path, text):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_precedence_defaults_preset_file_flags(tmp_path):
+    path = _yaml(tmp_path, "preset: tiny-cpu\nlearning_rate: 1e-5\nmax_steps: 7\n")
+    values = merge(path, parse_flags(["--max_steps", "3", "--seed=5"]))
+    assert values["learning_rate"] == 1e-5 and isinstance(values["learning_rate"], float)  # file beats preset
+    assert values["max_steps"] == 3 and values["seed"] == 5  # flags beat file
+    assert values["num_generations"] == 8  # from the preset
+    cfg = build_config({**values, "output_dir": str(tmp_path)})
+    assert cfg.max_steps == 3 and cfg.learning_rate == 1e-5 and cfg.adam_beta1 == 0.9  # untouched default
+
+
+def test_flag_preset_beats_file_preset(tmp_path):
+    path = _yaml(tmp_path, "preset: paper\n")
+    assert merge(path, parse_flags(["--preset", "tiny-cpu"]))["model_name_or_path"] == "tiny"
+
+
+def test_strings_become_field_types():
+    flags = parse_flags(["--bf16", "false", "--mask_truncated_completions", "--epsilon_high", "none",
+                         "--chat_template_kwargs", "{enable_thinking: false}", "--report_to", "none"])
+    values = merge(None, flags)
+    assert values["bf16"] is False and values["mask_truncated_completions"] is True
+    assert values["epsilon_high"] is None and values["chat_template_kwargs"] == {"enable_thinking": False}
+
+
+@pytest.mark.parametrize("source", ["file", "flag"])
+def test_unknown_key_is_named_with_a_suggestion(tmp_path, source):
+    if source == "file":
+        call = lambda: merge(_yaml(tmp_path, "learning_rat: 1.0\n"), {})  # noqa: E731
+    else:
+        call = lambda: merge(None, parse_flags(["--learning_rat", "1.0"]))  # noqa: E731
+    with pytest.raises(ConfigError, match=r"unknown config key 'learning_rat'.*learning_rate"):
+        call()
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--learning_rate", "fast"], "learning_rate"),
+    (["--max_steps", "2.5"], "max_steps"),
+    (["--bf16", "maybe"], "bf16"),
+    (["--preset", "huge"], "huge"),
+])
+def test_unparsable_values_are_named(flags, named):
+    with pytest.raises(ConfigError, match=named):
+        merge(None, parse_flags(flags))
+
+
+def test_typed_yaml_values_are_checked(tmp_path):
+    with pytest.raises(ConfigError, match="max_steps: expected an integer"):
+        merge(_yaml(tmp_path, "max_steps: 2.5\n"), {})
+
+
+def test_bad_files_give_clear_errors(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        merge(str(tmp_path / "missing.yaml"), {})
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        merge(_yaml(tmp_path, "a: [1,\n"), {})
+    with pytest.raises(ConfigError, match="must hold a mapping"):
+        merge(_yaml(tmp_path, "- 1\n- 2\n"), {})
+
+
+def test_stray_positional_argument_is_rejected():
+    with pytest.raises(ConfigError, match="unexpected argument 'oops'"):
+        parse_flags(["oops"])
