@@ -35,7 +35,7 @@ def test_offsets_of_boxed_answer_map_to_the_right_tokens(tokenizer):
 def test_offsets_are_exact_for_byte_fallback_characters(tokenizer):
     text = "é\\boxed{½}"
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    for (start, end), tok in zip(enc["offset_mapping"], tokenizer.convert_ids_to_tokens(enc["input_ids"])):
+    for (start, end), tok in zip(enc["offset_mapping"], tokenizer.convert_ids_to_tokens(enc["input_ids"]), strict=True):
         if not tok.startswith("<0x"):
             assert tokenizer.convert_tokens_to_string([tok]) == text[start:end]
     (box,) = find_boxed_spans(text)
@@ -47,7 +47,8 @@ def test_task_characters_need_no_byte_fallback(tokenizer):
     """Every character of the synthetic task (filler included) has a token of its own."""
     examples = generate(TaskConfig(num_steps=4, filler_rate=1.0), 200, "train", seed=3)
     for e in examples[:200]:
-        tokens = tokenizer.convert_ids_to_tokens(tokenizer(e.prompt + e.solution, add_special_tokens=False)["input_ids"])
+        ids = tokenizer(e.prompt + e.solution, add_special_tokens=False)["input_ids"]
+        tokens = tokenizer.convert_ids_to_tokens(ids)
         assert not any(t.startswith("<0x") for t in tokens), (e.solution, tokens)
 
 

@@ -62,8 +62,21 @@ def _train(args, rest: list[str]) -> int:
     return 0
 
 
+def _quiet_libraries() -> None:
+    """Progress bars and info chatter of transformers/datasets would bury the demo's own progress lines."""
+    import datasets
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+
+
 def _demo(rest: list[str]) -> int:
     from grail.demo import run_demo
+
+    _quiet_libraries()
 
     values = merge(None, parse_flags(rest), base=TINY_CPU)
     values.setdefault("output_dir", _default_run_dir("demo"))
