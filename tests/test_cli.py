@@ -114,3 +114,22 @@ def test_module_entry_point_and_presets():
     out = subprocess.run([sys.executable, "-m", "grail", "presets", "paper"], capture_output=True, text=True,
                          check=True).stdout
     assert yaml.safe_load(out)["paper"]["loss_type"] == "dr_grpo"
+
+
+@pytest.mark.slow
+def test_default_demo_improves_heldout_accuracy(tmp_path, cache_dir):
+    """The real `grail demo` (300-step warm start + 200 GRPO steps, ~2.5 min): RL must help.
+
+    Measured on a 2-core CPU: sampled acc@4 50.1% -> 59.0%, greedy 61.0% -> 67.0%. The margin asserted
+    is a third of that, so a sign error or a dead advantage hook fails it, ordinary numeric drift does not.
+    """
+    from grail.demo import run_demo
+    from grail.overrides import build_config, merge
+    from grail.presets import TINY_CPU
+
+    values = {**merge(None, {}, base=TINY_CPU), "output_dir": str(tmp_path / "demo"), "disable_tqdm": True}
+    summary = run_demo(build_config(values), values, log=lambda s: None)
+    before, after = summary["before"], summary["after"]
+    assert 0.2 <= before["sampled"] <= 0.6  # the warm start lands where GRPO has mixed groups
+    assert after["sampled"] >= before["sampled"] + 0.03, summary
+    assert summary["wall_seconds"] < 300

@@ -20,7 +20,8 @@ from grail.config import GRAILConfig
 from grail.overrides import ConfigError, build_config, merge, parse_flags
 from grail.presets import PRESETS, TINY_CPU
 
-GRAIL_FIELDS = [f for f in fields(GRAILConfig) if f.name in GRAILConfig.__annotations__]
+_BY_NAME = {f.name: f for f in fields(GRAILConfig)}
+GRAIL_FIELDS = [_BY_NAME[name] for name in GRAILConfig.__annotations__]  # declaration order
 
 
 def _fields_help() -> str:
@@ -40,6 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train with GRPO on TRL", epilog=epilog, formatter_class=fmt,
                            usage="grail train [--config FILE.yaml] [--preset NAME] [--FIELD VALUE ...]")
     train.add_argument("--config", help="YAML file of field: value (a `preset: NAME` key is allowed)")
+    train.add_argument("--preset", choices=sorted(PRESETS), help="start from these values (file and flags win)")
     sub.add_parser("demo", help="the embedded default end to end: warm start, eval, GRPO, eval",
                    epilog=epilog, formatter_class=fmt, usage="grail demo [--FIELD VALUE ...]")
     presets = sub.add_parser("presets", help="print the presets (or one) as YAML")
@@ -55,6 +57,8 @@ def _train(args, rest: list[str]) -> int:
     from grail.train import train  # heavy imports (TRL) only when training
 
     flags = parse_flags(rest)
+    if args.preset:
+        flags["preset"] = args.preset
     values = merge(args.config, flags)
     values.setdefault("output_dir", _default_run_dir("train"))
     result = train(build_config(values), values)
@@ -64,9 +68,13 @@ def _train(args, rest: list[str]) -> int:
 
 def _quiet_libraries() -> None:
     """Progress bars and info chatter of transformers/datasets would bury the demo's own progress lines."""
+    import warnings
+
     import datasets
     from transformers.utils import logging as hf_logging
 
+    # TRL 1.16 still calls transformers 5's deprecated `is_gradient_checkpointing`; nothing for a user to do.
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     datasets.disable_progress_bars()

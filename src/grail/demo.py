@@ -40,7 +40,7 @@ def run_demo(cfg: GRAILConfig, overrides: dict, log: Log = print) -> dict:
     base_path = resolve_model_path(cfg, log)
     log(f"evaluating the warm-started model on {cfg.task_num_heldout} held-out problems ...")
     before = heldout_accuracy(base_path, cfg)
-    result = train(cfg, overrides, log)
+    result = train(cfg, overrides, log, model_path=base_path)
     log("evaluating the trained model on the same held-out problems ...")
     after = heldout_accuracy(str(result.final_dir), cfg)
     summary = {"before": before, "after": after, "steps": result.steps, "train_seconds": result.train_seconds,

@@ -99,11 +99,15 @@ def write_run_config(cfg: GRAILConfig, overrides: dict, run_dir: Path) -> None:
                                                              sort_keys=True))
 
 
-def train(cfg: GRAILConfig, overrides: dict | None = None, log: Log = print) -> TrainResult:
-    """Train with GRPO (+ token weighting) as configured; see the module docstring for what is written."""
+def train(cfg: GRAILConfig, overrides: dict | None = None, log: Log = print,
+          model_path: str | None = None) -> TrainResult:
+    """Train with GRPO (+ token weighting) as configured; see the module docstring for what is written.
+
+    `model_path`: an already resolved `resolve_model_path(cfg)`, to skip resolving it again.
+    """
     run_dir = Path(cfg.output_dir)
     write_run_config(cfg, overrides or {}, run_dir)
-    model_path = resolve_model_path(cfg, log)
+    model_path = model_path or resolve_model_path(cfg, log)
     dataset = load_train_dataset(cfg)
     progress = Progress(log)
     trainer = GRAILTrainer(model=model_path, reward_funcs=[reward_function(cfg)], args=cfg,
