@@ -119,7 +119,7 @@ def test_same_seed_same_examples_different_seed_different():
 def test_golden_expressions_are_stable_across_processes():
     # Pinned output: catches any use of hash() or the global RNG, and any silent change of the
     # generation procedure (which would invalidate saved datasets). Update only deliberately.
-    assert [e.expression for e in generate(TaskConfig(), 5, "train", seed=0)] == [
+    assert [e.expression for e in generate(TaskConfig(num_steps=3), 5, "train", seed=0)] == [
         "2-2+1*4", "8-6-2+4", "1-1+5-1", "3*9*4+8", "3-1+4+3"]
     assert split_of("7+5*3-4", 0.1) == "train"
 
@@ -168,7 +168,7 @@ def test_stripping_filler_recovers_plain_solution():
 # Splits.
 
 def test_splits_are_disjoint():
-    config = TaskConfig()
+    config = TaskConfig(num_steps=3)
     train = generate(config, 2000, "train", seed=0)
     heldout = generate(config, 300, "heldout", seed=1)
     train_set, heldout_set = {e.expression for e in train}, {e.expression for e in heldout}

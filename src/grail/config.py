@@ -19,6 +19,7 @@ import torch
 from trl import GRPOConfig
 
 from grail.tasks import TaskConfig
+from grail.warmstart import WarmStartConfig
 
 TINY_MODEL = "tiny"
 SYNTHETIC_DATASET = "synthetic"
@@ -75,11 +76,15 @@ class GRAILConfig(GRPOConfig):
                   "w = 1, plain GRPO."},
     )
     # ---- embedded synthetic task and tiny model -------------------------------------------------------
-    task_num_steps: int = field(default=2, metadata={"help": "Synthetic task: arithmetic steps per problem."})
-    task_operand_min: int = field(default=1, metadata={"help": "Synthetic task: smallest operand."})
-    task_operand_max: int = field(default=9, metadata={"help": "Synthetic task: largest operand."})
+    task_num_steps: int = field(
+        default=TaskConfig.num_steps, metadata={"help": "Synthetic task: arithmetic steps per problem."}
+    )
+    task_operand_min: int = field(
+        default=TaskConfig.operand_min, metadata={"help": "Synthetic task: smallest operand."}
+    )
+    task_operand_max: int = field(default=TaskConfig.operand_max, metadata={"help": "Synthetic task: largest operand."})
     task_filler_rate: float = field(
-        default=0.0,
+        default=TaskConfig.filler_rate,
         metadata={"help": "Synthetic task: probability of non-informative filler words after each step of "
                   "the reference traces (they shape the warm-started policy's style)."},
     )
@@ -90,13 +95,17 @@ class GRAILConfig(GRPOConfig):
     )
     task_seed: int = field(default=0, metadata={"help": "Synthetic task: seed of the problem generator."})
     warmstart_steps: int = field(
-        default=300,
+        default=WarmStartConfig.steps,
         metadata={"help": "Tiny model: supervised warm-start steps on task traces (cached on disk, keyed by "
                   "every warm-start setting). 300 gives ~45% sampled held-out accuracy on 2-step problems."},
     )
-    warmstart_lr: float = field(default=3e-3, metadata={"help": "Tiny model: warm-start learning rate."})
-    tiny_hidden_size: int = field(default=192, metadata={"help": "Tiny model: hidden size (192 → ~1.7M params)."})
-    tiny_num_layers: int = field(default=4, metadata={"help": "Tiny model: number of decoder layers."})
+    warmstart_lr: float = field(default=WarmStartConfig.lr, metadata={"help": "Tiny model: warm-start learning rate."})
+    tiny_hidden_size: int = field(
+        default=WarmStartConfig.hidden_size, metadata={"help": "Tiny model: hidden size (192 → ~1.7M params)."}
+    )
+    tiny_num_layers: int = field(
+        default=WarmStartConfig.num_layers, metadata={"help": "Tiny model: number of decoder layers."}
+    )
     cache_dir: str | None = field(
         default=None,
         metadata={"help": "Where warm-started tiny models are cached (default: $GRAIL_CACHE or "

@@ -63,7 +63,7 @@ class TaskConfig:
     max_value: upper bound on every running value (all values also stay >= 0).
     """
 
-    num_steps: int = 3
+    num_steps: int = 2  # the embedded default: a tiny model warm-starts to ~45% sampled accuracy
     operand_min: int = 1
     operand_max: int = 9
     filler_rate: float = 0.0
