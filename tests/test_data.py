@@ -23,8 +23,14 @@ def test_jsonl_with_custom_columns_is_normalised(tmp_path):
     ds = load_train_dataset(_cfg(tmp_path, dataset=path, prompt_column="problem", answer_column="solution",
                                  prompt_suffix=" Box it."))
     assert ds.column_names == ["prompt", "answer"]
-    assert ds[0] == {"prompt": "1+1? Box it.", "answer": "2"} or ds[0]["prompt"] == "1+1? Box it."
-    assert len(ds) == 2
+    assert ds[0] == {"prompt": "1+1? Box it.", "answer": "2"}
+    assert ds[1] == {"prompt": "2*3? Box it.", "answer": "6"}  # a number in the file arrives as a string
+
+
+def test_list_answers_are_kept_for_the_reward_to_read(tmp_path):
+    path = _jsonl(tmp_path, [{"question": "Roots?", "final_answer": ["$2$", "$-2$"]}])
+    ds = load_train_dataset(_cfg(tmp_path, dataset=path, prompt_column="question", answer_column="final_answer"))
+    assert ds[0]["answer"] == ["$2$", "$-2$"]
 
 
 def test_conversational_wraps_strings_and_extends_message_lists(tmp_path):

@@ -67,7 +67,8 @@ def load_train_dataset(cfg: GRAILConfig) -> Dataset:
                              f"{cfg.answer_column!r}; remove or fix that row.")
 
     def normalise(row: dict) -> dict:
+        answer = row[cfg.answer_column]  # JSON readers infer numbers ("2" may arrive as 2): one type for rewards
         return {"prompt": _with_suffix(row[cfg.prompt_column], cfg.prompt_suffix, cfg.conversational),
-                "answer": row[cfg.answer_column]}
+                "answer": answer if isinstance(answer, list) else str(answer)}
 
     return raw.map(normalise, remove_columns=raw.column_names)
