@@ -96,6 +96,7 @@ def test_jsonl_dataset_trains_with_math_verify_reward(tmp_path, tiny_dir):
     (["train", "--token_weighting", "magic"], "token_weighting"),
     (["train", "--dataset", "/nonexistent/data.jsonl", "--max_steps", "1"], "/nonexistent/data.jsonl"),
     (["demo", "--dataset", "some/hub-set"], "grail train"),
+    (["train", "--model_name_or_path", "./no/such/model", "--max_steps", "1"], "'./no/such/model' does not exist"),
 ])
 def test_bad_input_exits_2_with_a_message_naming_it(tmp_path, argv, named, capsys):
     assert main([*argv, "--output_dir", str(tmp_path / "r")]) == 2

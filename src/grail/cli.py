@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "train":
             return _train(args, rest)
         return _demo(rest)
-    except (ConfigError, ValueError, FileNotFoundError) as err:
+    except (ConfigError, ValueError, OSError) as err:  # OSError: missing files, unreachable Hub ids
         if os.environ.get("GRAIL_DEBUG"):
             raise
         print(f"grail: error: {err}", file=sys.stderr)

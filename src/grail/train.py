@@ -55,7 +55,11 @@ def resolve_model_path(cfg: GRAILConfig, log: Log = print) -> str:
     """`tiny` → the cached warm-started checkpoint (trained on a miss); anything else as given."""
     if cfg.model_name_or_path == TINY_MODEL:
         return str(warm_start(warm_start_config(cfg), cfg.cache_dir, log))
-    return cfg.model_name_or_path
+    name = cfg.model_name_or_path
+    if name.startswith((".", "/", "~")) and not Path(name).expanduser().is_dir():
+        raise FileNotFoundError(f"model directory {name!r} does not exist; give model_name_or_path an existing "
+                                f"save_pretrained directory, a Hub id such as Qwen/Qwen3-4B, or `tiny`.")
+    return name
 
 
 class MetricsJsonl(TrainerCallback):
@@ -87,8 +91,9 @@ class Progress(TrainerCallback):
             return
         recent = self.step_seconds[-1] if self.step_seconds else float("nan")
         eta = recent * (state.max_steps - state.global_step)
+        loss = logs.get("loss", logs.get("train_loss", float("nan")))  # the end-of-training log says train_loss
         self.log(f"step {state.global_step}/{state.max_steps} | reward {logs['reward']:.3f} | "
-                 f"loss {logs.get('loss', float('nan')):.4f} | {recent:.2f} s/step | eta {eta:.0f} s")
+                 f"loss {loss:.4f} | {recent:.2f} s/step | eta {eta:.0f} s")
 
 
 def write_run_config(cfg: GRAILConfig, overrides: dict, run_dir: Path) -> None:
