@@ -27,11 +27,16 @@ WEIGHTINGS: dict[str, WeightFn] = {
 class GRAILTrainer(GRPOTrainer):
     """GRPOTrainer whose policy-gradient advantage is per token: Â_{i,t} = w_{i,t} · A_i."""
 
-    def token_weights(self, model, inputs: dict) -> torch.Tensor:
-        """(B, T) detached weights for this micro-batch, chosen by `args.token_weighting`."""
+    @staticmethod
+    def real_token_mask(inputs: dict) -> torch.Tensor:
+        """(B, T) bool: completion tokens that enter TRL's loss (tool-output tokens excluded, as TRL does)."""
         mask_BT = inputs["completion_mask"].bool()
         if "tool_mask" in inputs:
             mask_BT = mask_BT & inputs["tool_mask"].bool()
+        return mask_BT
+
+    def token_weights(self, model, inputs: dict, mask_BT: torch.Tensor) -> torch.Tensor:
+        """(B, T) detached weights for this micro-batch, chosen by `args.token_weighting`."""
         # No no_grad here: gradient-based methods run their own autograd probe; weights leave detached.
         return WEIGHTINGS[self.args.token_weighting](self, model, inputs, mask_BT).detach()
 
@@ -40,9 +45,10 @@ class GRAILTrainer(GRPOTrainer):
         if adv_B.dim() != 1:
             raise RuntimeError("GRAILTrainer expects TRL's (B,) advantages; another subclass already made "
                                "them per token.")
-        weights_BT = self.token_weights(model, inputs)
+        mask_BT = self.real_token_mask(inputs)
+        weights_BT = self.token_weights(model, inputs, mask_BT)
         adv_BT = token_advantages(adv_B, weights_BT)  # (B, T)
-        self._log_weights(adv_B, adv_BT, weights_BT, inputs["completion_mask"].bool())
+        self._log_weights(adv_B, adv_BT, weights_BT, mask_BT)
         return super()._compute_loss(model, {**inputs, "advantages": adv_BT})
 
     def _log_weights(self, adv_B, adv_BT, weights_BT, mask_BT) -> None:
