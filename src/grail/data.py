@@ -61,14 +61,14 @@ def load_train_dataset(cfg: GRAILConfig) -> Dataset:
     if len(raw) == 0:
         raise ValueError(f"dataset {cfg.dataset!r} (split {cfg.dataset_split!r}) is empty.")
     raw = raw.select_columns([cfg.prompt_column, cfg.answer_column])
-    for index, row in enumerate(raw):
-        if row[cfg.prompt_column] in (None, "", []) or row[cfg.answer_column] in (None, "", []):
+
+    def normalise(row: dict, index: int) -> dict:  # one pass: checks and rewrites each row
+        prompt, answer = row[cfg.prompt_column], row[cfg.answer_column]
+        if prompt in (None, "", []) or answer in (None, "", []):
             raise ValueError(f"dataset {cfg.dataset!r}, row {index}: empty {cfg.prompt_column!r} or "
                              f"{cfg.answer_column!r}; remove or fix that row.")
-
-    def normalise(row: dict) -> dict:
-        answer = row[cfg.answer_column]  # JSON readers infer numbers ("2" may arrive as 2): one type for rewards
-        return {"prompt": _with_suffix(row[cfg.prompt_column], cfg.prompt_suffix, cfg.conversational),
+        # JSON readers infer numbers ("2" may arrive as 2): one type for the reward functions.
+        return {"prompt": _with_suffix(prompt, cfg.prompt_suffix, cfg.conversational),
                 "answer": answer if isinstance(answer, list) else str(answer)}
 
-    return raw.map(normalise, remove_columns=raw.column_names)
+    return raw.map(normalise, with_indices=True, remove_columns=raw.column_names)
