@@ -63,7 +63,7 @@ class TaskConfig:
     max_value: upper bound on every running value (all values also stay >= 0).
     """
 
-    num_steps: int = 2  # the embedded default: a tiny model warm-starts to ~45% sampled accuracy
+    num_steps: int = 2  # the embedded default; grail.warmstart.WarmStartConfig records what it reaches
     operand_min: int = 1
     operand_max: int = 9
     filler_rate: float = 0.0

@@ -33,7 +33,8 @@ def default_cache_dir() -> Path:
 
 @dataclass(frozen=True)
 class WarmStartConfig:
-    # Default 2-step problems + 300 steps: ~50 % sampled (T=1) / ~60 % greedy held-out accuracy, ~60 s on 2 cores.
+    # Default 2-step problems + 300 steps: 50.1% sampled acc@4 (T=1) / 61.0% greedy on 200 held-out problems,
+    # ~60 s on 2 cores (450 steps overshoot to ~81%; 3-step problems reach ~13% in 300 steps).
     task: TaskConfig = field(default_factory=TaskConfig)
     steps: int = 300
     batch_size: int = 64
