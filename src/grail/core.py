@@ -57,3 +57,43 @@ def masked_mean(values_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
     """Mean of `values_BT` over True entries of `mask_BT`; 0 when the mask is empty. 0-dim tensor."""
     mask = mask_BT.to(values_BT.dtype)
     return (values_BT * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def gradient_activation_saliency(grad_BLD: torch.Tensor, hidden_BLD: torch.Tensor) -> torch.Tensor:
+    """GRAIL's per-position saliency s = ‖ ∂ℓ/∂h ⊙ h ‖₂ over the hidden dimension (METHODS.md 2.4).
+
+    Args:
+        grad_BLD: (B, L, D) gradient of the answer NLL with respect to the leaf h.
+        hidden_BLD: (B, L, D) the leaf h itself.
+    Returns:
+        (B, L) float32, detached, >= 0. Per input position: align it to completion tokens with
+        `grail.spans.align_to_completion(..., at="predicting")`.
+    """
+    return (grad_BLD.detach().float() * hidden_BLD.detach().float()).norm(dim=-1)  # (B, L)
+
+
+def entropy_from_logits(logits_NV: torch.Tensor) -> torch.Tensor:
+    """Shannon entropy −Σ_v p_v log p_v of softmax(logits) over the last dimension, in float32.
+
+    Args:
+        logits_NV: (..., V) logits, already divided by the sampling temperature.
+    Returns:
+        (...) float32 entropies, >= 0 (0 for a one-hot distribution, log V for uniform logits).
+    """
+    logp = torch.log_softmax(logits_NV.float(), dim=-1)
+    return -(logp.exp() * logp).sum(dim=-1)
+
+
+def kl_divergence(p_logits_NV: torch.Tensor, q_logits_NV: torch.Tensor) -> torch.Tensor:
+    """KL(P ‖ Q) = Σ_v P_v (log P_v − log Q_v), P = softmax(p_logits), Q = softmax(q_logits), in float32.
+
+    OAR's importance is KL(P_final ‖ P_perturbed): the clean distribution is the first argument.
+
+    Args:
+        p_logits_NV, q_logits_NV: (..., V) logits of the same shape.
+    Returns:
+        (...) float32, >= 0 up to rounding; exactly 0 where the logits agree.
+    """
+    logp = torch.log_softmax(p_logits_NV.float(), dim=-1)
+    logq = torch.log_softmax(q_logits_NV.float(), dim=-1)
+    return (logp.exp() * (logp - logq)).sum(dim=-1)
