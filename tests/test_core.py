@@ -1,9 +1,30 @@
 """grail.core: token advantages and their invariants."""
 
+import itertools
+import math
+
 import pytest
 import torch
 
-from grail.core import advantage_scale_ratio, masked_mean, token_advantages, uniform_weights
+from grail.core import (
+    ROLLOUT_SYMMETRIES,
+    advantage_scale_ratio,
+    answer_span_overrides,
+    bilevel_weights,
+    grail_weights_from_saliency,
+    log_zscore,
+    masked_mean,
+    oar_weights_from_importance,
+    permuted_weights,
+    reweighted_rows,
+    saliency_weights,
+    token_advantages,
+    uniform_weights,
+    valid_signal_rows,
+    weight_diagnostics,
+)
+
+RELEASE = {"weight_mean": 1.0, "weight_std": 0.5, "weight_min": 0.5, "weight_max": 5.0}  # METHODS.md 2.5
 
 
 def _mask():
@@ -52,3 +73,526 @@ def test_scale_ratio_is_one_without_signal_and_masked_mean_of_empty_is_zero():
     assert advantage_scale_ratio(zero, token_advantages(zero, uniform_weights(mask)), mask).item() == 1.0
     assert masked_mean(torch.ones(2, 4), torch.zeros(2, 4, dtype=torch.bool)).item() == 0.0
     assert masked_mean(torch.arange(8.0).reshape(2, 4), mask).item() == pytest.approx((0 + 1 + 2 + 4) / 4)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Helpers: random inputs and plain per-row loop references (the slow, obvious version of each formula)
+# ---------------------------------------------------------------------------------------------------------------
+
+def _random_batch(seed, B=7, T=13):
+    """Positive log-normal signal, a random right-padded mask (row 0 empty, row 1 a single token), NaN padding."""
+    g = torch.Generator().manual_seed(seed)
+    signal = torch.exp(2.0 * torch.randn(B, T, generator=g))
+    lengths = torch.randint(0, T + 1, (B,), generator=g)
+    lengths[0], lengths[1] = 0, 1
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    signal = torch.where(mask, signal, torch.nan)  # padding values must be ignored
+    return signal, mask, g
+
+
+def _ref_log_zscore(signal, mask):
+    out = torch.zeros(signal.shape, dtype=torch.float64)
+    for i in range(signal.shape[0]):
+        idx = [t for t in range(signal.shape[1]) if mask[i, t]]
+        if not idx:
+            continue
+        x = [math.log(float(signal[i, t]) + 1e-8) for t in idx]
+        mean = sum(x) / len(x)
+        var = sum((v - mean) ** 2 for v in x) / len(x)
+        for t, v in zip(idx, x, strict=True):
+            out[i, t] = (v - mean) / math.sqrt(var + 1e-8)
+    return out
+
+
+def _ref_bilevel(importance, scored, mask, quantile, beta, floor):
+    out = mask.to(torch.float64).clone()
+    for i in range(importance.shape[0]):
+        idx = [t for t in range(importance.shape[1]) if scored[i, t] and mask[i, t]]
+        if not idx:
+            continue
+        ibar = [math.log1p(float(importance[i, t])) for t in idx]
+        lo, hi = min(ibar), max(ibar)
+        if hi == lo:
+            continue  # constant row: ω = 1
+        ihat = [(v - lo) / (hi - lo) for v in ibar]
+        tau = float(torch.quantile(torch.tensor(ihat, dtype=torch.float64), quantile))
+        omega = []
+        for v in ihat:
+            if v < tau:
+                omega.append(max(v / tau, floor))
+            else:
+                omega.append(1.0 + beta * (v - tau) / (1.0 - tau) if tau < 1 else 1.0)
+        scale = len(idx) / sum(omega)
+        for t, o in zip(idx, omega, strict=True):
+            out[i, t] = o * scale
+    return out
+
+
+def _ref_diagnostics(weights, adv, mask, reasoning, num_bins):
+    """ess_ratio, top10_mass and the position profile, one row and one token at a time."""
+    ess, top, sums, counts = [], [], [0.0] * num_bins, [0] * num_bins
+    for i in range(weights.shape[0]):
+        a = float(adv[i])
+        idx = [t for t in range(weights.shape[1]) if mask[i, t]]
+        if a == 0 or not idx:
+            continue
+        w = [float(weights[i, t]) for t in idx]
+        if sum(v * v for v in w) > 0:
+            ess.append(sum(w) ** 2 / (len(w) * sum(v * v for v in w)))
+        mags = sorted((abs(v * a) for v in w), reverse=True)
+        if sum(mags) > 0:
+            k = 0.1 * len(mags)
+            whole = math.floor(k)
+            head = sum(mags[:whole]) + (k - whole) * (mags[whole] if whole < len(mags) else 0.0)
+            top.append(head / sum(mags))
+        reason = [t for t in idx if reasoning[i, t]]
+        for j, t in enumerate(reason):
+            b = num_bins * j // len(reason)
+            sums[b] += float(weights[i, t])
+            counts[b] += 1
+    profile = [s / c if c else 0.0 for s, c in zip(sums, counts, strict=True)]
+    return (sum(ess) / len(ess) if ess else 1.0, sum(top) / len(top) if top else 0.1, profile, counts)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# log_zscore, saliency_weights (METHODS.md 2.5)
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_log_zscore_hand_case():
+    # Row 0: s = [1, e, e²] → x = log(s + 1e-8) ≈ [0, 1, 2]; mean 1; population var (1 + 0 + 1)/3 = 2/3;
+    # z = (x − 1)/sqrt(2/3 + 1e-8) = [−1.224745, 0, 1.224745]; padding → 0. Row 1 has no real token → zeros.
+    s = torch.tensor([[1.0, math.e, math.e**2, 7.0], [3.0, 3.0, 3.0, 3.0]])
+    mask = torch.tensor([[True, True, True, False], [False] * 4])
+    z = log_zscore(s, mask)
+    c = 1 / math.sqrt(2 / 3)
+    torch.testing.assert_close(z, torch.tensor([[-c, 0.0, c, 0.0], [0.0] * 4]), atol=1e-6, rtol=0)
+    assert z.dtype == torch.float32
+
+
+def test_saliency_weights_hand_case_and_clipping():
+    # Same row, z = [−1.224745, 0, 1.224745]. Release affine: 1 + 0.5 z = [0.387628, 1, 1.612372]; clip to
+    # [0.5, 5] → [0.5, 1, 1.612372]. With w_std 4: 1 + 4 z = [−3.899, 1, 5.899] → [0.5, 1, 5.0]. Padding 0.
+    s = torch.tensor([[1.0, math.e, math.e**2, 7.0]])
+    mask = torch.tensor([[True, True, True, False]])
+    c = 1 / math.sqrt(2 / 3)
+    w = saliency_weights(s, mask, **RELEASE)
+    torch.testing.assert_close(w, torch.tensor([[0.5, 1.0, 1 + 0.5 * c, 0.0]]), atol=1e-6, rtol=0)
+    w4 = saliency_weights(s, mask, **{**RELEASE, "weight_std": 4.0})
+    torch.testing.assert_close(w4, torch.tensor([[0.5, 1.0, 5.0, 0.0]]), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_log_zscore_and_saliency_weights_match_the_loop_reference(seed):
+    signal, mask, _ = _random_batch(seed)
+    ref = _ref_log_zscore(signal, mask)
+    torch.testing.assert_close(log_zscore(signal, mask).double(), ref, atol=1e-6, rtol=0)
+    ref_w = torch.where(mask, (1.0 + 0.5 * ref).clamp(0.5, 5.0), 0.0)
+    torch.testing.assert_close(saliency_weights(signal, mask, **RELEASE).double(), ref_w, atol=1e-6, rtol=0)
+
+
+def test_log_zscore_is_scale_invariant_and_sums_to_zero_per_row():
+    signal, mask, _ = _random_batch(5)
+    signal = torch.where(mask, signal + 1e-2, signal)  # every value ≫ 1e-8
+    z = log_zscore(signal, mask)
+    for c in (1e-3, 7.0, 1e4):
+        torch.testing.assert_close(log_zscore(signal * c, mask), z, atol=1e-4, rtol=0)
+    torch.testing.assert_close(z.sum(dim=1), torch.zeros(signal.shape[0]), atol=1e-5, rtol=0)
+
+
+def test_constant_signal_gives_exactly_weight_mean_and_empty_rows_zero():
+    # Constant rows have z = 0 exactly (not rounding / sqrt(1e-8)), so w = w_mean exactly: GRAIL with constant
+    # saliency reduces to GRPO when w_mean = 1.
+    mask = torch.tensor([[True] * 7, [True] * 3 + [False] * 4, [False] * 7])
+    for value in (0.3, 1e-5, 123.456, 0.0):
+        s = torch.full((3, 7), value)
+        w = saliency_weights(s, mask, **{**RELEASE, "weight_mean": 1.3})
+        assert torch.equal(w, torch.where(mask, 1.3, 0.0))
+        assert torch.equal(log_zscore(s, mask), torch.zeros(3, 7))
+
+
+def test_weights_do_not_require_grad_even_if_the_signal_does():
+    signal, mask, _ = _random_batch(1)
+    signal = torch.nan_to_num(signal, nan=1.0).requires_grad_(True)
+    adv = torch.linspace(-1, 1, signal.shape[0])
+    spans = torch.zeros_like(mask)
+    spans[:, 0] = mask[:, 0]
+    outputs = [
+        log_zscore(signal, mask),
+        saliency_weights(signal, mask, **RELEASE),
+        grail_weights_from_saliency(signal, adv, mask, spans, torch.zeros_like(mask), rollout_symmetry="both",
+                                    **RELEASE).weights_BT,
+        bilevel_weights(signal, mask, mask, quantile=0.4, beta=2.0, floor=0.1),
+        oar_weights_from_importance(signal, mask, mask, quantile=0.4, beta=2.0, floor=0.1).weights_BT,
+        permuted_weights(signal, mask),
+        answer_span_overrides(signal, spans, spans, weight_mean=1.0, weight_max=5.0),
+    ]
+    assert not any(o.requires_grad for o in outputs)
+    assert not weight_diagnostics(signal, adv, mask, mask, mask, weight_min=0.5, weight_max=5.0)["mean"].requires_grad
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Row selection, validity, answer-span overrides (METHODS.md 2.6–2.7)
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_reweighted_rows_for_each_symmetry_and_a_clear_error_otherwise():
+    adv = torch.tensor([-1.0, 0.0, 0.5])
+    assert reweighted_rows(adv, "wrong").tolist() == [True, True, False]  # A ≤ 0
+    assert reweighted_rows(adv, "correct").tolist() == [False, False, True]  # A > 0
+    assert reweighted_rows(adv, "both").tolist() == [True, True, True]
+    assert ROLLOUT_SYMMETRIES == ("wrong", "correct", "both")
+    with pytest.raises(ValueError, match=r"one of \('wrong', 'correct', 'both'\), got 'all'"):
+        reweighted_rows(adv, "all")
+
+
+def test_valid_signal_rows():
+    nan, inf = math.nan, math.inf
+    s = torch.tensor([[1.0, 2.0, nan],  # NaN only in padding → valid
+                      [1.0, 2.0, 3.0],  # no real token → invalid
+                      [1.0, nan, 3.0],  # NaN on a real token → invalid
+                      [0.0, 0.0, 5.0],  # all real values zero (5 is padding) → invalid
+                      [0.0, 4.0, 0.0],  # one non-zero → valid
+                      [1.0, inf, 0.0]])  # inf on a real token → invalid
+    mask = torch.tensor([[True, True, False], [False] * 3, [True] * 3, [True, True, False], [True] * 3, [True] * 3])
+    assert valid_signal_rows(s, mask).tolist() == [True, False, False, False, True, False]
+
+
+def test_answer_span_overrides_sets_spans_and_leaves_the_input_alone():
+    w = torch.tensor([[0.7, 2.0, 3.0, 0.6, 0.0], [0.9, 0.8, 0.7, 0.6, 0.5]])
+    before = w.clone()
+    answer = torch.tensor([[False, True, True, False, False], [False] * 5])
+    after = torch.tensor([[True, False, True, True, False], [False] * 5])  # overlaps answer at t = 2
+    out = answer_span_overrides(w, answer, after, weight_mean=1.2, weight_max=5.0)
+    # t0 after → 1.2; t1 answer → 5; t2 both → answer wins, 5; t3 after → 1.2; t4 untouched; row 1 untouched.
+    torch.testing.assert_close(out, torch.tensor([[1.2, 5.0, 5.0, 1.2, 0.0], [0.9, 0.8, 0.7, 0.6, 0.5]]))
+    assert torch.equal(w, before)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# grail_weights_from_saliency (METHODS.md 2.5–2.8)
+# ---------------------------------------------------------------------------------------------------------------
+
+def _grail_batch():
+    """Four rows, T = 5, w_mean 1.2 (so the `after` override is distinguishable from the uniform weight 1).
+
+    row 0: A = −1, box; s = [1, e, e², e, e] → x = [0, 1, 2, 1, 1], mean 1, var (1+0+1+0+0)/5 = 0.4,
+           z = [−1, 0, 1, 0, 0]/sqrt(0.4) = [−1.581139, 0, 1.581139, 0, 0];
+           1.2 + 0.5 z = [0.409431 → clip 0.5, 1.2, 1.990569, 1.2, 1.2]; answer t3 → 5; after t4 → 1.2.
+    row 1: A = +1, box, same saliency.
+    row 2: A = −1, no box, t4 padding.
+    row 3: A = −1, box, saliency all zero → invalid.
+    """
+    e = math.e
+    s_row = [1.0, e, e * e, e, e]
+    saliency = torch.tensor([s_row, s_row, [4.0, 1.0, 2.0, 3.0, math.nan], [0.0] * 5])
+    adv = torch.tensor([-1.0, 1.0, -1.0, -1.0])
+    mask = torch.ones(4, 5, dtype=torch.bool)
+    mask[2, 4] = False
+    answer = torch.zeros(4, 5, dtype=torch.bool)
+    after = torch.zeros(4, 5, dtype=torch.bool)
+    for i in (0, 1, 3):
+        answer[i, 3], after[i, 4] = True, True
+    return saliency, adv, mask, answer, after
+
+
+_HI = 1.2 + 0.5 / math.sqrt(0.4)  # 1.990569
+_SALIENT = [0.5, 1.2, _HI, 5.0, 1.2]  # a reweighted row of _grail_batch, overrides applied
+_OVERRIDDEN = [1.0, 1.0, 1.0, 5.0, 1.2]  # a row with a box that was not reweighted
+_NORMALISED = [True, True, True, False, False]
+
+
+@pytest.mark.parametrize("symmetry, rows, normalised, fallback", [
+    ("wrong", [_SALIENT, _OVERRIDDEN, [1, 1, 1, 1, 0], [1] * 5],
+     [_NORMALISED, [False] * 5, [False] * 5, [False] * 5], [False, False, False, True]),
+    ("correct", [_OVERRIDDEN, _SALIENT, [1, 1, 1, 1, 0], _OVERRIDDEN],  # row 3 not selected → not a fallback
+     [[False] * 5, _NORMALISED, [False] * 5, [False] * 5], [False, False, False, False]),
+    ("both", [_SALIENT, _SALIENT, [1, 1, 1, 1, 0], [1] * 5],
+     [_NORMALISED, _NORMALISED, [False] * 5, [False] * 5], [False, False, False, True]),
+])
+def test_grail_weights_for_each_rollout_symmetry(symmetry, rows, normalised, fallback):
+    saliency, adv, mask, answer, after = _grail_batch()
+    out = grail_weights_from_saliency(saliency, adv, mask, answer, after, rollout_symmetry=symmetry,
+                                      **{**RELEASE, "weight_mean": 1.2})
+    torch.testing.assert_close(out.weights_BT, torch.tensor(rows, dtype=torch.float32), atol=1e-6, rtol=0)
+    assert out.normalised_BT.tolist() == normalised
+    assert out.fallback_B.tolist() == fallback
+    assert out.weights_BT.dtype == torch.float32
+
+
+def test_grail_fallback_rows_are_uniform_for_nan_inf_and_zero_saliency():
+    mask = torch.tensor([[True] * 4, [True] * 4, [True] * 4, [True, True, False, False]])
+    saliency = torch.tensor([[1.0, math.nan, 2.0, 3.0], [math.inf, 1.0, 1.0, 1.0], [0.0] * 4,
+                             [1.0, 2.0, math.nan, math.inf]])  # row 3: non-finite only on padding → valid
+    answer = torch.tensor([[False, False, True, False]] * 3 + [[False, True, False, False]])
+    after = torch.tensor([[False, False, False, True]] * 3 + [[False, False, True, True]])  # spills onto padding
+    out = grail_weights_from_saliency(saliency, -torch.ones(4), mask, answer, after, rollout_symmetry="wrong",
+                                      **RELEASE)
+    assert out.fallback_B.tolist() == [True, True, True, False]
+    assert torch.isfinite(out.weights_BT).all()
+    assert out.weights_BT[:3].tolist() == [[1.0] * 4] * 3
+    # Row 3: real s = [1, 2]; x = [0, log 2], z = [−1, 1]/sqrt(1 + 4e-8/log²2) ≈ ±1; t0 → 1 − 0.5 = 0.5;
+    # t1 is the answer → 5; after/padding stays 0.
+    torch.testing.assert_close(out.weights_BT[3], torch.tensor([0.5, 5.0, 0.0, 0.0]), atol=1e-6, rtol=0)
+    assert out.normalised_BT[3].tolist() == [True, False, False, False]
+
+
+def test_grail_rows_without_a_box_are_uniform_and_padding_is_zero():
+    signal, mask, g = _random_batch(3)
+    adv = torch.randn(signal.shape[0], generator=g)
+    no_span = torch.zeros_like(mask)
+    for symmetry in ROLLOUT_SYMMETRIES:
+        out = grail_weights_from_saliency(signal, adv, mask, no_span, no_span, rollout_symmetry=symmetry, **RELEASE)
+        assert torch.equal(out.weights_BT, uniform_weights(mask))
+        assert not out.normalised_BT.any() and not out.fallback_B.any()
+
+
+def test_grail_weights_random_batch_invariants():
+    for seed in range(4):
+        signal, mask, g = _random_batch(seed)
+        adv = torch.randn(signal.shape[0], generator=g)
+        answer = mask & (torch.rand(mask.shape, generator=g) < 0.2)
+        after = mask & ~answer & (torch.rand(mask.shape, generator=g) < 0.2)
+        out = grail_weights_from_saliency(signal, adv, mask, answer, after, rollout_symmetry="both", **RELEASE)
+        w = out.weights_BT
+        assert torch.isfinite(w).all() and (w[~mask] == 0).all() and (w[mask] >= 0.5).all()
+        assert torch.equal(out.normalised_BT, answer.any(1, keepdim=True) & mask & ~answer & ~after)
+        # The normalised tokens are the saliency weights of the whole row (answer tokens inside the z-score).
+        ref = saliency_weights(signal, mask, **RELEASE)
+        assert torch.equal(w[out.normalised_BT], ref[out.normalised_BT])
+        adv_BT = token_advantages(adv, w)
+        pos = w > 0
+        assert torch.equal(torch.sign(adv_BT)[pos], torch.sign(adv)[:, None].expand_as(w)[pos])
+
+
+def test_grail_with_constant_saliency_reduces_to_grpo_apart_from_the_overrides():
+    mask = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])
+    answer = torch.tensor([[False, False, False, False, True, False], [False, False, True, False, False, False]])
+    after = torch.tensor([[False] * 5 + [True], [False] * 3 + [True, False, False]])
+    out = grail_weights_from_saliency(torch.full((2, 6), 0.37), torch.tensor([-1.0, 0.0]), mask, answer, after,
+                                      rollout_symmetry="wrong", **RELEASE)
+    expected = torch.where(answer, 5.0, uniform_weights(mask))  # w_mean = 1 = uniform off the answer
+    assert torch.equal(out.weights_BT, expected)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# OAR bi-level reshaping (METHODS.md 3)
+# ---------------------------------------------------------------------------------------------------------------
+
+def _from_logs(ibar):
+    """Importances whose log(1 + I) are `ibar`."""
+    return [math.expm1(v) for v in ibar]
+
+
+def test_bilevel_weights_hand_case():
+    # Scored t0..t3 with Ī = [0, 1, 2, 4] → Î = [0, .25, .5, 1]; q = 0.5: pos = 0.5·3 = 1.5,
+    # τ = .25 + .5·(.5 − .25) = .375. ω: 0 < τ → max(0, .1) = .1; .25 < τ → .25/.375 = 2/3;
+    # .5 → 1 + (.5 − .375)/.625 = 1.2; 1 → 1 + .625/.625 = 2. Σ = 119/30, rescale by 4/(119/30) = 120/119:
+    # ω = [12, 80, 144, 240]/119. t4 real but not scored → 1; t5 padding → 0.
+    imp = torch.tensor([_from_logs([0.0, 1.0, 2.0, 4.0]) + [9.0, math.nan]])
+    mask = torch.tensor([[True] * 5 + [False]])
+    scored = torch.tensor([[True] * 4 + [False, True]])  # t5 scored but padding → ignored
+    w = bilevel_weights(imp, scored, mask, quantile=0.5, beta=1.0, floor=0.1)
+    torch.testing.assert_close(w, torch.tensor([[12 / 119, 80 / 119, 144 / 119, 240 / 119, 1.0, 0.0]]),
+                               atol=1e-6, rtol=0)
+
+
+def test_bilevel_weights_tau_zero_tau_one_constant_and_empty_rows():
+    imp = torch.tensor([_from_logs([0.0, 1.0, 2.0]),  # Î = [0, .5, 1]
+                        _from_logs([0.0, 1.0, 2.0]),
+                        [0.3, 0.3, 0.3],  # constant → max = min
+                        [0.0, 0.0, 0.0],  # zeros → constant
+                        [5.0, 1.0, 2.0],  # nothing scored
+                        [4.0, 7.0, 2.0]])  # one scored token → constant
+    mask = torch.ones(6, 3, dtype=torch.bool)
+    scored = mask.clone()
+    scored[4] = False
+    scored[5, 1:] = False
+    # q = 0 → τ = 0: lower branch never fires, ω = 1 + Î = [1, 1.5, 2], Σ 4.5 → ×3/4.5 = [2/3, 1, 4/3].
+    w0 = bilevel_weights(imp, scored, mask, quantile=0.0, beta=1.0, floor=0.1)
+    torch.testing.assert_close(w0[0], torch.tensor([2 / 3, 1.0, 4 / 3]), atol=1e-6, rtol=0)
+    # q = 1 → τ = 1: ω = [max(0, .1), .5, 1 (upper branch, no 0/0)], Σ 1.6 → ×3/1.6 = [.1875, .9375, 1.875].
+    w1 = bilevel_weights(imp, scored, mask, quantile=1.0, beta=1.0, floor=0.1)
+    torch.testing.assert_close(w1[1], torch.tensor([0.1875, 0.9375, 1.875]), atol=1e-6, rtol=0)
+    for w in (w0, w1):
+        assert torch.isfinite(w).all()
+        assert w[2:].tolist() == [[1.0] * 3] * 4
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+@pytest.mark.parametrize("quantile, beta", [(0.25, 1.0), (0.4, 2.0), (0.0, 1.0), (1.0, 0.5)])
+def test_bilevel_weights_match_the_loop_reference(seed, quantile, beta):
+    importance, mask, g = _random_batch(seed)
+    importance = torch.where(mask, importance, 0.0)
+    scored = mask & (torch.rand(mask.shape, generator=g) < 0.8)
+    importance[2] = torch.where(mask[2], 0.7, 0.0)  # a constant row
+    got = bilevel_weights(importance, scored, mask, quantile=quantile, beta=beta, floor=0.1)
+    ref = _ref_bilevel(importance, scored, mask, quantile, beta, 0.1)
+    torch.testing.assert_close(got.double(), ref, atol=1e-6, rtol=1e-6)
+
+
+def test_bilevel_weights_preserve_mass_are_non_negative_and_monotone():
+    for seed in range(5):
+        importance, mask, g = _random_batch(seed, B=9, T=17)
+        scored = mask & (torch.rand(mask.shape, generator=g) < 0.7)
+        w = bilevel_weights(importance, scored, mask, quantile=0.4, beta=2.0, floor=0.1)
+        assert torch.isfinite(w).all() and (w >= 0).all() and (w[~mask] == 0).all()
+        assert (w[mask & ~scored] == 1).all()
+        torch.testing.assert_close((w * scored).sum(1), scored.sum(1).float(), atol=1e-5, rtol=0)
+        for i in range(w.shape[0]):  # ω non-decreasing in I within a row
+            order = torch.argsort(importance[i][scored[i]])
+            assert (w[i][scored[i]][order].diff() >= -1e-6).all()
+
+
+def test_bilevel_weights_clamp_negative_importance_to_zero():
+    # KL can round below 0. Clamped: I = [−1e-7, 0, e − 1] ≡ [0, 0, e − 1] → Î = [0, 0, 1]; q = .5 → τ = 0 →
+    # ω = 1 + Î = [1, 1, 2], rescaled by 3/4.
+    imp = torch.tensor([[-1e-7, 0.0, math.e - 1]])
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    w = bilevel_weights(imp, mask, mask, quantile=0.5, beta=1.0, floor=0.1)
+    torch.testing.assert_close(w, torch.tensor([[0.75, 0.75, 1.5]]), atol=1e-6, rtol=0)
+
+
+def test_oar_weights_fall_back_to_uniform_on_unusable_rows():
+    nan, inf = math.nan, math.inf
+    imp = torch.tensor([_from_logs([0.0, 1.0, 2.0, 4.0]),  # normal row (the hand case with q = .5)
+                        [0.0, 0.0, 0.0, 3.0],  # scored all zero (t3 not scored) → fallback
+                        [1.0, nan, 2.0, 3.0],  # NaN on a scored token → fallback
+                        [1.0, inf, 2.0, 3.0],  # inf on a scored token → fallback
+                        [1.0, 2.0, 3.0, nan],  # NaN only on a non-scored token → ignored
+                        [nan, 2.0, 3.0, 4.0],  # no scored token → uniform, NOT a fallback
+                        [0.5, 0.5, 0.5, nan]])  # constant non-zero → ω = 1, not a fallback (t3 padding)
+    mask = torch.ones(7, 4, dtype=torch.bool)
+    mask[6, 3] = False
+    scored = mask.clone()
+    scored[1, 3] = scored[4, 3] = False
+    scored[5] = False
+    out = oar_weights_from_importance(imp, mask, scored, quantile=0.5, beta=1.0, floor=0.1)
+    assert out.fallback_B.tolist() == [False, True, True, True, False, False, False]
+    assert torch.isfinite(out.weights_BT).all()
+    torch.testing.assert_close(out.weights_BT[0], torch.tensor([12, 80, 144, 240]) / 119, atol=1e-6, rtol=0)
+    assert out.weights_BT[1:4].tolist() == [[1.0] * 4] * 3
+    # Row 4: Ī = log(1 + [1, 2, 3]) = [log 2, log 3, log 4]; min-max normalised below.
+    ibar = [math.log(2), math.log(3), math.log(4)]
+    ihat = [(v - ibar[0]) / (ibar[2] - ibar[0]) for v in ibar]  # [0, log 1.5 / log 2 = .584963, 1]
+    tau = ihat[1]  # the median of three values
+    raw = [0.1, 1.0, 1.0 + (1 - tau) / (1 - tau)]  # Î0 < τ → max(0, .1); Î1 = τ → upper branch 1; Î2 → 2
+    expected = [v * 3 / sum(raw) for v in raw] + [1.0]
+    torch.testing.assert_close(out.weights_BT[4], torch.tensor(expected), atol=1e-6, rtol=0)
+    assert out.weights_BT[5:].tolist() == [[1.0] * 4, [1.0, 1.0, 1.0, 0.0]]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Random-reweighting control (METHODS.md 4)
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_permuted_weights_preserve_each_rows_multiset_and_the_other_positions():
+    for seed in range(4):
+        g = torch.Generator().manual_seed(seed)
+        w = torch.rand(6, 11, generator=g) * 5
+        permute = torch.rand(6, 11, generator=g) < 0.6
+        permute[0] = False  # nothing to permute → identity
+        out = permuted_weights(w, permute, generator=g)
+        assert torch.equal(out[~permute], w[~permute])
+        for i in range(6):
+            assert sorted(out[i][permute[i]].tolist()) == sorted(w[i][permute[i]].tolist())
+        assert not torch.equal(out, w)  # something moved (5 rows of ~6 distinct values)
+
+
+def test_permuted_weights_are_reproducible_with_a_generator():
+    w = torch.arange(20.0).reshape(2, 10)
+    permute = torch.ones(2, 10, dtype=torch.bool)
+    a = permuted_weights(w, permute, torch.Generator().manual_seed(7))
+    b = permuted_weights(w, permute, torch.Generator().manual_seed(7))
+    assert torch.equal(a, b)
+
+
+def test_permuted_weights_draw_every_permutation_uniformly():
+    # One row with 4 permuted positions (values 1..4) around 2 fixed ones, repeated 24 000 times in one call.
+    # Each of the 4! = 24 arrangements should appear with frequency 1/24 ± 0.01 (binomial sd ≈ 0.0013), and
+    # every permuted position receive every value (marginal 1/4).
+    n = 24_000
+    row = torch.tensor([1.0, 9.0, 2.0, 3.0, 8.0, 4.0])
+    permute = torch.tensor([True, False, True, True, False, True])
+    out = permuted_weights(row.expand(n, 6), permute.expand(n, 6), torch.Generator().manual_seed(0))
+    assert (out[:, 1] == 9).all() and (out[:, 4] == 8).all()
+    perms = out[:, permute]
+    counts = {p: 0 for p in itertools.permutations([1.0, 2.0, 3.0, 4.0])}
+    for p in map(tuple, perms.tolist()):
+        counts[p] += 1
+    assert len(counts) == 24
+    assert all(abs(c / n - 1 / 24) < 0.01 for c in counts.values())
+    for value in (1.0, 2.0, 3.0, 4.0):
+        freq = (perms == value).float().mean(0)
+        assert ((freq - 0.25).abs() < 0.02).all()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Weight diagnostics (METHODS.md 5)
+# ---------------------------------------------------------------------------------------------------------------
+
+def _diag_batch():
+    """row 0: A = 1, 4 real tokens w = [.5, .5, 1, 5], all normalised, reasoning t0..t2.
+    row 1: A = −2, 2 real tokens w = [1, 5], normalised t0 only (t1 is an answer token at w_max: not clipped),
+           reasoning t0.
+    row 2: A = 0 (no policy gradient), w = 9 everywhere: excluded from every statistic."""
+    w = torch.tensor([[0.5, 0.5, 1.0, 5.0], [1.0, 5.0, 0.0, 0.0], [9.0] * 4])
+    adv = torch.tensor([1.0, -2.0, 0.0])
+    mask = torch.tensor([[True] * 4, [True, True, False, False], [True] * 4])
+    reasoning = torch.tensor([[True, True, True, False], [True, False, False, False], [True] * 4])
+    normalised = torch.tensor([[True] * 4, [True, False, False, False], [True] * 4])
+    return w, adv, mask, reasoning, normalised
+
+
+def test_weight_diagnostics_hand_case():
+    w, adv, mask, reasoning, normalised = _diag_batch()
+    d = weight_diagnostics(w, adv, mask, reasoning, normalised, weight_min=0.5, weight_max=5.0, num_bins=4)
+    # mean (.5 + .5 + 1 + 5 + 1 + 5)/6 = 13/6; max 5 (row 2's 9 excluded).
+    # clip: 5 normalised tokens; ≤ .5: two; ≥ 5: one (row 1's answer token at 5 is not normalised).
+    # scale ratio: Σ|Â| = 1·7 + 2·6 = 19, Σ|A| = 1·4 + 2·2 = 8.
+    # ess: row 0 7²/(4 · 26.5) = 49/106; row 1 6²/(2 · 26) = 9/13.
+    # top10: row 0 k = .4 → .4 · 5 / 7 = 2/7; row 1 |Â| = [2, 10], k = .2 → .2 · 10 / 12 = 1/6.
+    # profile (4 bins): row 0 R = 3: j = 0, 1, 2 → bins 0, floor(4/3) = 1, floor(8/3) = 2; row 1 R = 1: bin 0.
+    # bin 0: (.5 + 1)/2 = .75; bin 1: .5; bin 2: 1; bin 3: empty → 0.
+    expected = {"mean": 13 / 6, "max": 5.0, "clip_low_frac": 0.4, "clip_high_frac": 0.2, "adv_scale_ratio": 19 / 8,
+                "ess_ratio": (49 / 106 + 9 / 13) / 2, "top10_mass": (2 / 7 + 1 / 6) / 2}
+    assert set(d) == set(expected) | {"position_profile", "position_count"}
+    for key, value in expected.items():
+        assert d[key].shape == () and d[key].dtype == torch.float32, key
+        assert d[key].item() == pytest.approx(value, abs=1e-6), key
+    torch.testing.assert_close(d["position_profile"], torch.tensor([0.75, 0.5, 1.0, 0.0]))
+    torch.testing.assert_close(d["position_count"], torch.tensor([2.0, 1.0, 1.0, 0.0]))
+
+
+def test_weight_diagnostics_defaults_when_no_row_carries_a_gradient():
+    w, _, mask, reasoning, normalised = _diag_batch()
+    d = weight_diagnostics(w, torch.zeros(3), mask, reasoning, normalised, weight_min=0.5, weight_max=5.0)
+    assert {k: v.tolist() for k, v in d.items()} == {
+        "mean": 0.0, "max": 0.0, "clip_low_frac": 0.0, "clip_high_frac": 0.0, "adv_scale_ratio": 1.0,
+        "ess_ratio": 1.0, "top10_mass": pytest.approx(0.1), "position_profile": [0.0] * 10,
+        "position_count": [0.0] * 10}
+
+
+@pytest.mark.parametrize("T", [1, 3, 7, 10, 13, 40])
+def test_uniform_weights_give_ess_one_and_top10_mass_one_tenth_for_any_length(T):
+    mask = torch.ones(2, T, dtype=torch.bool)
+    d = weight_diagnostics(uniform_weights(mask), torch.tensor([0.5, -1.0]), mask, mask, torch.zeros_like(mask),
+                           weight_min=0.5, weight_max=5.0)
+    assert d["ess_ratio"].item() == pytest.approx(1.0, abs=1e-6)
+    assert d["top10_mass"].item() == pytest.approx(0.1, abs=1e-6)
+    assert d["adv_scale_ratio"].item() == pytest.approx(1.0, abs=1e-6)
+    assert d["clip_low_frac"].item() == 0.0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_weight_diagnostics_match_the_loop_reference(seed):
+    signal, mask, g = _random_batch(seed, B=9, T=23)
+    w = saliency_weights(signal, mask, **{**RELEASE, "weight_std": 1.5})
+    adv = torch.randint(-2, 3, (9,), generator=g).float()  # some rows A = 0
+    adv[1] = 1.0  # the single-token row carries a gradient
+    reasoning = mask & (torch.arange(23)[None, :] < torch.randint(0, 24, (9, 1), generator=g))
+    ess, top, profile, counts = _ref_diagnostics(w, adv, mask, reasoning, 10)
+    d = weight_diagnostics(w, adv, mask, reasoning, mask, weight_min=0.5, weight_max=5.0)
+    assert d["ess_ratio"].item() == pytest.approx(ess, abs=1e-6)
+    assert d["top10_mass"].item() == pytest.approx(top, abs=1e-6)
+    torch.testing.assert_close(d["position_profile"].double(), torch.tensor(profile, dtype=torch.float64),
+                               atol=1e-6, rtol=0)
+    assert d["position_count"].tolist() == [float(c) for c in counts]

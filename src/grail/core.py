@@ -12,6 +12,8 @@ Masks are bool with True = real token.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 
@@ -97,3 +99,381 @@ def kl_divergence(p_logits_NV: torch.Tensor, q_logits_NV: torch.Tensor) -> torch
     logp = torch.log_softmax(p_logits_NV.float(), dim=-1)
     logq = torch.log_softmax(q_logits_NV.float(), dim=-1)
     return (logp.exp() * (logp - logq)).sum(dim=-1)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GRAIL: saliency → weights (METHODS.md 2.5–2.8). The entropy control (METHODS.md 4) reuses these with the
+# policy's token entropy as the signal.
+# ---------------------------------------------------------------------------------------------------------------
+
+_LOG_EPS = 1e-8  # log(s + 1e-8), as in the GRAIL release
+_VAR_EPS = 1e-8  # z = (x − mean) / sqrt(var + 1e-8), as in the GRAIL release
+_CLIP_TOL = 1e-6  # a weight within this of w_min / w_max counts as clipped
+
+
+def log_zscore(signal_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
+    """Per-row z-score of the log signal over real tokens (METHODS.md 2.5).
+
+        x_t = log(s_t + 1e-8);   z_t = (x_t − mean_row x) / sqrt(var_row x + 1e-8)
+
+    mean and var are over the row's real tokens; var is the population variance (divide by the count).
+
+    Args:
+        signal_BT: (B, T) non-negative signal (saliency ‖∂ℓ/∂h ⊙ h‖, token entropy). Values at padding are
+            ignored, even NaN.
+        mask_BT: (B, T) bool, True on real completion tokens.
+    Returns:
+        (B, T) float32, detached; 0 on padding; a row with no real token is all 0. A row whose real values
+        are not all finite (or are negative) gives non-finite z: check rows with `valid_signal_rows` first.
+    Numerics: x is centred on the row's largest real value before the mean is taken (a shift the z-score
+    does not see), so a constant row gives z = 0 exactly rather than rounding error / sqrt(1e-8) ≈ 1e-3.
+    Invariants (tested): scale invariance, z(c·s) = z(s) for s ≫ 1e-8; per row Σ z = 0 over real tokens.
+    """
+    mask = mask_BT.bool()
+    m = mask.to(torch.float32)
+    s = torch.where(mask, signal_BT.detach().float(), torch.ones((), dtype=torch.float32))  # padding → 1
+    x = torch.log(s + _LOG_EPS)  # (B, T)
+    ref = torch.where(mask, x, torch.full_like(x, -torch.inf)).amax(dim=1, keepdim=True)  # (B, 1)
+    x = torch.where(mask, x - torch.where(mask.any(dim=1, keepdim=True), ref, 0.0), 0.0)
+    n = m.sum(dim=1, keepdim=True).clamp(min=1.0)  # (B, 1)
+    mean = x.sum(dim=1, keepdim=True) / n
+    var = ((x - mean).square() * m).sum(dim=1, keepdim=True) / n
+    return torch.where(mask, (x - mean) / torch.sqrt(var + _VAR_EPS), 0.0)
+
+
+def saliency_weights(signal_BT: torch.Tensor, mask_BT: torch.Tensor, *, weight_mean: float, weight_std: float,
+                     weight_min: float, weight_max: float) -> torch.Tensor:
+    """GRAIL's affine-and-clip of the log z-score (METHODS.md 2.5): w = clip(w_mean + w_std · z, w_min, w_max).
+
+    Release values: w_mean 1.0, w_std 0.5, w_min 0.5, w_max 5.0. No renormalisation (the mean weight can
+    exceed 1).
+
+    Args:
+        signal_BT: (B, T) non-negative signal; see `log_zscore`.
+        mask_BT: (B, T) bool, True on real completion tokens.
+    Returns:
+        (B, T) float32, detached; 0 on padding, in [w_min, w_max] on real tokens of rows with finite signal.
+        Invariant (tested): a constant row gives exactly w_mean on its real tokens.
+    """
+    z = log_zscore(signal_BT, mask_BT)
+    w = (weight_mean + weight_std * z).clamp(min=weight_min, max=weight_max)
+    return torch.where(mask_BT.bool(), w, 0.0)
+
+
+ROLLOUT_SYMMETRIES = ("wrong", "correct", "both")
+
+
+def reweighted_rows(adv_B: torch.Tensor, rollout_symmetry: str) -> torch.Tensor:
+    """Which rows get saliency weights (METHODS.md 2.6), before the box and validity checks.
+
+    "wrong" (release default) → A_i ≤ 0; "correct" → A_i > 0; "both" → every row.
+
+    Args:
+        adv_B: (B,) scalar advantages.
+        rollout_symmetry: one of ROLLOUT_SYMMETRIES.
+    Returns:
+        (B,) bool.
+    Raises:
+        ValueError: for any other rollout_symmetry, naming the allowed values.
+    """
+    if rollout_symmetry == "wrong":
+        return adv_B <= 0
+    if rollout_symmetry == "correct":
+        return adv_B > 0
+    if rollout_symmetry == "both":
+        return torch.ones(adv_B.shape, dtype=torch.bool, device=adv_B.device)
+    raise ValueError(f"rollout_symmetry must be one of {ROLLOUT_SYMMETRIES}, got {rollout_symmetry!r}")
+
+
+def valid_signal_rows(signal_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
+    """Rows whose signal can be normalised: ≥ 1 real token, every real value finite, not every real value 0.
+
+    Args:
+        signal_BT: (B, T) signal; values at padding are ignored (even NaN or inf).
+        mask_BT: (B, T) bool, True on the tokens to check.
+    Returns:
+        (B,) bool.
+    """
+    mask = mask_BT.bool()
+    signal = signal_BT.detach()
+    finite = (torch.isfinite(signal) | ~mask).all(dim=1)
+    nonzero = ((signal != 0) & mask).any(dim=1)
+    return mask.any(dim=1) & finite & nonzero
+
+
+def answer_span_overrides(weights_BT: torch.Tensor, answer_BT: torch.Tensor, after_BT: torch.Tensor, *,
+                          weight_mean: float, weight_max: float) -> torch.Tensor:
+    """GRAIL's answer-span overrides (METHODS.md 2.7): w_max strictly inside the box, w_mean on the rest.
+
+    Args:
+        weights_BT: (B, T) weights; not modified.
+        answer_BT: (B, T) bool, tokens strictly inside the braces of the box → w_max.
+        after_BT: (B, T) bool, the `\\boxed{` marker tokens, the closing brace and every real token after it
+            → w_mean. Both masks must lie within the real tokens (else padding gets a weight).
+    Returns:
+        (B, T) float32, detached; other tokens unchanged. Where both masks are True (they should be disjoint),
+        answer_BT wins: the token keeps w_max.
+    """
+    w = torch.where(after_BT.bool(), weight_mean, weights_BT.detach().float())
+    return torch.where(answer_BT.bool(), weight_max, w)
+
+
+class SaliencyWeights(NamedTuple):
+    """Output of `grail_weights_from_saliency`."""
+
+    weights_BT: torch.Tensor  # (B, T) float32 token weights, 0 on padding
+    normalised_BT: torch.Tensor  # (B, T) bool: weight came from log-z / affine / clip (clip fractions count these)
+    fallback_B: torch.Tensor  # (B,) bool: row selected for reweighting but its signal was invalid → uniform
+
+
+def grail_weights_from_saliency(saliency_BT: torch.Tensor, adv_B: torch.Tensor, mask_BT: torch.Tensor,
+                                answer_BT: torch.Tensor, after_BT: torch.Tensor, *, rollout_symmetry: str,
+                                weight_mean: float, weight_std: float, weight_min: float,
+                                weight_max: float) -> SaliencyWeights:
+    """GRAIL's token weights for a micro-batch (METHODS.md 2.5–2.8); with token entropy as the signal, the
+    entropy control (METHODS.md 4).
+
+    1. has_box_i = any(answer_BT[i]) (the caller leaves answer/after empty for rows without a complete box).
+    2. selected = reweighted_rows(A, rollout_symmetry) & has_box;
+       fallback = selected & ~valid_signal_rows(signal); reweighted = selected & ~fallback.
+    3. Reweighted rows: `saliency_weights`, z-scored over ALL the row's real tokens (answer span included,
+       then overridden, as the release does). Every other row: 1 on real tokens (METHODS.md 2.8 for rows
+       without a box; GRPO's weight for rows step 2 did not choose; a fallback row has nothing to normalise).
+    4. Rows with a box that are not fallback rows, whatever rollout_symmetry chose (METHODS.md 2.7):
+       `answer_span_overrides`. A fallback row stays uniform, overrides included.
+
+    Args:
+        saliency_BT: (B, T) non-negative signal aligned to completion tokens; padding values ignored.
+        adv_B: (B,) scalar advantages.
+        mask_BT: (B, T) bool, True on real completion tokens.
+        answer_BT, after_BT: (B, T) bool spans from the box finder (see `answer_span_overrides`); ANDed with
+            mask_BT here, so they may spill onto padding.
+        rollout_symmetry, weight_*: see `reweighted_rows`, `saliency_weights`.
+    Returns:
+        SaliencyWeights(weights_BT (B, T) float32 detached, 0 on padding, never NaN;
+        normalised_BT (B, T) bool = reweighted rows' real tokens outside answer_BT and after_BT;
+        fallback_B (B,) bool).
+    """
+    mask = mask_BT.bool()
+    answer, after = answer_BT.bool() & mask, after_BT.bool() & mask
+    has_box_B = answer.any(dim=1)
+    selected_B = reweighted_rows(adv_B, rollout_symmetry) & has_box_B
+    fallback_B = selected_B & ~valid_signal_rows(saliency_BT, mask)
+    reweighted_B = selected_B & ~fallback_B
+    salient = saliency_weights(saliency_BT, mask, weight_mean=weight_mean, weight_std=weight_std,
+                               weight_min=weight_min, weight_max=weight_max)  # NaN on invalid rows: not selected
+    weights = torch.where(reweighted_B[:, None], salient, uniform_weights(mask))  # (B, T)
+    overridden_B = (has_box_B & ~fallback_B)[:, None]
+    weights = answer_span_overrides(weights, answer & overridden_B, after & overridden_B,
+                                    weight_mean=weight_mean, weight_max=weight_max)
+    normalised = reweighted_B[:, None] & mask & ~answer & ~after
+    return SaliencyWeights(weights, normalised, fallback_B)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# OAR: bi-level reshaping of token importance (METHODS.md 3)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def bilevel_weights(importance_BT: torch.Tensor, scored_BT: torch.Tensor, mask_BT: torch.Tensor, *,
+                    quantile: float, beta: float, floor: float) -> torch.Tensor:
+    """OAR's bi-level reshaping (METHODS.md 3), per row over its scored tokens:
+
+        Ī = log(1 + I);   Î = (Ī − min Ī) / (max Ī − min Ī) ∈ [0, 1];   τ = q-quantile of Î
+        ω_t = max(Î_t / τ, floor)               if Î_t < τ
+        ω_t = 1 + β · (Î_t − τ) / (1 − τ)      otherwise
+        ω ← ω · n / Σ ω                        (n = number of scored tokens: advantage mass preserved)
+
+    τ is the quantile with linear interpolation over the row's scored tokens (torch.quantile's default).
+    Release values: OAR q 0.25, β 1.0, floor 0.1; GRAIL's OAR-G baseline q 0.4, β 2.0.
+
+    Args:
+        importance_BT: (B, T) importance I ≥ 0 (KL or |gradient · embedding|). Negative values (KL rounding)
+            are clamped to 0. Values off the scored tokens are ignored (even NaN). Scored values must be
+            finite: `oar_weights_from_importance` routes non-finite rows to uniform weights.
+        scored_BT: (B, T) bool, the tokens to reshape (reasoning only, or every completion token); ANDed with
+            mask_BT.
+        mask_BT: (B, T) bool, True on real completion tokens.
+        quantile, beta, floor: q ∈ [0, 1], β ≥ 0, floor ≥ 0.
+    Returns:
+        (B, T) float32, detached: reshaped ω on scored tokens, 1 on real non-scored tokens, 0 on padding.
+    Edge cases: max = min (constant row, or one scored token) → ω = 1; τ = 0 → no Î is below τ, so
+    ω = 1 + βÎ; τ = 1 → only Î = 1 reaches the upper branch, and its value is 1 (no 0/0); no scored token → 1
+    on real tokens.
+    Invariants (tested): Σ_scored ω = n per row; ω ≥ 0; ω is non-decreasing in I within a row.
+    """
+    mask = mask_BT.bool()
+    scored = scored_BT.bool() & mask
+    sf = scored.to(torch.float32)
+    n_B1 = sf.sum(dim=1, keepdim=True)  # (B, 1)
+    imp = torch.where(scored, importance_BT.detach().float(), 0.0).clamp(min=0.0)
+    ibar = torch.log1p(imp)  # (B, T)
+    lo = torch.where(scored, ibar, torch.inf).amin(dim=1, keepdim=True)  # (B, 1); +inf if nothing scored
+    hi = torch.where(scored, ibar, -torch.inf).amax(dim=1, keepdim=True)
+    span = hi - lo
+    spread_B1 = (n_B1 > 0) & (span > 0)  # False for constant rows and rows with nothing scored
+    ihat = torch.where(spread_B1 & scored, (ibar - torch.where(spread_B1, lo, 0.0)) / torch.where(spread_B1, span, 1.0),
+                       0.0).clamp(0.0, 1.0)  # (B, T)
+
+    # τ: linear-interpolation quantile over each row's scored values (non-scored sorted to the end).
+    ordered = torch.where(scored, ihat, 2.0).sort(dim=1).values  # (B, T)
+    pos = quantile * (n_B1 - 1).clamp(min=0.0)  # (B, 1)
+    below = pos.floor()
+    above = torch.minimum(below + 1, (n_B1 - 1).clamp(min=0.0))
+    v_lo = ordered.gather(1, below.long())
+    v_hi = ordered.gather(1, above.long())
+    tau = torch.where(spread_B1, v_lo + (pos - below) * (v_hi - v_lo), 0.0)  # (B, 1); 0 where unused
+
+    lower = torch.clamp(ihat / torch.where(tau > 0, tau, 1.0), min=floor)
+    upper = 1.0 + beta * (ihat - tau) / torch.where(tau < 1, 1.0 - tau, 1.0)  # τ = 1 ⇒ Î − τ = 0 ⇒ 1
+    omega = torch.where(ihat < tau, lower, upper)
+    omega = torch.where(scored, omega, 0.0)
+    total = omega.sum(dim=1, keepdim=True)  # ≥ 1 on spread rows: the maximal token has Î = 1 ≥ τ
+    omega = omega * n_B1 / torch.where(total > 0, total, 1.0)
+    omega = torch.where(spread_B1, omega, 1.0)  # constant rows: ω = 1
+    return torch.where(scored, omega, mask.to(torch.float32))
+
+
+class BilevelWeights(NamedTuple):
+    """Output of `oar_weights_from_importance`."""
+
+    weights_BT: torch.Tensor  # (B, T) float32 token weights, 0 on padding
+    fallback_B: torch.Tensor  # (B,) bool: scored importance all zero or not finite → uniform
+
+
+def oar_weights_from_importance(importance_BT: torch.Tensor, mask_BT: torch.Tensor, scored_BT: torch.Tensor, *,
+                                quantile: float, beta: float, floor: float) -> BilevelWeights:
+    """OAR's token weights for a micro-batch (METHODS.md 3), with a uniform fallback for unusable rows.
+
+    fallback_i = (row has ≥ 1 scored token) & ~valid_signal_rows(I restricted to scored tokens), i.e. some
+    scored value is non-finite, or every scored value is 0 (the perturbation moved nothing: no information).
+    Fallback rows get 1 on every real token. A row with no scored token is NOT a fallback: it gets 1 on real
+    tokens as in `bilevel_weights`. Every other row: `bilevel_weights` (a constant non-zero row gives ω = 1
+    there, and is not flagged).
+
+    Args:
+        importance_BT: (B, T) importance ≥ 0; values off the scored tokens are ignored (even NaN).
+        mask_BT: (B, T) bool, True on real completion tokens.
+        scored_BT: (B, T) bool, the tokens to reshape; ANDed with mask_BT.
+        quantile, beta, floor: see `bilevel_weights`.
+    Returns:
+        BilevelWeights(weights_BT (B, T) float32 detached, 0 on padding, never NaN; fallback_B (B,) bool).
+    """
+    mask = mask_BT.bool()
+    scored = scored_BT.bool() & mask
+    fallback_B = scored.any(dim=1) & ~valid_signal_rows(importance_BT, scored)
+    # A fallback row's importance is replaced by zeros: bilevel_weights maps a constant row to ω = 1.
+    clean = torch.where(fallback_B[:, None] | ~scored, 0.0, importance_BT.detach().float())
+    weights = bilevel_weights(clean, scored, mask, quantile=quantile, beta=beta, floor=floor)
+    return BilevelWeights(weights, fallback_B)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Controls (METHODS.md 4) and diagnostics of the weights (METHODS.md 5)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def permuted_weights(weights_BT: torch.Tensor, permute_BT: torch.Tensor,
+                     generator: torch.Generator | None = None) -> torch.Tensor:
+    """The random-reweighting control (METHODS.md 4): per row, the values at the positions where permute_BT
+    is True, shuffled uniformly at random among those same positions; every other position unchanged.
+
+    Mechanism: the k-th permuted position (in order) receives the value of the k-th position in a random
+    order (argsort of uniform keys); non-permuted positions sort after, in order, onto themselves.
+
+    Args:
+        weights_BT: (B, T) weights (e.g. GRAIL's, for the same batch).
+        permute_BT: (B, T) bool, the positions to shuffle (the row's reasoning tokens).
+        generator: optional torch.Generator on weights_BT's device, for reproducible draws.
+    Returns:
+        (B, T) float32, detached. Invariants (tested): per row, the multiset of values on permute_BT is
+        preserved; other positions are unchanged; over many draws every permuted position receives every
+        value of its row equally often.
+    """
+    w = weights_BT.detach().float()
+    permute = permute_BT.bool()
+    B, T = w.shape
+    t = torch.arange(T, device=w.device, dtype=torch.float64).expand(B, T)
+    keys = torch.rand((B, T), generator=generator, device=w.device, dtype=torch.float64)  # [0, 1)
+    src = torch.argsort(torch.where(permute, keys, 2.0 + t), dim=1, stable=True)  # random order, then the rest
+    dst = torch.argsort(torch.where(permute, t, T + t), dim=1, stable=True)  # permuted in order, then the rest
+    return torch.empty_like(w).scatter_(1, dst, w.gather(1, src))
+
+
+def weight_diagnostics(weights_BT: torch.Tensor, adv_B: torch.Tensor, mask_BT: torch.Tensor,
+                       reasoning_BT: torch.Tensor, normalised_BT: torch.Tensor, *, weight_min: float,
+                       weight_max: float, num_bins: int = 10) -> dict[str, torch.Tensor]:
+    """Statistics of the weights themselves (METHODS.md 5), over the rows that carry a policy gradient:
+    A_i ≠ 0 and ≥ 1 real token (a row with A = 0 has Â = 0 whatever its weights). Â = w · A.
+
+    Keys (0-dim float32 unless stated):
+        mean, max: mean / max weight over those rows' real tokens (0 if none).
+        clip_low_frac, clip_high_frac: fraction of normalised_BT tokens (in those rows) with
+            w ≤ w_min + 1e-6 (resp. w ≥ w_max − 1e-6); 0 if there is no normalised token.
+        adv_scale_ratio: mean |Â| / mean |A| over those rows' real tokens (`advantage_scale_ratio`); 1 if none.
+        ess_ratio: row mean of (Σw)² / (T_i · Σw²) over the row's T_i real tokens (1 = uniform, lower =
+            concentrated); rows with Σw² = 0 skipped; 1 if no row is left.
+        top10_mass: row mean of the share of Σ|Â| held by the 10% largest |Â|, with k = 0.1 · T_i tokens
+            counted fractionally: the floor(k) largest plus (k − floor(k)) × the next, over the total (so
+            uniform weights give 0.10 for every T_i); rows with Σ|Â| = 0 skipped; 0.1 (uniform) if no row.
+        position_profile: (num_bins,) token-pooled mean weight of reasoning tokens (reasoning_BT & mask, in
+            those rows); the j-th (0-based) of a row's R reasoning tokens goes to bin floor(num_bins · j / R).
+            0 for a bin with no token.
+        position_count: (num_bins,) float32 token counts per bin, to pool profiles across batches.
+
+    Args:
+        weights_BT: (B, T) weights ≥ 0. adv_B: (B,) advantages. mask_BT: (B, T) bool real tokens.
+        reasoning_BT: (B, T) bool, the reasoning tokens (before `\\boxed{`). normalised_BT: (B, T) bool, the
+            tokens whose weight came from normalisation (`SaliencyWeights.normalised_BT`).
+    """
+    w = weights_BT.detach().float()
+    mask = mask_BT.bool()
+    adv = adv_B.detach().float()
+    rows_B = (adv != 0) & mask.any(dim=1)
+    tok = mask & rows_B[:, None]  # (B, T)
+    tokf = tok.to(torch.float32)
+    zero, one = torch.zeros((), device=w.device), torch.ones((), device=w.device)
+    out: dict[str, torch.Tensor] = {}
+
+    out["mean"] = masked_mean(w, tok)
+    out["max"] = torch.cat([torch.where(tok, w, 0.0).flatten(), zero[None]]).max()
+
+    norm = normalised_BT.bool() & tok
+    n_norm = norm.to(torch.float32).sum().clamp(min=1.0)
+    out["clip_low_frac"] = ((w <= weight_min + _CLIP_TOL) & norm).to(torch.float32).sum() / n_norm
+    out["clip_high_frac"] = ((w >= weight_max - _CLIP_TOL) & norm).to(torch.float32).sum() / n_norm
+
+    adv_BT = token_advantages(adv, w)
+    out["adv_scale_ratio"] = advantage_scale_ratio(adv, adv_BT, tok).float()
+
+    s1, s2, n = (w * tokf).sum(dim=1), (w.square() * tokf).sum(dim=1), tokf.sum(dim=1)  # (B,)
+    ess_ok = rows_B & (s2 > 0)
+    ess = s1.square() / (n * s2).clamp(min=torch.finfo(torch.float32).tiny)
+    out["ess_ratio"] = _mean_or(ess, ess_ok, one)
+
+    mag = torch.where(tok, adv_BT.abs(), -1.0)  # padding sorts last
+    ordered = mag.sort(dim=1, descending=True).values.clamp(min=0.0)  # (B, T)
+    k_B1 = 0.1 * n[:, None]
+    rank = torch.arange(w.shape[1], device=w.device, dtype=torch.float32)
+    share_of_token = (k_B1 - rank).clamp(0.0, 1.0)  # 1 for the floor(k) largest, k − floor(k) for the next
+    top, total = (ordered * share_of_token).sum(dim=1), ordered.sum(dim=1)
+    top_ok = rows_B & (total > 0)
+    out["top10_mass"] = _mean_or(top / torch.where(total > 0, total, 1.0), top_ok, 0.1 * one)
+
+    reason = reasoning_BT.bool() & tok
+    j = reason.long().cumsum(dim=1) - 1  # index among the row's reasoning tokens
+    r = reason.long().sum(dim=1, keepdim=True).clamp(min=1)
+    bins = torch.where(reason, (num_bins * j).div(r, rounding_mode="floor"), num_bins)  # overflow bin for others
+    sums = torch.zeros(num_bins + 1, device=w.device).scatter_add_(0, bins.flatten(), torch.where(reason, w, 0.0)
+                                                                   .flatten())
+    counts = torch.zeros(num_bins + 1, device=w.device).scatter_add_(0, bins.flatten(), reason.float().flatten())
+    out["position_profile"] = (sums / counts.clamp(min=1.0))[:num_bins]
+    out["position_count"] = counts[:num_bins]
+    return out
+
+
+def _mean_or(values_B: torch.Tensor, ok_B: torch.Tensor, default: torch.Tensor) -> torch.Tensor:
+    """Mean of values_B over ok_B, or `default` when no entry is ok (0-dim float32)."""
+    okf = ok_B.to(torch.float32)
+    total = torch.where(ok_B, values_B, 0.0).sum()
+    return torch.where(okf.sum() > 0, total / okf.sum().clamp(min=1.0), default)
