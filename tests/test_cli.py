@@ -45,7 +45,10 @@ def test_two_step_grpo_run_writes_run_dir_and_changes_parameters(tmp_path, warm_
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     train_lines = [x for x in lines if "reward" in x]
     assert [x["step"] for x in train_lines] == [1, 2]
-    assert all(x["weights/mean"] == 1.0 and "rewards/exact_int_reward/mean" in x for x in train_lines)
+    assert all("rewards/exact_int_reward/mean" in x and "weights/fused" in x for x in train_lines)
+    # weights/mean describes rows with A ≠ 0; a step whose groups all agree has none and logs no value
+    assert any("weights/mean" in x for x in train_lines)
+    assert all(x.get("weights/mean", 1.0) == 1.0 for x in train_lines)
     assert (run / "checkpoint-2").is_dir() and (run / "final" / "tokenizer.json").is_file()
     before, after = _weights(start), _weights(run / "final")
     changed = [k for k in before if not torch.equal(before[k], after[k])]
@@ -65,15 +68,49 @@ def test_the_written_config_reruns(tmp_path, warm_cache):
     assert differing <= {"output_dir", "logging_dir", "run_name"}, differing
 
 
-def test_demo_prints_before_after_table(tmp_path, warm_cache, capsys):
+def test_demo_compares_grpo_and_grail_from_the_same_start(tmp_path, warm_cache, capsys):
     cache, _ = warm_cache
     rc = main(["demo", "--max_steps", "2", "--warmstart_steps", str(WARM_STEPS), "--task_num_heldout", "16",
                "--cache_dir", str(cache), "--output_dir", str(tmp_path / "demo")])
     assert rc == 0
     out = capsys.readouterr().out
-    for text in ("before RL", "after RL", "greedy accuracy", "sampled acc@4", "GRPO steps", "demo wall time"):
+    for text in ("before RL", "GRPO", "GRAIL", "greedy accuracy", "sampled acc@4", "GRAIL − GRPO, sampled acc:",
+                 "95% CI", "demo wall time"):
         assert text in out
-    assert (tmp_path / "demo" / "final" / "model.safetensors").is_file()
+    for method in ("none", "grail"):
+        assert (tmp_path / "demo" / method / "final" / "model.safetensors").is_file()
+        assert yaml.safe_load((tmp_path / "demo" / method / "config.yaml").read_text())["token_weighting"] == method
+
+
+def test_demo_rejects_an_unknown_method(tmp_path, capsys):
+    assert main(["demo", "--method", "none,magic", "--output_dir", str(tmp_path)]) == 2
+    assert "--method 'none,magic'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("method, extra", [
+    ("grail", []), ("oar_g", []), ("oar_p", []), ("random", []), ("entropy", []),
+    ("grail", ["--weights_from", "rollout_policy"]), ("oar_g", ["--oar_scope", "completion"]),
+])
+def test_each_method_trains_two_steps(tmp_path, warm_cache, capsys, method, extra):
+    cache, start = warm_cache
+    run = tmp_path / "run"
+    # lr 1e-4 (not FAST's 1e-3): the second step must still sample groups with mixed rewards
+    rc = main(["train", "--preset", "tiny-cpu", *FAST, "--learning_rate", "1e-4", "--token_weighting", method,
+               *extra, "--cache_dir", str(cache), "--output_dir", str(run)])
+    assert rc == 0, capsys.readouterr().err
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train_lines = [x for x in lines if "reward" in x]
+    assert [x["step"] for x in train_lines] == [1, 2]
+    assert all("weights/seconds" in x and "weights/probed_rows" in x for x in train_lines)
+    described = [x for x in train_lines if "weights/mean" in x]
+    assert described, "no step had a group with mixed rewards"
+    assert any(x["weights/probed_rows"] > 0 for x in train_lines)  # the probe ran on some rows
+    assert all(x["weights/fallback_rows"] == 0 for x in train_lines)
+    assert any(x["weights/ess_ratio"] < 1.0 for x in described)  # weights are not uniform
+    if method in ("grail", "random", "entropy") and not extra:
+        assert all(x["weights/fused"] == 1.0 for x in train_lines)
+    before, after = _weights(start), _weights(run / "final")
+    assert any(not torch.equal(before[k], after[k]) for k in before)
 
 
 def test_jsonl_dataset_trains_with_math_verify_reward(tmp_path, tiny_dir):

@@ -7,13 +7,27 @@ import pytest
 from grail.config import GRAILConfig, literal_choices
 from grail.presets import PRESETS
 from grail.train import REWARDS
-from grail.trainer import WEIGHTINGS
+from grail.core import ROLLOUT_SYMMETRIES
+from grail.probes import LEAVES
+from grail.spans import BOX_CHOICES
+from grail.weighting import METHOD_FUNCTIONS, WeightingOptions
 
 OWN_FIELDS = [f for f in dataclasses.fields(GRAILConfig) if f.name in GRAILConfig.__annotations__]
 
 
 def test_literal_choices_equal_the_dispatch_tables():
-    assert set(literal_choices("token_weighting")) == set(WEIGHTINGS)
+    assert set(literal_choices("token_weighting")) == set(METHOD_FUNCTIONS) | {"none"}
+    assert literal_choices("saliency_leaf") == tuple(LEAVES)
+    assert literal_choices("answer_box") == BOX_CHOICES
+    assert literal_choices("rollout_symmetry") == ROLLOUT_SYMMETRIES
+
+
+def test_weighting_options_mirror_the_config_fields(tmp_path):
+    """One home for defaults: every WeightingOptions field is a GRAILConfig field with the same default."""
+    cfg = GRAILConfig(output_dir=str(tmp_path))
+    assert cfg.weighting_options() == WeightingOptions(temperature=cfg.temperature)
+    for f in dataclasses.fields(WeightingOptions):
+        assert f.name in {g.name for g in dataclasses.fields(GRAILConfig)}, f.name
     assert set(literal_choices("reward")) == set(REWARDS) | {"auto"}
 
 
@@ -37,7 +51,10 @@ def test_explicit_user_values_win_over_resolved_defaults(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs, named", [
-    ({"token_weighting": "grail"}, "token_weighting"),
+    ({"token_weighting": "magic"}, "token_weighting"),
+    ({"weight_min": 2.0}, "weight_min"),
+    ({"oar_quantile": 1.5}, "oar_quantile"),
+    ({"oar_noise_std": 0.0}, "oar_noise_std"),
     ({"reward": "exact"}, "reward"),
     ({"task_num_steps": 0}, "num_steps"),
     ({"task_filler_rate": 1.5}, "filler_rate"),

@@ -42,8 +42,11 @@ def _parser() -> argparse.ArgumentParser:
                            usage="grail train [--config FILE.yaml] [--preset NAME] [--FIELD VALUE ...]")
     train.add_argument("--config", help="YAML file of field: value (a `preset: NAME` key is allowed)")
     train.add_argument("--preset", choices=sorted(PRESETS), help="start from these values (file and flags win)")
-    sub.add_parser("demo", help="the embedded default end to end: warm start, eval, GRPO, eval",
-                   epilog=epilog, formatter_class=fmt, usage="grail demo [--FIELD VALUE ...]")
+    demo = sub.add_parser("demo", help="the embedded default end to end: warm start, eval, GRPO vs GRAIL, eval",
+                          epilog=epilog, formatter_class=fmt, usage="grail demo [--method M1,M2] [--FIELD VALUE ...]")
+    demo.add_argument("--method", default="none,grail",
+                      help="token_weighting methods to train and compare, comma-separated, from the same start and "
+                      "seeds (default: none,grail = GRPO vs GRAIL; e.g. none,grail,random,entropy,oar_g,oar_p)")
     presets = sub.add_parser("presets", help="print the presets (or one) as YAML")
     presets.add_argument("name", nargs="?", choices=sorted(PRESETS))
     return parser
@@ -81,15 +84,16 @@ def _quiet_libraries() -> None:
     datasets.logging.set_verbosity_error()
 
 
-def _demo(rest: list[str]) -> int:
-    from grail.demo import run_demo
+def _demo(args, rest: list[str]) -> int:
+    from grail.demo import parse_methods, run_demo
 
+    methods = parse_methods(args.method)
     _quiet_libraries()
 
     values = merge(None, parse_flags(rest), base=TINY_CPU)
     values.setdefault("output_dir", _default_run_dir("demo"))
     values.setdefault("disable_tqdm", True)
-    run_demo(build_config(values), values)
+    run_demo(build_config(values), values, methods=methods)
     return 0
 
 
@@ -103,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "train":
             return _train(args, rest)
-        return _demo(rest)
+        return _demo(args, rest)
     except (ConfigError, ValueError, OSError) as err:  # OSError: missing files, unreachable Hub ids
         if os.environ.get("GRAIL_DEBUG"):
             raise

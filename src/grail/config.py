@@ -20,9 +20,19 @@ from trl import GRPOConfig
 
 from grail.tasks import TaskConfig
 from grail.warmstart import WarmStartConfig
+from grail.weighting import (
+    AnswerBox,
+    Method,
+    OarDistribution,
+    OarScope,
+    RolloutSymmetry,
+    SaliencyLeaf,
+    WeightingOptions,
+)
 
 TINY_MODEL = "tiny"
 SYNTHETIC_DATASET = "synthetic"
+_W = WeightingOptions  # defaults of the token-weighting fields
 PAPER_PROMPT_SUFFIX = " Please reason step by step, and put your final answer within \\boxed{}."
 
 
@@ -69,11 +79,79 @@ class GRAILConfig(GRPOConfig):
                   "math-verify (5 s timeout). `exact_int`: 1.0 iff the last \\boxed{} is the answer as an "
                   "integer (the synthetic task). `auto`: exact_int for the synthetic task, else math_verify."},
     )
-    # ---- token weighting ------------------------------------------------------------------------------
-    token_weighting: Literal["none"] = field(
-        default="none",
-        metadata={"help": "How each completion token's share of the advantage is chosen (Â = w·A). `none`: "
-                  "w = 1, plain GRPO."},
+    # ---- token weighting (METHODS.md 2-5; defaults = the released values, one home: WeightingOptions) ----
+    token_weighting: Method = field(
+        default=_W.token_weighting,
+        metadata={"help": "How each completion token's share of the advantage is chosen (Â = w·A). `none`: w = 1, "
+                  "plain GRPO. `grail`: gradient × activation saliency of the answer's log-likelihood (Pala et al. "
+                  "2026). `oar_g` / `oar_p`: gradient-proxy / perturbation importance of each token for the answer "
+                  "distribution, bi-level reshaped (Li et al. 2026). `random`: GRAIL's weights randomly permuted "
+                  "over each row's reasoning tokens (control: same weights, no saliency). `entropy`: token entropy "
+                  "through GRAIL's normalisation (control: cheap, gradient-free)."},
+    )
+    weights_from: Literal["current_policy", "rollout_policy"] = field(
+        default="current_policy",
+        metadata={"help": "`current_policy` (the GRAIL release): recompute weights on every micro-batch and "
+                  "every reuse pass (num_iterations), with the policy being trained. `rollout_policy`: compute "
+                  "them once per rollout batch, right after generation, and reuse them on every pass (cheaper "
+                  "when num_iterations > 1; no fused saliency)."},
+    )
+    saliency_path: Literal["auto", "fused", "separate"] = field(
+        default="auto",
+        metadata={"help": "`grail`/`random`/`entropy` with weights_from=current_policy. `fused`: take the "
+                  "saliency (or entropy) from the training step's own forward pass: the answer NLL is a sum of "
+                  "the log-probs TRL computes, and the gradient to the leaf comes from that graph (saves a "
+                  "forward). `separate`: a second forward and backward, as the release does. `auto`: fused "
+                  "unless it cannot work (frozen embeddings, PEFT/LoRA, DeepSpeed ZeRO-3, FSDP, activation "
+                  "checkpointing), then separate; the metric weights/fused says which ran."},
+    )
+    answer_box: AnswerBox = field(
+        default=_W.answer_box,
+        metadata={"help": "Which complete \\boxed{...} is the answer span 𝒜 of GRAIL (and of OAR's answer_mean): "
+                  "`first` (the GRAIL release) or `last` (the box the reward reads)."},
+    )
+    saliency_leaf: SaliencyLeaf = field(
+        default=_W.saliency_leaf,
+        metadata={"help": "GRAIL's leaf h, where ‖∂ℓ/∂h ⊙ h‖ is measured: `embeddings` (release), or the hidden "
+                  "state after layer 1 (`first`), after layer L//2 (`middle`), after layer L-1 (`last`)."},
+    )
+    rollout_symmetry: RolloutSymmetry = field(
+        default=_W.rollout_symmetry,
+        metadata={"help": "Rows that get saliency weights (GRAIL and both controls): `wrong` (release: A ≤ 0), "
+                  "`correct` (A > 0), `both`. Other rows get w = 1; the answer-span overrides (w_max inside the "
+                  "box, w_mean from the box marker on) apply to every row with a box."},
+    )
+    weight_mean: float = field(default=_W.weight_mean, metadata={"help": "GRAIL w_mean: w = clip(w_mean + "
+                               "w_std·z, w_min, w_max), z = per-row z-score of log(saliency). Release 1.0."})
+    weight_std: float = field(default=_W.weight_std, metadata={"help": "GRAIL w_std (spread of the weights "
+                              "around w_mean). Release 0.5."})
+    weight_min: float = field(default=_W.weight_min, metadata={"help": "GRAIL w_min (lower clip). Release 0.5."})
+    weight_max: float = field(default=_W.weight_max, metadata={"help": "GRAIL w_max (upper clip; also the "
+                              "weight of the tokens inside the answer box). Release 5.0."})
+    oar_scope: OarScope = field(
+        default=_W.oar_scope,
+        metadata={"help": "OAR's scored tokens: `reasoning` (OAR release: the text before the box) or "
+                  "`completion` (every token; GRAIL's OAR-G baseline). Unscored tokens keep w = 1."},
+    )
+    oar_distribution: OarDistribution = field(
+        default=_W.oar_distribution,
+        metadata={"help": "OAR's answer distribution P_final: `last_position` (next-token distribution at the "
+                  "row's last real token) or `answer_mean` (softmax of the mean logits over the positions that "
+                  "predict the answer-box tokens; rows without a box get w = 1)."},
+    )
+    oar_quantile: float = field(default=_W.oar_quantile, metadata={"help": "OAR q: τ = q-quantile of the "
+                                "normalised importance; tokens below τ are damped. OAR release 0.25; GRAIL's "
+                                "OAR-G baseline 0.4."})
+    oar_beta: float = field(default=_W.oar_beta, metadata={"help": "OAR β: tokens above τ get 1 + β(Î-τ)/(1-τ). "
+                            "OAR release 1.0; GRAIL's OAR-G baseline 2.0."})
+    oar_floor: float = field(default=_W.oar_floor, metadata={"help": "OAR: smallest weight of a token below τ "
+                             "(before the mass-preserving rescale). Release 0.1."})
+    oar_noise_std: float = field(default=_W.oar_noise_std, metadata={"help": "OAR-G σ: Gaussian noise on the "
+                                 "scored embeddings (at zero noise the KL has zero gradient). Release 1e-3."})
+    perturbation_chunk_tokens: int = field(
+        default=_W.perturbation_chunk_tokens,
+        metadata={"help": "OAR-P memory bound: at most this many tokens (copies × sequence length) per batched "
+                  "forward of pad-substituted copies. Larger is faster until memory runs out."},
     )
     # ---- embedded synthetic task and tiny model -------------------------------------------------------
     task_num_steps: int = field(
@@ -127,6 +205,7 @@ class GRAILConfig(GRPOConfig):
         if not self.warmstart_lr > 0:
             raise ValueError(f"warmstart_lr={self.warmstart_lr} must be > 0; try 3e-3.")
         self.task_config()  # validates the task_* fields
+        self.weighting_options()  # validates the token-weighting fields
         on_gpu = torch.cuda.is_available() and not self.use_cpu
         if not on_gpu:
             self.use_cpu = True
@@ -143,6 +222,10 @@ class GRAILConfig(GRPOConfig):
         except ValueError as err:
             raise ValueError(f"synthetic task setting: {err} (config fields carry the prefix task_, "
                              f"e.g. task_num_steps)") from err
+
+    def weighting_options(self) -> WeightingOptions:
+        """The token-weighting fields (and TRL's sampling temperature) as the functional API's options."""
+        return WeightingOptions.from_config(self)
 
     def _check_choices(self) -> None:
         for f in fields(GRAILConfig):

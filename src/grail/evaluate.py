@@ -85,3 +85,21 @@ def evaluate(
     correct_P = tuple(int(sum(r >= 1.0 for r in rewards[i * n : (i + 1) * n])) for i in range(len(prompts)))
     acc = sum(c / n for c in correct_P) / len(prompts)
     return EvalResult(acc, n, len(prompts), correct_P, tuple(completions))
+
+
+def paired_bootstrap_ci(correct_a_P: Sequence[int], correct_b_P: Sequence[int], n: int, *,
+                        resamples: int = 2000, level: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
+    """Difference of acc@n, b − a, on the SAME problems, with a percentile bootstrap CI over problems.
+
+    Each resample draws problems with replacement and takes the mean of (c_b − c_a)/n over them, so the
+    pairing (both models answered the same problems) is kept. Returns (difference, low, high).
+    """
+    if len(correct_a_P) != len(correct_b_P) or not correct_a_P:
+        raise ValueError("paired_bootstrap_ci: both results must cover the same, non-empty list of problems.")
+    diff_P = torch.tensor([(b - a) / n for a, b in zip(correct_a_P, correct_b_P, strict=True)], dtype=torch.float64)
+    generator = torch.Generator().manual_seed(seed)
+    index_RP = torch.randint(len(diff_P), (resamples, len(diff_P)), generator=generator)
+    means_R = diff_P[index_RP].mean(1)
+    tail = (1 - level) / 2
+    low, high = torch.quantile(means_R, torch.tensor([tail, 1 - tail], dtype=torch.float64)).tolist()
+    return float(diff_P.mean()), low, high
