@@ -5,11 +5,11 @@ import dataclasses
 import pytest
 
 from grail.config import GRAILConfig, literal_choices
-from grail.presets import PRESETS
-from grail.train import REWARDS
 from grail.core import ROLLOUT_SYMMETRIES
+from grail.presets import PRESETS
 from grail.probes import LEAVES
 from grail.spans import BOX_CHOICES
+from grail.train import REWARDS
 from grail.weighting import METHOD_FUNCTIONS, WeightingOptions
 
 OWN_FIELDS = [f for f in dataclasses.fields(GRAILConfig) if f.name in GRAILConfig.__annotations__]

@@ -11,7 +11,6 @@ from grail import trainer as trainer_module
 from grail.config import GRAILConfig
 from grail.rewards import exact_int_reward
 from grail.trainer import GRAILTrainer
-from grail.weighting import TokenWeights
 
 LOSS_TYPES = ["dr_grpo", "dapo", "grpo", "bnpo"]
 
