@@ -157,10 +157,11 @@ def test_module_entry_point_and_presets():
 
 @pytest.mark.slow
 def test_default_demo_improves_heldout_accuracy(tmp_path, cache_dir):
-    """The real `grail demo` (300-step warm start + 200 GRPO steps, ~2.5 min): RL must help.
+    """The real `grail demo` (300-step warm start, then 200 GRPO and 200 GRAIL steps): RL must help.
 
-    Measured on a 2-core CPU: sampled acc@4 50.1% -> 59.0%, greedy 61.0% -> 67.0%. The margin asserted
+    Measured on a 2-core CPU: sampled acc@4 50.1% -> 59.0% with GRPO (README has GRAIL's). The margin asserted
     is a third of that, so a sign error or a dead advantage hook fails it, ordinary numeric drift does not.
+    GRAIL is not asserted to beat GRPO: one seed on a toy task cannot show that.
     """
     from grail.demo import run_demo
     from grail.overrides import build_config, merge
@@ -168,6 +169,7 @@ def test_default_demo_improves_heldout_accuracy(tmp_path, cache_dir):
 
     values = {**merge(None, {}, base=TINY_CPU), "output_dir": str(tmp_path / "demo"), "disable_tqdm": True}
     summary = run_demo(build_config(values), values, log=lambda s: None)
-    before, after = summary["before"], summary["after"]
-    assert 0.2 <= before["sampled"] <= 0.6  # the warm start lands where GRPO has mixed groups
-    assert after["sampled"] >= before["sampled"] + 0.03, summary
+    before = summary["before"]["sampled"].acc_at_n
+    assert 0.2 <= before <= 0.6  # the warm start lands where GRPO has mixed groups
+    for method in ("none", "grail"):
+        assert summary["runs"][method]["after"]["sampled"].acc_at_n >= before + 0.03, (method, summary)

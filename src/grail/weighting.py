@@ -27,10 +27,10 @@ from grail import core, probes
 from grail.spans import AnswerBox, AnswerSpans, answer_spans
 
 Method = Literal["none", "grail", "oar_g", "oar_p", "random", "entropy"]
-SaliencyLeaf = Literal["embeddings", "first", "middle", "last"]
+SaliencyLeaf = probes.Leaf
 RolloutSymmetry = Literal["wrong", "correct", "both"]
 OarScope = Literal["reasoning", "completion"]
-OarDistribution = Literal["last_position", "answer_mean"]
+OarDistribution = probes.Distribution
 SALIENCY_METHODS = ("grail", "random")  # the answer-NLL saliency probe (fusable with the training forward)
 SIGNAL_METHODS = ("grail", "random", "entropy")  # signal → log-z-score → affine → clip, GRAIL's pipeline
 OAR_METHODS = ("oar_g", "oar_p")  # importance → bi-level reshaping
