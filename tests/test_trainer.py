@@ -180,3 +180,24 @@ def test_fused_is_refused_where_it_cannot_work(tiny_dir, tmp_path):
     trainer = _trainer(GRAILTrainer, tiny_dir, tmp_path, token_weighting="grail")
     trainer.model.get_input_embeddings().weight.requires_grad_(False)
     assert "frozen embeddings" in trainer._fused_unavailable_reason()
+
+
+def test_loss_under_no_grad_uses_the_separate_pass(tiny_dir, tmp_path):
+    """TRL evaluates the loss under no_grad (prediction_step): there is no graph to fuse with."""
+    trainer = _trainer(GRAILTrainer, tiny_dir, tmp_path, token_weighting="grail", rollout_symmetry="both")
+    trainer.current_gradient_accumulation_steps = 1
+    trainer.model.eval()
+    with torch.no_grad():
+        loss = trainer._compute_loss(trainer.model, _inputs(trainer.processing_class))
+    assert torch.isfinite(loss) and trainer.last_token_weights.path == "separate"
+    assert trainer.last_token_weights.probed_B.any()
+
+
+def test_grail_trainer_needs_a_grail_config(tiny_dir, tmp_path):
+    from trl import GRPOConfig
+
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2, use_cpu=True,
+                      report_to="none")
+    with pytest.raises(TypeError, match="GRAILConfig"):
+        GRAILTrainer(model=str(tiny_dir), reward_funcs=[exact_int_reward], args=args,
+                     train_dataset=Dataset.from_list([{"prompt": "Q: 1+1\nA:", "answer": "2"}] * 4))

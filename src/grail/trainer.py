@@ -60,6 +60,9 @@ class GRAILTrainer(GRPOTrainer):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        if not hasattr(self.args, "weighting_options"):
+            raise TypeError(f"GRAILTrainer needs a grail.config.GRAILConfig as args (it carries the token-weighting "
+                            f"fields), got {type(self.args).__name__}; build one with GRAILConfig(...).")
         self.weighting = self.args.weighting_options()
         device = self.accelerator.device
         self._generator = torch.Generator(device=device).manual_seed(self.args.seed + self.accelerator.process_index)
@@ -164,7 +167,7 @@ class GRAILTrainer(GRPOTrainer):
         spans = self._spans(inputs, mask_BT)
         if "weights_weights_BT" in inputs:  # weights_from="rollout_policy"
             weights = TokenWeights.from_batch(inputs, path="rollout")
-        elif self._use_fused():
+        elif self._use_fused() and torch.is_grad_enabled():  # evaluation runs the loss under no_grad: no graph
             call_inputs = dict(inputs)
             self._fused_request = _FusedRequest(call_inputs, adv_B, mask_BT, spans)
             try:
