@@ -1,0 +1,426 @@
+"""Step overhead of each token-weighting method relative to GRPO: median step time and peak memory, as ratios.
+
+What one "step" is: one optimiser step of `GRAILTrainer` through TRL's own code path, driven by this script so
+that the methods can be interleaved in one process:
+    trainer.training_step(model, batch, None)   # TRL: generate, score, (weights), loss, backward
+    clip the gradient norm to max_grad_norm; optimizer.step(); model.zero_grad()
+With gradient_accumulation_steps = 1 and num_iterations = 1, TRL regenerates on every step
+(steps_per_generation × num_iterations = 1), so every timed step includes generation.
+
+Setup (one trainer per method, identical except for the method):
+  * the warm-started tiny model (`model_name_or_path="tiny"`, cached; see grail.warmstart), so completions
+    contain `\\boxed{}` answers and the probes really run; the synthetic task; the `tiny-cpu` preset (the
+    paper's loss: dr_grpo, scale_rewards none, beta 0, asymmetric clip; num_iterations 1; lr 5e-5; AdamW);
+  * `--rows` completions per step (default 16 = 2 prompts × `--generations` 8), one micro-batch;
+  * every completion exactly `--completion-tokens` long (default 128): generation_kwargs min_new_tokens = N
+    and max_completion_length = N;
+  * methods (`--methods`): none (GRPO, the baseline every ratio divides by), grail (saliency_path fused),
+    grail_separate (grail, saliency_path separate), oar_g, oar_p, random, entropy (controls; saliency_path auto,
+    which is fused here). OAR's scored tokens: `--oar-scope` (default completion, see departure 2).
+  * CPU in fp32, or the CUDA device (`--device`), in bf16 with `--bf16`.
+
+How it is measured:
+  1. `--warmup` untimed steps per method (default 2; optimiser state, allocator and caches settle).
+  2. `--rounds` rounds (default 5); in each, every method does one timed step, in an order that rotates by one
+     place each round, so no method always runs first. Batches are fetched before the clock starts.
+  3. Time: `time.perf_counter()` around the step (CUDA: synchronised before each reading).
+  4. Memory, per step:
+       CUDA (`memory_measure = "cuda_max_allocated"`): `reset_peak_memory_stats()` before the step;
+         peak increase = `max_memory_allocated()` after it minus `memory_allocated()` before it.
+       CPU (`memory_measure = "cpu_rss_peak_increase_sampled_1ms"`): a background thread reads the process's
+         resident set size from /proc/self/statm about every 1 ms during the step (it needs the GIL, so
+         during pure-Python stretches a sample can wait up to the interpreter's switch interval, 5 ms; torch
+         kernels release the GIL); peak increase = highest sample minus RSS at step start. glibc keeps freed
+         memory by default, which would hide a step's allocations behind the previous step's freed pages, so
+         when run as a script, before torch is imported, it sets mallopt(M_MMAP_THRESHOLD, 65536) and
+         mallopt(M_TRIM_THRESHOLD, 0) (the same glibc parameters as the MALLOC_MMAP_THRESHOLD_=65536 and
+         MALLOC_TRIM_THRESHOLD_=0 environment variables): blocks of 64 KiB and more are mmap'd and returned
+         on free, and the heap top is trimmed on every free. Small blocks that fragment the heap can still
+         be reused without showing up, so the CPU figure is a lower bound on a step's extra memory. (`main()`
+         called in process leaves the caller's allocator alone; the JSON then says malloc_tuning null.)
+     Reported: the median over the timed steps of the peak increase, and the highest absolute peak
+     (RSS, or max_memory_allocated). Ratios are medians divided by GRPO's medians.
+  5. Attribution, per method: the median of `weights/seconds` (time inside the weight computation, the
+     trainer's own metric; for the fused path the time after TRL's forward, not the forward hook), and the
+     median time of TRL's `_generate_and_score_completions` (generation + rewards + GRAIL's span finding),
+     labelled `rollout_s`; what remains of a step is loss, backward and the optimiser step.
+  6. To show the weights were really computed, per method: mean completion length (TRL's
+     completions/mean_length), fraction of rows with a complete box (1 - weights/rows_without_box), fraction
+     of rows the probe ran on (weights/probed_rows: a row with A = 0, or, for GRAIL and the controls, a row
+     outside rollout_symmetry or without a box, is not probed), fraction of micro-batches on the fused path
+     (weights/fused), mean number of completion tokens before the first box, and mean reward.
+Output: one JSON object on stdout (config, per-method results, and the issue's targets with whether each
+measured ratio meets it; informational, the exit code is 0 either way). Everything else goes to stderr.
+
+Departures from a training run:
+  1. mask_truncated_completions = False (the preset has True): with min_new_tokens = max_completion_length
+     every completion is truncated, and masking them would leave no token in the loss.
+  2. `--oar-scope completion` by default (the OAR release scores the reasoning, the text before the box; the
+     config default): forced completions put the box early (see mean_tokens_before_box) and then continue,
+     so the reasoning scope would score a few dozen tokens where a real completion, whose box comes at the
+     end, has about all N. Scoring every completion token is the cost of a real N-token completion.
+  3. No learning-rate schedule step (the preset's schedule is constant) and no logging or checkpointing.
+  4. GRPO is `GRAILTrainer` with token_weighting none, which still finds the answer spans and logs weight
+     diagnostics; its cost is in the baseline.
+
+Run: `python benchmarks/step_overhead.py` (defaults above; several minutes on 2 CPU cores).
+`--smoke`: 16 tokens, 4 rows, 1 warm-up, 1 round, methods none and grail, and a warm start of
+`--warmstart-steps` 2 (a barely trained model, built in a few seconds in the cache dir: its completions
+(almost) never close a box, so GRAIL skips its probe and rows_with_box_frac ≈ 0; for testing the script only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import ctypes.util
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+METHODS = {  # benchmark name → config fields that differ from GRPO's
+    "none": {"token_weighting": "none"},
+    "grail": {"token_weighting": "grail", "saliency_path": "fused"},
+    "grail_separate": {"token_weighting": "grail", "saliency_path": "separate"},
+    "oar_g": {"token_weighting": "oar_g"},
+    "oar_p": {"token_weighting": "oar_p"},
+    "random": {"token_weighting": "random"},
+    "entropy": {"token_weighting": "entropy"},
+}
+BASELINE = "none"
+MIN_COMPLETION_TOKENS = 128
+# The issue's targets, as (method, ratio key, largest ratio that meets the target).
+TARGETS = (
+    ("grail", "time_ratio_to_grpo", 1.10),
+    ("grail", "mem_ratio_to_grpo", 1.15),
+    ("oar_g", "time_ratio_to_grpo", 1.15),
+    ("oar_p", "time_ratio_to_grpo", 3.0),
+)
+DEFAULTS = {"completion_tokens": 128, "rows": 16, "generations": 8, "warmup": 2, "rounds": 5,
+            "methods": ",".join(METHODS), "warmstart_steps": None}
+SMOKE_DEFAULTS = {"completion_tokens": 16, "rows": 4, "generations": 2, "warmup": 1, "rounds": 1,
+                  "methods": "none,grail", "warmstart_steps": 2}
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameter numbers (malloc.h)
+MMAP_THRESHOLD_BYTES = 65536
+MB = 2**20
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def tune_glibc_malloc() -> str | None:
+    """Make glibc return freed memory to the OS (see the module docstring, 4); None where it is not glibc."""
+    if platform.system() != "Linux":
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        ok = libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1 and libc.mallopt(M_TRIM_THRESHOLD, 0) == 1
+    except (OSError, AttributeError):
+        return None
+    return f"mallopt(M_MMAP_THRESHOLD={MMAP_THRESHOLD_BYTES}, M_TRIM_THRESHOLD=0)" if ok else None
+
+
+class RssPeakSampler:
+    """Context manager: peak resident set size (bytes) of this process, sampled by a thread every ~1 ms."""
+
+    def __init__(self, interval_s: float = 0.001):
+        self.interval_s = interval_s
+        self.page_bytes = os.sysconf("SC_PAGE_SIZE")
+        self.start_bytes = self.peak_bytes = 0
+        self._stop = threading.Event()
+        self._fd = -1
+
+    def _rss(self) -> int:
+        return int(os.pread(self._fd, 128, 0).split()[1]) * self.page_bytes  # statm: size resident shared ...
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.peak_bytes = max(self.peak_bytes, self._rss())
+
+    def __enter__(self) -> RssPeakSampler:
+        self._fd = os.open("/proc/self/statm", os.O_RDONLY)
+        self.start_bytes = self.peak_bytes = self._rss()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak_bytes = max(self.peak_bytes, self._rss())
+        os.close(self._fd)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="step_overhead", description=__doc__.split("\n")[0],
+                                     epilog="See the module docstring for what is measured and how.")
+    parser.add_argument("--methods", help=f"comma-separated, from {', '.join(METHODS)} (default: all; "
+                        f"{BASELINE} is always run: every ratio divides by it)")
+    parser.add_argument("--completion-tokens", type=int, help="completion length N, forced (min_new_tokens = "
+                        f"max_completion_length = N); at least {MIN_COMPLETION_TOKENS} unless --smoke (default 128)")
+    parser.add_argument("--rows", type=int, help="completions per step, one micro-batch (default 16)")
+    parser.add_argument("--generations", type=int, help="completions per prompt, G (default 8)")
+    parser.add_argument("--warmup", type=int, help="untimed steps per method first (default 2)")
+    parser.add_argument("--rounds", type=int, help="timed rounds, one step per method each (default 5)")
+    parser.add_argument("--seed", type=int, default=42, help="seed of every trainer (default 42)")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="auto = cuda when available (default auto)")
+    parser.add_argument("--bf16", action="store_true", help="bf16 mixed precision (for CUDA; default fp32)")
+    parser.add_argument("--oar-scope", choices=("completion", "reasoning"), default="completion",
+                        help="oar_scope of oar_g/oar_p (default completion; docstring, departure 2)")
+    parser.add_argument("--perturbation-chunk-tokens", type=int, default=None,
+                        help="perturbation_chunk_tokens of oar_p (default: the config default)")
+    parser.add_argument("--cache-dir", help="warm-start cache (default $GRAIL_CACHE or ~/.cache/grail-rl)")
+    parser.add_argument("--warmstart-steps", type=int, help="warm-start steps of the tiny model (default: the "
+                        "config default; --smoke: 2)")
+    parser.add_argument("--smoke", action="store_true", help="tiny settings to test the script (module docstring)")
+    args = parser.parse_args(argv)
+    for key, value in (SMOKE_DEFAULTS if args.smoke else DEFAULTS).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or len(set(methods)) != len(methods):
+        parser.error(f"--methods {args.methods!r}: give distinct names from {', '.join(METHODS)}.")
+    args.methods = [BASELINE] + [m for m in methods if m != BASELINE]
+    if args.completion_tokens < MIN_COMPLETION_TOKENS and not args.smoke:
+        parser.error(f"--completion-tokens {args.completion_tokens}: the benchmark needs completions of at least "
+                     f"{MIN_COMPLETION_TOKENS} tokens (use --smoke to test the script with fewer).")
+    for name in ("completion_tokens", "rows", "generations", "rounds"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1.")
+    if args.warmup < 0:
+        parser.error("--warmup must be >= 0.")
+    if args.rows % args.generations:
+        parser.error(f"--rows {args.rows} must be a multiple of --generations {args.generations}.")
+    return args
+
+
+def build_trainer(method: str, args: argparse.Namespace, use_cpu: bool, output_dir: str):
+    from grail.config import GRAILConfig
+    from grail.data import load_train_dataset
+    from grail.presets import TINY_CPU
+    from grail.train import resolve_model_path, reward_function
+    from grail.trainer import GRAILTrainer
+
+    values = {**TINY_CPU, "per_device_train_batch_size": args.rows, "num_generations": args.generations,
+              "gradient_accumulation_steps": 1, "num_iterations": 1, "max_completion_length": args.completion_tokens,
+              "generation_kwargs": {"min_new_tokens": args.completion_tokens}, "mask_truncated_completions": False,
+              "seed": args.seed, "use_cpu": use_cpu, "bf16": args.bf16, "report_to": "none",
+              "output_dir": os.path.join(output_dir, method), "cache_dir": args.cache_dir,
+              "oar_scope": args.oar_scope, **METHODS[method]}
+    for key in ("max_steps", "save_steps", "logging_steps"):
+        values.pop(key)
+    if args.perturbation_chunk_tokens is not None:
+        values["perturbation_chunk_tokens"] = args.perturbation_chunk_tokens
+    if args.warmstart_steps is not None:
+        values["warmstart_steps"] = args.warmstart_steps
+    cfg = GRAILConfig(**values)
+    trainer = GRAILTrainer(model=resolve_model_path(cfg, log), reward_funcs=[reward_function(cfg)], args=cfg,
+                           train_dataset=load_train_dataset(cfg))
+    return trainer, cfg
+
+
+class MethodRun:
+    """One method's trainer, prepared like `Trainer.train()` prepares it, and what its steps measured."""
+
+    def __init__(self, name: str, trainer, cuda: bool):
+        import torch
+
+        self.name, self.trainer, self.cuda, self.torch = name, trainer, cuda, torch
+        trainer.create_optimizer()
+        self.model, trainer.optimizer = trainer.accelerator.prepare(trainer.model, trainer.optimizer)
+        trainer.model_wrapped = self.model
+        trainer.current_gradient_accumulation_steps = 1
+        self.dataloader = trainer.get_train_dataloader()
+        self.batches = iter(self.dataloader)
+        self.rollout_seconds: list[float] = []
+        inner = trainer._generate_and_score_completions
+
+        def timed_rollout(inputs):  # instance attribute: TRL's _prepare_inputs calls this one
+            start = self._clock()
+            output = inner(inputs)
+            self.rollout_seconds.append(self._clock() - start)
+            return output
+
+        trainer._generate_and_score_completions = timed_rollout
+        self.step_s: list[float] = []
+        self.peak_increase_bytes: list[int] = []
+        self.peak_abs_bytes: list[int] = []
+        self.step_rollout_s: list[float] = []
+        self.metrics: dict[str, list[float]] = {}
+        self.tokens_before_box: list[float] = []
+
+    def _clock(self) -> float:
+        if self.cuda:
+            self.torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def _next_batch(self):
+        try:
+            return next(self.batches)
+        except StopIteration:
+            self.batches = iter(self.dataloader)
+            return next(self.batches)
+
+    def _step(self, batch) -> None:
+        trainer, model = self.trainer, self.model
+        trainer.training_step(model, batch, None)
+        if trainer.args.max_grad_norm and trainer.args.max_grad_norm > 0:
+            trainer.accelerator.clip_grad_norm_(model.parameters(), trainer.args.max_grad_norm)
+        trainer.optimizer.step()
+        model.zero_grad()
+        trainer.state.global_step += 1
+
+    def step(self, timed: bool) -> None:
+        torch, trainer = self.torch, self.trainer
+        batch = self._next_batch()
+        trainer._metrics["train"].clear()
+        self.rollout_seconds.clear()
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+            start = self._clock()
+            self._step(batch)
+            seconds = self._clock() - start
+            peak = torch.cuda.max_memory_allocated()
+            increase = peak - before
+        else:
+            with RssPeakSampler() as rss:
+                start = time.perf_counter()
+                self._step(batch)
+                seconds = time.perf_counter() - start
+            peak, increase = rss.peak_bytes, rss.peak_bytes - rss.start_bytes
+        if len(self.rollout_seconds) != 1:
+            raise RuntimeError(f"{self.name}: the step ran generation {len(self.rollout_seconds)} times, expected "
+                               f"exactly once (TRL regenerates every steps_per_generation x num_iterations steps).")
+        if not timed:
+            return
+        self.step_s.append(seconds)
+        self.peak_increase_bytes.append(increase)
+        self.peak_abs_bytes.append(peak)
+        self.step_rollout_s.append(self.rollout_seconds[0])
+        for key, values in trainer._metrics["train"].items():
+            self.metrics.setdefault(key, []).extend(float(v) for v in values)
+        weights = trainer.last_token_weights
+        self.tokens_before_box.append(float(weights.reasoning_BT[weights.has_box_B].sum(1).float().mean())
+                                      if bool(weights.has_box_B.any()) else float("nan"))
+
+    def summary(self, baseline: MethodRun | None) -> dict:
+        def mean(key: str) -> float | None:
+            values = self.metrics.get(key, [])
+            return statistics.fmean(values) if values else None
+
+        def median(values) -> float | None:
+            values = [v for v in values if v == v]  # drop NaN
+            return statistics.median(values) if values else None
+
+        without_box = mean("weights/rows_without_box")
+        out = {
+            "median_step_s": median(self.step_s),
+            "step_s": self.step_s,
+            "time_ratio_to_grpo": None,
+            "peak_mem_increase_mb_median": median(self.peak_increase_bytes) / MB,
+            "peak_mem_increase_mb": [b / MB for b in self.peak_increase_bytes],
+            "peak_mem_mb_max": max(self.peak_abs_bytes) / MB,
+            "mem_ratio_to_grpo": None,
+            "weights_seconds_median": median(self.metrics.get("weights/seconds", [])),
+            "rollout_s_median": median(self.step_rollout_s),
+            "mean_completion_tokens": mean("completions/mean_length"),
+            "rows_with_box_frac": None if without_box is None else 1.0 - without_box,
+            "probed_rows_frac": mean("weights/probed_rows"),
+            "fused_frac": mean("weights/fused"),
+            "mean_tokens_before_box": median(self.tokens_before_box),
+            "reward_mean": mean("reward"),
+        }
+        if baseline is not None:
+            base_time, base_mem = median(baseline.step_s), median(baseline.peak_increase_bytes)
+            out["time_ratio_to_grpo"] = out["median_step_s"] / base_time
+            out["mem_ratio_to_grpo"] = median(self.peak_increase_bytes) / base_mem if base_mem > 0 else None
+        return out
+
+
+def run(args: argparse.Namespace, malloc_tuning: str | None) -> dict:
+    import torch
+    import transformers
+    import trl
+
+    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    if cuda and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device is available.")
+    with tempfile.TemporaryDirectory(prefix="grail-step-overhead-") as output_dir:
+        runs, cfg = [], None
+        for name in args.methods:
+            log(f"building the {name} trainer ...")
+            trainer, cfg = build_trainer(name, args, use_cpu=not cuda, output_dir=output_dir)
+            runs.append(MethodRun(name, trainer, cuda))
+        torch.manual_seed(args.seed)
+        order = list(runs)
+        total_rounds = args.warmup + args.rounds
+        for r in range(total_rounds):
+            timed = r >= args.warmup
+            shift = r % len(order)
+            for method_run in order[shift:] + order[:shift]:
+                method_run.step(timed)
+                if timed:
+                    metrics = method_run.trainer._metrics["train"]
+                    log(f"round {r - args.warmup + 1}/{args.rounds} {method_run.name}: "
+                        f"{method_run.step_s[-1]:.3f} s, rollout {method_run.step_rollout_s[-1]:.3f} s, "
+                        f"weights {sum(metrics.get('weights/seconds', [])):.3f} s, "
+                        f"probed rows {statistics.fmean(metrics.get('weights/probed_rows', [0.0])):.2f}, "
+                        f"peak +{method_run.peak_increase_bytes[-1] / MB:.1f} MB")
+                else:
+                    log(f"warm-up {r + 1}/{args.warmup} {method_run.name} done")
+    baseline = runs[0]
+    results = {run_.name: run_.summary(baseline) for run_ in runs}
+    targets = []
+    for method, key, limit in TARGETS:
+        measured = results.get(method, {}).get(key)
+        targets.append({"method": method, "ratio": key, "at_most": limit, "measured": measured,
+                        "met": None if measured is None else measured <= limit})
+    device = torch.cuda.get_device_name() if cuda else f"cpu ({os.cpu_count()} cores visible)"
+    return {
+        "benchmark": "step_overhead",
+        "config": {
+            "methods": args.methods, "rows": args.rows, "generations": args.generations,
+            "prompts_per_step": args.rows // args.generations, "completion_tokens": args.completion_tokens,
+            "warmup": args.warmup, "rounds": args.rounds, "seed": args.seed, "smoke": args.smoke,
+            "device": device, "dtype": "bf16 mixed precision" if args.bf16 else "fp32",
+            "torch_threads": torch.get_num_threads(), "oar_scope": args.oar_scope,
+            "perturbation_chunk_tokens": cfg.perturbation_chunk_tokens, "warmstart_steps": cfg.warmstart_steps,
+            "loss_type": cfg.loss_type, "scale_rewards": cfg.scale_rewards, "beta": cfg.beta,
+            "num_iterations": cfg.num_iterations, "mask_truncated_completions": cfg.mask_truncated_completions,
+            "torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__,
+            "python": platform.python_version(),
+        },
+        "memory_measure": "cuda_max_allocated" if cuda else "cpu_rss_peak_increase_sampled_1ms",
+        "malloc_tuning": None if cuda else malloc_tuning,
+        "methods": results,
+        "targets": targets,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    stdout = sys.stdout
+    with contextlib.redirect_stdout(sys.stderr):  # libraries' prints must not corrupt the one JSON object
+        result = run(args, _malloc_tuning)
+    print(json.dumps(result, indent=2), file=stdout, flush=True)
+    return 0
+
+
+_malloc_tuning: str | None = None  # set only when run as a script: mallopt is process-wide, and a caller of
+# main() in process (the test) should not have its allocator changed; the JSON then says malloc_tuning null.
+
+if __name__ == "__main__":
+    _malloc_tuning = tune_glibc_malloc()  # before torch is imported (run() imports it)
+    sys.exit(main())
