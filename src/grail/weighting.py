@@ -277,54 +277,35 @@ _API_DOC = """{title} token weights for a batch, without TRL. Returns (B, T) flo
     """
 
 
-def grail_weights(model, tokenizer, prompt_ids, prompt_mask, completion_ids, completion_mask, advantages,
-                  options: WeightingOptions | None = None, **overrides) -> torch.Tensor:
-    return _weights_for("grail", model, tokenizer, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                        advantages, options, overrides)
+def _method_function(method: Method, title: str, example: str, notes: str) -> Callable[..., torch.Tensor]:
+    def weights(model, tokenizer, prompt_ids, prompt_mask, completion_ids, completion_mask, advantages,
+                options: WeightingOptions | None = None, **overrides) -> torch.Tensor:
+        return _weights_for(method, model, tokenizer, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                            advantages, options, overrides)
+
+    weights.__name__ = weights.__qualname__ = f"{method}_weights"
+    weights.__doc__ = _API_DOC.format(title=title, example=example, notes=notes)
+    return weights
 
 
-def oar_g_weights(model, tokenizer, prompt_ids, prompt_mask, completion_ids, completion_mask, advantages,
-                  options: WeightingOptions | None = None, **overrides) -> torch.Tensor:
-    return _weights_for("oar_g", model, tokenizer, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                        advantages, options, overrides)
-
-
-def oar_p_weights(model, tokenizer, prompt_ids, prompt_mask, completion_ids, completion_mask, advantages,
-                  options: WeightingOptions | None = None, **overrides) -> torch.Tensor:
-    return _weights_for("oar_p", model, tokenizer, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                        advantages, options, overrides)
-
-
-def random_weights(model, tokenizer, prompt_ids, prompt_mask, completion_ids, completion_mask, advantages,
-                   options: WeightingOptions | None = None, **overrides) -> torch.Tensor:
-    return _weights_for("random", model, tokenizer, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                        advantages, options, overrides)
-
-
-def entropy_weights(model, tokenizer, prompt_ids, prompt_mask, completion_ids, completion_mask, advantages,
-                    options: WeightingOptions | None = None, **overrides) -> torch.Tensor:
-    return _weights_for("entropy", model, tokenizer, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                        advantages, options, overrides)
-
-
-grail_weights.__doc__ = _API_DOC.format(
-    title="GRAIL (gradient × activation saliency of the answer's NLL; METHODS.md 2)",
+grail_weights = _method_function(
+    "grail", title="GRAIL (gradient × activation saliency of the answer's NLL; METHODS.md 2)",
     example="saliency_leaf='middle', rollout_symmetry='both'",
     notes="Cost: one forward and one backward to the leaf on the rows it reweights.")
-oar_g_weights.__doc__ = _API_DOC.format(
-    title="OAR-G (gradient proxy of the answer distribution's KL under embedding noise; METHODS.md 3)",
+oar_g_weights = _method_function(
+    "oar_g", title="OAR-G (gradient proxy of the answer distribution's KL under embedding noise; METHODS.md 3)",
     example="oar_quantile=0.4, oar_beta=2.0, oar_scope='completion' (GRAIL's OAR-G baseline)",
     notes="Cost: two forwards and one backward to the embeddings.")
-oar_p_weights.__doc__ = _API_DOC.format(
-    title="OAR-P (answer-distribution KL when each scored token is replaced by the pad token; METHODS.md 3)",
+oar_p_weights = _method_function(
+    "oar_p", title="OAR-P (answer-distribution KL when each scored token is replaced by the pad token; METHODS.md 3)",
     example="perturbation_chunk_tokens=8192 to bound memory",
-    notes="Cost: one no-grad forward per scored token, batched in chunks.")
-random_weights.__doc__ = _API_DOC.format(
-    title="Random control (GRAIL's weights for a row, randomly permuted over its reasoning tokens; METHODS.md 4)",
+    notes="Cost: one no-grad forward per scored token, batched in chunks that share the clean prefix.")
+random_weights = _method_function(
+    "random", title="Random control (GRAIL's weights for a row, permuted over its reasoning tokens; METHODS.md 4)",
     example="rollout_symmetry='both'",
     notes="Same weight distribution as GRAIL, no saliency information.")
-entropy_weights.__doc__ = _API_DOC.format(
-    title="Entropy control (token entropy through GRAIL's normalisation; METHODS.md 4)",
+entropy_weights = _method_function(
+    "entropy", title="Entropy control (token entropy through GRAIL's normalisation; METHODS.md 4)",
     example="weight_std=1.0",
     notes="Gradient-free: one no-grad forward.")
 
