@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Literal
 
 import torch
@@ -101,7 +101,8 @@ class TokenWeights:
 
     def as_batch_entries(self) -> dict[str, torch.Tensor]:
         """The tensors, for storing in a TRL batch dict (split and shuffled with it by row)."""
-        return {f"weights_{k}": v for k, v in asdict(self).items() if isinstance(v, torch.Tensor)}
+        values = {f.name: getattr(self, f.name) for f in fields(self)}  # not asdict: it deep-copies tensors
+        return {f"weights_{k}": v for k, v in values.items() if isinstance(v, torch.Tensor)}
 
     @classmethod
     def from_batch(cls, inputs: dict, path: str) -> TokenWeights:
