@@ -33,7 +33,6 @@ from grail.weighting import (
 TINY_MODEL = "tiny"
 SYNTHETIC_DATASET = "synthetic"
 _W = WeightingOptions  # defaults of the token-weighting fields
-PAPER_PROMPT_SUFFIX = " Please reason step by step, and put your final answer within \\boxed{}."
 
 
 @dataclass

@@ -9,6 +9,7 @@ from pathlib import Path
 from datasets import Dataset, load_dataset
 
 from grail.config import SYNTHETIC_DATASET, GRAILConfig
+from grail.prompts import PromptFormat
 from grail.tasks import generate
 
 LOCAL_SUFFIXES = (".jsonl", ".json")
@@ -35,24 +36,12 @@ def _load_raw(cfg: GRAILConfig) -> Dataset:
     return load_dataset(cfg.dataset, cfg.dataset_config, split=cfg.dataset_split)
 
 
-def _with_suffix(prompt, suffix: str, conversational: bool):
-    if isinstance(prompt, list):  # chat messages: extend the last user turn
-        messages = [dict(m) for m in prompt]
-        last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=None)
-        if last_user is None:
-            raise ValueError("a chat prompt has no user message to append prompt_suffix to.")
-        messages[last_user]["content"] = messages[last_user]["content"] + suffix
-        return messages
-    text = prompt + suffix
-    return [{"role": "user", "content": text}] if conversational else text
-
-
 def load_train_dataset(cfg: GRAILConfig) -> Dataset:
     """The training prompts as a Dataset with columns `prompt` and `answer` (other columns dropped)."""
+    fmt = PromptFormat.from_config(cfg)
     if cfg.dataset == SYNTHETIC_DATASET:
         rows = synthetic_rows(cfg, "train")
-        return Dataset.from_list([{**r, "prompt": _with_suffix(r["prompt"], cfg.prompt_suffix,
-                                                               cfg.conversational)} for r in rows])
+        return Dataset.from_list([{**r, "prompt": fmt.training_prompt(r["prompt"])} for r in rows])
     raw = _load_raw(cfg)
     missing = [c for c in (cfg.prompt_column, cfg.answer_column) if c not in raw.column_names]
     if missing:
@@ -68,7 +57,7 @@ def load_train_dataset(cfg: GRAILConfig) -> Dataset:
             raise ValueError(f"dataset {cfg.dataset!r}, row {index}: empty {cfg.prompt_column!r} or "
                              f"{cfg.answer_column!r}; remove or fix that row.")
         # JSON readers infer numbers ("2" may arrive as 2): one type for the reward functions.
-        return {"prompt": _with_suffix(prompt, cfg.prompt_suffix, cfg.conversational),
+        return {"prompt": fmt.training_prompt(prompt),
                 "answer": answer if isinstance(answer, list) else str(answer)}
 
     return raw.map(normalise, with_indices=True, remove_columns=raw.column_names)

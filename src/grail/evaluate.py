@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from grail.sampling import SamplingParams, generate_batch, hf_generation_kwargs
+
 RewardFn = Callable[..., list[float]]
 
 
@@ -26,7 +28,6 @@ class EvalResult:
         return {f"{prefix}/acc@{self.n}": self.acc_at_n, f"{prefix}/num_problems": float(self.num_problems)}
 
 
-@torch.no_grad()
 def sample_completions(
     model,
     tokenizer,
@@ -41,26 +42,20 @@ def sample_completions(
 ) -> list[str]:
     """`n` completions per prompt (problem-major order), decoded without special tokens.
 
-    Prompts are plain strings, tokenised as is (no chat template). Left padding, so that every row's
-    continuation starts at the same column.
+    Prompts are plain strings, tokenised as is (no chat template). Each prompt is repeated n times and the rows
+    are generated `batch_size` at a time after one `manual_seed(seed)` (the demo's figures depend on this order).
     """
     was_training = model.training
     model.eval()
-    device = next(model.parameters()).device
     rows = [p for p in prompts for _ in range(n)]
-    sampling = temperature > 0
-    gen_kwargs = dict(max_new_tokens=max_new_tokens, do_sample=sampling, pad_token_id=tokenizer.pad_token_id)
-    if sampling:
-        gen_kwargs.update(temperature=temperature, top_p=top_p, top_k=top_k)
+    params = SamplingParams(n=1, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens)
+    kwargs = hf_generation_kwargs(tokenizer, params)
     out: list[str] = []
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         for start in range(0, len(rows), batch_size):
-            batch = tokenizer(rows[start : start + batch_size], return_tensors="pt", padding=True,
-                              padding_side="left", add_special_tokens=False).to(device)
-            ids_BL = model.generate(**batch, **gen_kwargs)
-            new_BT = ids_BL[:, batch["input_ids"].shape[1] :]
-            out.extend(tokenizer.batch_decode(new_BT, skip_special_tokens=True))
+            batch = generate_batch(model, tokenizer, rows[start : start + batch_size], n=1, gen_kwargs=kwargs)
+            out.extend(samples[0].text for samples in batch)
     model.train(was_training)
     return out
 

@@ -5,7 +5,7 @@ Presets only hold values; every field's meaning is documented once, in `GRAILCon
 
 from __future__ import annotations
 
-from grail.config import PAPER_PROMPT_SUFFIX
+from grail.prompts import PAPER_PROMPT_SUFFIX
 
 # The GRAIL release's loss and grouping (METHODS.md section 1): A = r - mean(group) without std scaling,
 # Dr. GRPO aggregation, asymmetric clip, no KL, truncated completions masked, 8 completions per prompt.

@@ -5,7 +5,8 @@ Run directory (`output_dir`):
     resolved_config.json  every field after defaults and device resolution (for the record)
     metrics.jsonl         one JSON object per logging step ({"step": N, ...TRL and grail metrics})
     checkpoint-N/         TRL checkpoints every `save_steps`
-    final/                the trained model and tokenizer, loadable with `from_pretrained(path)`
+    final/                the trained model and tokenizer, loadable with `from_pretrained(path)`, and
+                          grail_prompt.json, the prompt format it was trained with (read by `grail eval`)
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from grail.config import SYNTHETIC_DATASET, TINY_MODEL, GRAILConfig
 from grail.data import load_train_dataset
+from grail.prompts import PromptFormat
 from grail.rewards import exact_int_reward, math_verify_reward
 from grail.trainer import GRAILTrainer
 from grail.warmstart import WarmStartConfig, warm_start
@@ -126,5 +128,6 @@ def train(cfg: GRAILConfig, overrides: dict | None = None, log: Log = print,
     train_seconds = time.perf_counter() - start
     final_dir = run_dir / "final"
     trainer.save_model(str(final_dir))
+    PromptFormat.from_config(cfg).save(final_dir)  # `grail eval` reads problems the way the model was trained
     later = sorted(progress.step_seconds[1:]) or progress.step_seconds or [float("nan")]
     return TrainResult(run_dir, final_dir, trainer.state.global_step, train_seconds, later[len(later) // 2])
