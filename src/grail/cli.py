@@ -1,4 +1,6 @@
-"""Command line: `grail train`, `grail demo`, `grail presets`. `main(argv) -> exit code`, testable in process.
+"""Command line: `grail train`, `grail demo`, `grail eval`, `grail grader-check`, `grail presets`.
+
+`main(argv) -> exit code`, testable in process.
 
 Exit codes: 0 done; 2 a configuration or input problem (the message says what to fix).
 Set GRAIL_DEBUG=1 to get the traceback instead of the one-line message.
@@ -15,7 +17,7 @@ from dataclasses import fields
 
 import yaml
 
-from grail import __version__
+from grail import __version__, eval_cli
 from grail.config import GRAILConfig
 from grail.overrides import ConfigError, build_config, merge, parse_flags
 from grail.presets import PRESETS, TINY_CPU
@@ -47,6 +49,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--method", default="none,grail",
                       help="token_weighting methods to train and compare, comma-separated, from the same start and "
                       "seeds (default: none,grail = GRPO vs GRAIL; e.g. none,grail,random,entropy,oar_g,oar_p)")
+    eval_cli.add_parsers(sub)
     presets = sub.add_parser("presets", help="print the presets (or one) as YAML")
     presets.add_argument("name", nargs="?", choices=sorted(PRESETS))
     return parser
@@ -107,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "train":
             return _train(args, rest)
+        if args.command in ("eval", "grader-check"):
+            eval_cli.check_no_extra(args.command, rest)
+            return eval_cli.run_eval(args) if args.command == "eval" else eval_cli.run_grader_check(args)
         return _demo(args, rest)
     except (ConfigError, ValueError, OSError) as err:  # OSError: missing files, unreachable Hub ids
         if os.environ.get("GRAIL_DEBUG"):

@@ -189,6 +189,26 @@ class GRAILConfig(GRPOConfig):
         metadata={"help": "Where warm-started tiny models are cached (default: $GRAIL_CACHE or "
                   "~/.cache/grail-rl)."},
     )
+    # ---- benchmark evaluation at checkpoints (grail.eval_harness, the same code as `grail eval`) --------
+    eval_benchmarks: str = field(
+        default="",
+        metadata={"help": "Comma-separated benchmarks (math500, aime24, amc23, minerva_math, college_math, "
+                  "olympiadbench, synthetic) evaluated at every checkpoint (save_steps) with the model being trained; "
+                  "results in <output_dir>/eval/checkpoint-N/ and eval/* keys in metrics.jsonl. Empty = off."},
+    )
+    eval_data_dir: str | None = field(
+        default=None, metadata={"help": "Local benchmark copy laid out as DIR/<benchmark>/test.jsonl (None = Hub)."}
+    )
+    eval_size: str = field(
+        default="release",
+        metadata={"help": "Problems per benchmark at checkpoints: `release` (200 of CollegeMath and OlympiadBench, "
+                  "all of the others), `all`, or a number (a seeded subset; small numbers keep checkpoints fast)."},
+    )
+    eval_samples: int = field(default=3, metadata={"help": "Samples per problem at checkpoints (release 3), at the "
+                              "release's temperature 0.6, top-p 0.95, top-k 20."})
+    eval_max_new_tokens: int | None = field(
+        default=None, metadata={"help": "New-token limit at checkpoints (None = max_completion_length)."}
+    )
     # ---- TRL fields whose default grail resolves per device -------------------------------------------
     gradient_checkpointing: bool | None = field(
         default=None,
@@ -199,12 +219,18 @@ class GRAILConfig(GRPOConfig):
 
     def __post_init__(self):
         self._check_choices()
-        self._check_positive("task_num_train", "task_num_heldout", "warmstart_steps", "tiny_hidden_size",
-                             "tiny_num_layers")
+        self._check_positive("eval_samples", "task_num_train", "task_num_heldout", "warmstart_steps",
+                             "tiny_hidden_size", "tiny_num_layers")
         if not self.warmstart_lr > 0:
             raise ValueError(f"warmstart_lr={self.warmstart_lr} must be > 0; try 3e-3.")
         self.task_config()  # validates the task_* fields
         self.weighting_options()  # validates the token-weighting fields
+        if self.eval_benchmarks:
+            from grail.benchmarks import parse_benchmark_list
+            from grail.eval_harness import parse_size
+
+            parse_benchmark_list(self.eval_benchmarks)
+            parse_size(self.eval_size)
         on_gpu = torch.cuda.is_available() and not self.use_cpu
         if not on_gpu:
             self.use_cpu = True

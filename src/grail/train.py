@@ -5,6 +5,7 @@ Run directory (`output_dir`):
     resolved_config.json  every field after defaults and device resolution (for the record)
     metrics.jsonl         one JSON object per logging step ({"step": N, ...TRL and grail metrics})
     checkpoint-N/         TRL checkpoints every `save_steps`
+    eval/checkpoint-N/    benchmark evaluation of each checkpoint when `eval_benchmarks` is set (grail.eval_harness)
     final/                the trained model and tokenizer, loadable with `from_pretrained(path)`, and
                           grail_prompt.json, the prompt format it was trained with (read by `grail eval`)
 """
@@ -98,6 +99,45 @@ class Progress(TrainerCallback):
                  f"loss {loss:.4f} | {recent:.2f} s/step | eta {eta:.0f} s")
 
 
+class CheckpointEval(TrainerCallback):
+    """`eval_benchmarks` at every checkpoint, with the model being trained: the same `run_evaluation` as
+    `grail eval`, into <output_dir>/eval/checkpoint-N/, and one metrics.jsonl line of eval/* figures.
+    Runs on the main process only (the others wait for it at their next collective operation)."""
+
+    def __init__(self, cfg: GRAILConfig, run_dir: Path, log: Log):
+        from grail.benchmarks import load_benchmarks, parse_benchmark_list
+        from grail.eval_harness import EvalSpec, parse_size
+        from grail.sampling import SamplingParams
+
+        self.run_dir, self.log = run_dir, log
+        benchmarks = tuple(parse_benchmark_list(cfg.eval_benchmarks))
+        self.spec = EvalSpec(benchmarks=benchmarks, data_dir=cfg.eval_data_dir, size=parse_size(cfg.eval_size),
+                             sampling=SamplingParams(n=cfg.eval_samples,
+                                                     max_new_tokens=cfg.eval_max_new_tokens
+                                                     or cfg.max_completion_length),
+                             seed=cfg.seed, batch_size=cfg.per_device_train_batch_size,
+                             prompt=PromptFormat.from_config(cfg))
+        # load (and check) the benchmarks now: a missing directory should stop the run before training
+        self.loaded = load_benchmarks(benchmarks, data_dir=cfg.eval_data_dir, size=self.spec.size,
+                                      seed=self.spec.subset_seed)
+
+    def on_save(self, args, state, control, model=None, processing_class=None, **kwargs):
+        if not state.is_world_process_zero:
+            return
+        from grail.eval_harness import run_evaluation
+        from grail.sampling import HFSampler
+
+        tokenizer = getattr(processing_class, "tokenizer", processing_class)
+        out = self.run_dir / "eval" / f"checkpoint-{state.global_step}"
+        report = run_evaluation(HFSampler(model, tokenizer, batch_size=self.spec.batch_size), tokenizer, self.spec,
+                                out, log=self.log, progress=False, loaded=self.loaded)
+        figures = {f"eval/{b['name']}/acc@{b['n']}": b["acc_at_n"]["value"] for b in report.results["benchmarks"]}
+        figures.update({f"eval/{a['kind']}/acc@n": a["acc_at_n"]["value"] for a in report.results["averages"]})
+        with (self.run_dir / "metrics.jsonl").open("a") as f:
+            f.write(json.dumps({"step": state.global_step, **figures}) + "\n")
+        self.log(f"checkpoint {state.global_step}: " + ", ".join(f"{k} {v:.3f}" for k, v in figures.items()))
+
+
 def write_run_config(cfg: GRAILConfig, overrides: dict, run_dir: Path) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump({**overrides, "output_dir": str(run_dir)},
@@ -117,8 +157,11 @@ def train(cfg: GRAILConfig, overrides: dict | None = None, log: Log = print,
     model_path = model_path or resolve_model_path(cfg, log)
     dataset = load_train_dataset(cfg)
     progress = Progress(log)
+    callbacks = [MetricsJsonl(run_dir / "metrics.jsonl"), progress]
+    if cfg.eval_benchmarks:
+        callbacks.append(CheckpointEval(cfg, run_dir, log))
     trainer = GRAILTrainer(model=model_path, reward_funcs=[reward_function(cfg)], args=cfg,
-                           train_dataset=dataset, callbacks=[MetricsJsonl(run_dir / "metrics.jsonl"), progress])
+                           train_dataset=dataset, callbacks=callbacks)
     for noisy in (PrinterCallback, ProgressCallback):  # our Progress line replaces both
         trainer.remove_callback(noisy)
     log(f"training {cfg.model_name_or_path} on {cfg.dataset} for {cfg.max_steps} steps "

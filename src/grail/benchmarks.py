@@ -1,0 +1,349 @@
+r"""Evaluation benchmarks as (id, problem, reference answer) triples: six math sets and the synthetic task.
+
+The six sets of METHODS.md section 6 are read from a local copy laid out as ``<data_dir>/<name>/test.jsonl``
+(``../shared/data/benchmarks`` in development) or, with no ``data_dir``, from the Hugging Face Hub (HUB_IDS).
+Their schemas differ; each row is normalised to a ``Problem`` as follows (field names of the local copies):
+
+| name | id | problem | reference answer |
+|---|---|---|---|
+| math500 | ``unique_id`` | ``problem`` | ``answer`` |
+| aime24 | ``id`` | ``problem`` | ``answer`` (kept as written: seven are zero-padded, e.g. "025") |
+| amc23 | ``id`` | ``problem`` | ``answer``, a float: integral ones lose the ".0" (27.0 → "27") |
+| minerva_math | ``idx`` | ``problem`` | content of the LAST complete ``\boxed{}`` of ``solution`` (grail.boxed) |
+| olympiadbench | ``id`` | ``question`` (after ``context`` if set) | ``final_answer``, see strip_math_delimiters |
+| college_math | ``data_source/question_number`` | ``question`` | ``answer``, see strip_math_delimiters |
+| synthetic | row index | the task's own prompt | the task's answer |
+
+1. A row whose id field is missing gets its 0-based line (Hub: row) index as id. CollegeMath's
+   ``question_number`` alone repeats across its nine source books (2091 distinct of 2818), hence the prefix.
+   Ids must be unique within a benchmark (ValueError otherwise): results are keyed by them.
+2. Rows with no usable problem or reference answer (missing, empty, a MinervaMath solution without a complete
+   box) are never dropped silently: they are listed in ``LoadedBenchmark.skipped`` with the reason.
+3. OlympiadBench's ``final_answer`` is a list; each element is stripped of its ``$`` wrappers and the elements
+   are joined with ", " (in the local copy every list has ONE element; multi-part answers such as
+   "$69$,$84$" sit inside that one string, and come out as "69, 84").
+   Its ``unit`` field (set on 8 rows) is not appended to the answer.
+4. ``size="release"`` takes RELEASE_SIZES (a 200-problem subset of CollegeMath and of OlympiadBench, all rows
+   elsewhere). A subset is chosen by sorting the usable problems on sha256(f"{seed}:{id}") and keeping the
+   first ``size``, in file order: the same on every machine, and nested (a smaller size is a subset of a
+   larger one for the same seed).
+5. Hub copies are assumed to carry the local copies' fields; the split is "test", or the only split when
+   there is no "test" split. A Hub copy with other field names shows up as every row skipped: ValueError.
+6. "synthetic" is the embedded task's held-out split with the default task settings (grail.data.synthetic_rows
+   with GRAILConfig's task_* defaults). Its problem is the task's prompt ("Q: 7+5*3\nA:"), which already
+   carries the task's format; ``data_dir`` and the Hub play no part.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from grail.boxed import last_boxed_content
+
+BENCHMARK_NAMES = ("math500", "aime24", "amc23", "minerva_math", "college_math", "olympiadbench")
+SYNTHETIC = "synthetic"
+LOADABLE_NAMES = (*BENCHMARK_NAMES, SYNTHETIC)
+RELEASE_SIZES = {"college_math": 200, "olympiadbench": 200}  # the others: every usable row
+HUB_IDS: dict[str, str | None] = {
+    "math500": "HuggingFaceH4/MATH-500",
+    "aime24": "math-ai/aime24",
+    "amc23": "math-ai/amc23",
+    "minerva_math": "math-ai/minervamath",
+    "college_math": None,  # not given by the data README: local copies only
+    "olympiadbench": "math-ai/olympiadbench",
+}
+LOCAL_FILE = "test.jsonl"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One evaluation problem. ``id`` is unique within ``source`` (the benchmark name) and stable across runs."""
+
+    id: str
+    problem: str
+    answer: str
+    source: str
+
+
+@dataclass(frozen=True)
+class LoadedBenchmark:
+    """The selected problems of one benchmark, in file order.
+
+    total_rows: rows read (usable or not); skipped: (id, reason) of every row with no usable problem or answer;
+    subset: how ``problems`` was chosen among the usable rows ("all" or "seeded 200 of 2818 (seed 0)");
+    origin: where the rows came from (a file path, "hub:<id> (split test)", or the synthetic task).
+    """
+
+    name: str
+    problems: tuple[Problem, ...]
+    total_rows: int
+    skipped: tuple[tuple[str, str], ...]
+    subset: str
+    origin: str = ""
+
+
+# ---- answer normalisation -----------------------------------------------------------------------------------
+_MATH = r"(?:[^$\\]|\\.)+"  # non-empty text without an unescaped "$" (so "\$" stays inside)
+_DISPLAY_RE = re.compile(rf"\$\$({_MATH})\$\$\.?", re.S)
+_INLINE_LIST_RE = re.compile(rf"\$({_MATH})\$(?:\s*,\s*\${_MATH}\$)*\.?", re.S)
+_INLINE_RE = re.compile(rf"\$({_MATH})\$", re.S)
+
+
+def strip_math_delimiters(text: str) -> str:
+    r"""Remove the ``$`` wrappers around a whole answer; leave answers that mix math and prose as they are.
+
+    - "$10-4 n$" → "10-4 n"; "$\$ 3040$" → "\$ 3040" (an escaped dollar is content); "$h=4$." → "h=4"
+      (a period after the closing "$" is punctuation); "$$x$$" → "x".
+    - A comma-separated list of wrapped parts becomes the parts joined by ", ": "$69$,$84$" → "69, 84".
+    - Anything else keeps its dollars: "$4 \frac{4}{9}$ days", "$x=-1, x=0$ or $x=1$", and the malformed
+      "$221,$8$" (OlympiadBench id 2349, meant as 221, 8) are returned stripped of outer whitespace only.
+    Idempotent: applying it twice gives the same text.
+    """
+    text = text.strip()
+    if match := _DISPLAY_RE.fullmatch(text):
+        return match.group(1).strip()
+    if _INLINE_LIST_RE.fullmatch(text):
+        return ", ".join(part.strip() for part in _INLINE_RE.findall(text))
+    return text
+
+
+class _Unusable(Exception):
+    """A row with no usable problem or reference answer; the message is the reason recorded in ``skipped``."""
+
+
+def _text(row: dict, field: str) -> str:
+    value = row.get(field)
+    if value is None:
+        raise _Unusable(f"no {field!r} field")
+    if not isinstance(value, str):
+        raise _Unusable(f"{field!r} is a {type(value).__name__}, not a string")
+    if not value.strip():
+        raise _Unusable(f"empty {field!r}")
+    return value
+
+
+def _scalar_answer(row: dict) -> str:
+    """``answer`` as text; a float that is integral loses its ".0" (AMC23 stores 27.0 for 27)."""
+    value = row.get("answer")
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    return _text(row, "answer").strip()
+
+
+def _last_box_answer(row: dict) -> str:
+    content = last_boxed_content(_text(row, "solution"))
+    if content is None:
+        raise _Unusable("'solution' has no complete \\boxed{...}")
+    return content.strip()
+
+
+def _list_answer(row: dict) -> str:
+    value = row.get("final_answer")
+    if value is None:
+        raise _Unusable("no 'final_answer' field")
+    parts = [value] if isinstance(value, str) else list(value)
+    return ", ".join(p for p in (strip_math_delimiters(str(part)) for part in parts) if p)
+
+
+def _delimited_answer(row: dict) -> str:
+    return strip_math_delimiters(_text(row, "answer"))
+
+
+def _field_id(field: str) -> Callable[[dict, int], str]:
+    return lambda row, index: str(index) if row.get(field) is None else str(row[field])
+
+
+def _college_math_id(row: dict, index: int) -> str:
+    source, number = row.get("data_source"), row.get("question_number")
+    return str(index) if source is None or number is None else f"{source}/{number}"
+
+
+@dataclass(frozen=True)
+class _Schema:
+    problem_field: str
+    answer: Callable[[dict], str]
+    row_id: Callable[[dict, int], str]
+
+
+_SCHEMAS = {
+    "math500": _Schema("problem", _scalar_answer, _field_id("unique_id")),
+    "aime24": _Schema("problem", _scalar_answer, _field_id("id")),
+    "amc23": _Schema("problem", _scalar_answer, _field_id("id")),
+    "minerva_math": _Schema("problem", _last_box_answer, _field_id("idx")),
+    "college_math": _Schema("question", _delimited_answer, _college_math_id),
+    "olympiadbench": _Schema("question", _list_answer, _field_id("id")),
+    SYNTHETIC: _Schema("prompt", _scalar_answer, lambda row, index: str(index)),
+}
+
+
+def _normalise(name: str, rows: list[tuple[int, dict]]) -> tuple[list[Problem], list[tuple[str, str]]]:
+    """(usable problems, (id, reason) of the others), in row order; ValueError on a repeated id."""
+    schema, problems, skipped, seen = _SCHEMAS[name], [], [], {}
+    for index, row in rows:
+        row_id = schema.row_id(row, index)
+        if row_id in seen:
+            raise ValueError(f"{name}: rows {seen[row_id]} and {index} (0-based) share the id {row_id!r}; ids "
+                             f"must be unique within a benchmark. Fix or remove one of the rows.")
+        seen[row_id] = index
+        try:
+            problem = _text(row, schema.problem_field)
+            if row.get("context"):  # OlympiadBench: shared context of a multi-question problem
+                problem = f"{row['context']}\n{problem}"
+            answer = schema.answer(row)
+            if not answer:
+                raise _Unusable("empty reference answer after normalisation")
+        except _Unusable as why:
+            skipped.append((row_id, str(why)))
+            continue
+        problems.append(Problem(id=row_id, problem=problem, answer=answer, source=name))
+    return problems, skipped
+
+
+# ---- row sources ---------------------------------------------------------------------------------------------
+def _local_rows(name: str, data_dir: str | Path) -> tuple[list[tuple[int, dict]], str]:
+    """(0-based line index, row) of every non-blank line of ``<data_dir>/<name>/test.jsonl``."""
+    path = Path(data_dir).expanduser() / name / LOCAL_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"benchmark {name!r}: no file {str(path)!r}. data_dir must hold one folder per "
+                                f"benchmark, <data_dir>/<name>/{LOCAL_FILE} (as ../shared/data/benchmarks does).")
+    rows = []
+    with path.open(encoding="utf-8") as lines:
+        for index, line in enumerate(lines):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}: line {index + 1} is not valid JSON ({err.msg} at column {err.colno}); "
+                                 f"each line must be one JSON object.") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}: line {index + 1} is a JSON {type(row).__name__}, not an object; each "
+                                 f"line must be one JSON object.")
+            rows.append((index, row))
+    return rows, str(path)
+
+
+def _hub_rows(name: str) -> tuple[list[tuple[int, dict]], str]:
+    """(row index, row) of the Hub copy's "test" split (or its only split)."""
+    hint = f"pass --data-dir pointing at a local copy laid out as <dir>/{name}/{LOCAL_FILE}"
+    hub_id = HUB_IDS[name]
+    if hub_id is None:
+        raise ValueError(f"benchmark {name!r} has no known Hub id and cannot be loaded from the Hub: use a local "
+                         f"directory instead; {hint}.")
+    from datasets import load_dataset  # local loading does not need `datasets`
+
+    try:
+        splits = load_dataset(hub_id)
+    except Exception as err:  # offline, unknown id, gated, ...: several exception types
+        raise OSError(f"could not load benchmark {name!r} from the Hub id {hub_id!r} ({type(err).__name__}: "
+                      f"{err}). Offline or no Hub access? {hint[0].upper()}{hint[1:]}.") from err
+    if "test" in splits:
+        split = "test"
+    elif len(splits) == 1:
+        split = next(iter(splits))
+    else:
+        raise ValueError(f"Hub dataset {hub_id!r} has no 'test' split but several others ({list(splits)}); "
+                         f"{hint}.")
+    return list(enumerate(splits[split])), f"hub:{hub_id} (split {split})"
+
+
+def _synthetic_rows() -> tuple[list[tuple[int, dict]], str]:
+    """The held-out rows grail.data.synthetic_rows gives for GRAILConfig's default task_* settings."""
+    from dataclasses import fields
+    from types import SimpleNamespace
+
+    from grail.config import GRAILConfig  # imports TRL (seconds): only paid when the synthetic task is asked for
+    from grail.data import synthetic_rows
+
+    defaults = {f.name: f.default for f in fields(GRAILConfig) if f.name.startswith("task_")}
+    cfg = SimpleNamespace(**defaults)
+    cfg.task_config = lambda: GRAILConfig.task_config(cfg)  # the same TaskConfig a default GRAILConfig builds
+    rows = synthetic_rows(cfg, "heldout")
+    return list(enumerate(rows)), (f"grail.tasks held-out split ({cfg.task_num_heldout} problems, "
+                                   f"task_seed {cfg.task_seed}, default task settings)")
+
+
+# ---- selection and the public loaders ------------------------------------------------------------------------
+def seeded_subset(problems: Sequence[Problem], size: int, seed: int) -> tuple[Problem, ...]:
+    """The ``size`` problems with the smallest sha256(f"{seed}:{id}"), in their original order.
+
+    Deterministic on every machine; for one seed, the subset of size k is contained in that of size k + 1.
+    """
+    ranked = sorted(range(len(problems)), key=lambda i: hashlib.sha256(f"{seed}:{problems[i].id}".encode()).digest())
+    return tuple(problems[i] for i in sorted(ranked[:size]))
+
+
+def _check_name(name: str) -> None:
+    if name not in LOADABLE_NAMES:
+        raise ValueError(f"unknown benchmark {name!r}; choose from {', '.join(LOADABLE_NAMES)}.")
+
+
+def load_benchmark(
+    name: str,
+    *,
+    data_dir: str | Path | None = None,
+    size: int | None | Literal["release"] = "release",
+    seed: int = 0,
+) -> LoadedBenchmark:
+    """Load one benchmark (see the module docstring for the per-benchmark normalisation).
+
+    data_dir: folder holding ``<name>/test.jsonl``; None loads HUB_IDS[name] from the Hub.
+    size: "release" = RELEASE_SIZES.get(name) (None: all); None = every usable row; an int = a seeded subset
+        of that many usable rows (1 <= size <= usable rows). seed: chooses the subset (ignored for all rows).
+    """
+    _check_name(name)
+    if name == SYNTHETIC:
+        rows, origin = _synthetic_rows()
+    elif data_dir is None:
+        rows, origin = _hub_rows(name)
+    else:
+        rows, origin = _local_rows(name, data_dir)
+    problems, skipped = _normalise(name, rows)
+    if not problems:
+        raise ValueError(f"benchmark {name!r} ({origin}): none of its {len(rows)} rows has a usable problem and "
+                         f"answer (first reasons: {skipped[:3]}); the file does not have the expected schema.")
+    if size == "release":
+        size = RELEASE_SIZES.get(name)
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int)):
+        raise ValueError(f"size={size!r} for {name!r} must be an int, None (all rows) or 'release'.")
+    if size is not None and not 1 <= size <= len(problems):
+        raise ValueError(f"size={size} for {name!r} must be between 1 and {len(problems)} (its usable rows; "
+                         f"{len(skipped)} skipped), or None for all rows.")
+    if size is None or size == len(problems):
+        selected, subset = tuple(problems), "all"
+    else:
+        selected, subset = seeded_subset(problems, size, seed), f"seeded {size} of {len(problems)} (seed {seed})"
+    return LoadedBenchmark(name=name, problems=selected, total_rows=len(rows), skipped=tuple(skipped),
+                           subset=subset, origin=origin)
+
+
+def parse_benchmark_list(text: str) -> list[str]:
+    """ "math500, aime24" → ["math500", "aime24"]; "all" stands for the six BENCHMARK_NAMES. ValueError on an
+    unknown or repeated name, or on an empty list."""
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    names = [expanded for n in names for expanded in (BENCHMARK_NAMES if n == "all" else (n,))]
+    allowed = f"choose from {', '.join(LOADABLE_NAMES)} (comma-separated), or 'all' for the six math sets"
+    if not names:
+        raise ValueError(f"empty benchmark list {text!r}; {allowed}.")
+    unknown = [n for n in names if n not in LOADABLE_NAMES]
+    if unknown:
+        raise ValueError(f"unknown benchmark(s) {', '.join(map(repr, unknown))}; {allowed}.")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"benchmark(s) listed twice in {text!r}: {', '.join(repeated)}; list each once.")
+    return names
+
+
+def load_benchmarks(names: Sequence[str] | str, **kwargs) -> list[LoadedBenchmark]:
+    """``load_benchmark(name, **kwargs)`` for each name (a string is parsed with parse_benchmark_list)."""
+    if isinstance(names, str):
+        names = parse_benchmark_list(names)
+    return [load_benchmark(name, **kwargs) for name in names]

@@ -1,0 +1,127 @@
+"""grail.eval_harness and `grail eval`: outputs, resuming after an interruption, refusing mixed arguments."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from grail.benchmarks import LoadedBenchmark, Problem
+from grail.cli import main
+from grail.eval_harness import EvalSpec, read_samples, run_evaluation
+from grail.prompts import PromptFormat
+from grail.sampling import Sample, SamplingParams
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "benchmarks"
+
+
+class ScriptedSampler:
+    """Deterministic fake backend: sample j of a prompt answers correctly iff (len(prompt) + j + seed) % 3 == 0.
+    `fail_after` batches, it raises (an interrupted run)."""
+
+    name = "scripted"
+
+    def __init__(self, answers: dict[str, str], fail_after: int | None = None):
+        self.answers, self.fail_after, self.calls = answers, fail_after, 0
+
+    def generate(self, prompts, params, seed):
+        if self.fail_after is not None and self.calls >= self.fail_after:
+            raise KeyboardInterrupt("simulated kill")
+        self.calls += 1
+        out = []
+        for prompt in prompts:
+            right = self.answers[prompt]
+            out.append([Sample(f"so \\boxed{{{right if (len(prompt) + j + seed) % 3 == 0 else right + '1'}}}",
+                               5 + j) for j in range(params.n)])
+        return out
+
+
+def _loaded():
+    problems_a = tuple(Problem(str(i), f"problem a{i}", str(i), "bench_a") for i in range(5))
+    problems_b = tuple(Problem(str(i), f"problem b{i} longer", str(2 * i), "bench_b") for i in range(3))
+    return [LoadedBenchmark("bench_a", problems_a, 5, (), "all"), LoadedBenchmark("bench_b", problems_b, 4,
+                                                                                  (("9", "no answer"),), "all")]
+
+
+def _spec():
+    return EvalSpec(benchmarks=("bench_a", "bench_b"), sampling=SamplingParams(n=2, max_new_tokens=8), batch_size=3,
+                    prompt=PromptFormat())
+
+
+def _answers(loaded):
+    return {p.problem: p.answer for b in loaded for p in b.problems}
+
+
+def test_outputs_and_metrics(tmp_path):
+    loaded = _loaded()
+    report = run_evaluation(ScriptedSampler(_answers(loaded)), None, _spec(), tmp_path, workers=1, log=lambda s: None,
+                            progress=False, loaded=loaded)
+    records = read_samples(tmp_path / "samples.jsonl")
+    assert len(records) == (5 + 3) * 2 and report.new_samples == 16
+    assert all(r["correct"] == (r["extracted"] == _answers(loaded)[f"problem {r['benchmark'][-1]}{r['problem_id']}"
+                                + (" longer" if r["benchmark"] == "bench_b" else "")]) for r in records.values())
+    results = json.loads((tmp_path / "results.json").read_text())
+    by_name = {b["name"]: b for b in results["benchmarks"]}
+    expected_a = sum(r["correct"] for k, r in records.items() if k[0] == "bench_a") / 10
+    assert by_name["bench_a"]["acc_at_n"]["value"] == pytest.approx(expected_a)
+    assert {a["kind"] for a in results["averages"]} == {"unweighted", "size_weighted"}
+    assert results["benchmarks_loaded"][1]["skipped"] == [["9", "no answer"]]
+    assert "average (size-weighted over problems)" in (tmp_path / "results.md").read_text()
+    assert json.loads((tmp_path / "run.json").read_text())["batch_size"] == 3
+
+
+def test_an_interrupted_evaluation_resumes_to_the_same_metrics(tmp_path):
+    loaded = _loaded()
+    whole = run_evaluation(ScriptedSampler(_answers(loaded)), None, _spec(), tmp_path / "whole", workers=1,
+                           log=lambda s: None, progress=False, loaded=loaded)
+    part = tmp_path / "part"
+    with pytest.raises(KeyboardInterrupt):
+        run_evaluation(ScriptedSampler(_answers(loaded), fail_after=1), None, _spec(), part, workers=1,
+                       log=lambda s: None, progress=False, loaded=loaded)
+    assert len(read_samples(part / "samples.jsonl")) == 6  # one batch of 3 problems × 2 samples recorded
+    with (part / "samples.jsonl").open("a") as f:  # and a torn line, as a kill in mid-write leaves
+        f.write('{"benchmark": "bench_a", "probl')
+    sampler = ScriptedSampler(_answers(loaded))
+    resumed = run_evaluation(sampler, None, _spec(), part, workers=1, log=lambda s: None, progress=False,
+                             loaded=loaded)
+    assert sampler.calls == 2 and resumed.new_samples == 10  # the recorded batch was not sampled again
+    assert resumed.results["benchmarks"] == whole.results["benchmarks"]
+    assert resumed.results["averages"] == whole.results["averages"]
+    lines = (part / "samples.jsonl").read_text().splitlines()
+    assert len(lines) == 16 and all(json.loads(line) for line in lines)  # the torn line is gone
+
+
+def test_other_arguments_in_the_same_directory_are_refused(tmp_path):
+    loaded = _loaded()
+    run_evaluation(ScriptedSampler(_answers(loaded)), None, _spec(), tmp_path, workers=1, log=lambda s: None,
+                   progress=False, loaded=loaded)
+    other = EvalSpec(benchmarks=("bench_a", "bench_b"), sampling=SamplingParams(n=3, max_new_tokens=8), batch_size=3)
+    with pytest.raises(ValueError, match="other arguments .*sampling"):
+        run_evaluation(ScriptedSampler(_answers(loaded)), None, other, tmp_path, workers=1, log=lambda s: None,
+                       progress=False, loaded=loaded)
+
+
+def test_a_damaged_samples_file_is_named(tmp_path):
+    (tmp_path / "samples.jsonl").write_text('{"benchmark": "a"}\n')
+    with pytest.raises(ValueError, match="line 1 .*damaged"):
+        read_samples(tmp_path / "samples.jsonl")
+
+
+@pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data/benchmarks is not present")
+def test_grail_eval_end_to_end_on_two_benchmarks(tmp_path, tiny_dir, capsys):
+    out = tmp_path / "eval"
+    argv = ["eval", "--model", str(tiny_dir), "--benchmarks", "math500,synthetic", "--data-dir", str(DATA),
+            "--size", "3", "--n", "2", "--max-new-tokens", "8", "--workers", "1", "--output-dir", str(out)]
+    assert main(argv) == 0, capsys.readouterr().err
+    for name in ("run.json", "samples.jsonl", "results.json", "results.md"):
+        assert (out / name).is_file(), name
+    records = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert len(records) == 2 * 3 * 2
+    assert set(records[0]) == {"benchmark", "problem_id", "sample_index", "completion", "extracted", "correct",
+                               "reason", "tokens"}
+    assert all(0 < r["tokens"] <= 8 for r in records)
+    results = json.loads((out / "results.json").read_text())
+    assert [b["name"] for b in results["benchmarks"]] == ["math500", "synthetic"]
+    assert set(results["benchmarks"][0]["pass_at_k"]) == {"1", "2"}
+    assert "math500" in capsys.readouterr().out
+    assert main(argv) == 0  # a rerun resumes: nothing left to sample, same results
+    assert json.loads((out / "results.json").read_text())["benchmarks"] == results["benchmarks"]
