@@ -173,3 +173,25 @@ def test_default_demo_improves_heldout_accuracy(tmp_path, cache_dir):
     assert 0.2 <= before <= 0.6  # the warm start lands where GRPO has mixed groups
     for method in ("none", "grail"):
         assert summary["runs"][method]["after"]["sampled"].acc_at_n >= before + 0.03, (method, summary)
+
+
+def test_checkpoints_are_evaluated_on_benchmarks(tmp_path, warm_cache, capsys):
+    """eval_benchmarks: every checkpoint runs the same evaluation as `grail eval`, with the model in training."""
+    cache, _ = warm_cache
+    run = tmp_path / "run"
+    rc = main(["train", "--preset", "tiny-cpu", *FAST, "--eval_benchmarks", "synthetic", "--eval_size", "4",
+               "--eval_samples", "2", "--cache_dir", str(cache), "--output_dir", str(run)])
+    assert rc == 0, capsys.readouterr().err
+    for step in (1, 2):
+        results = json.loads((run / "eval" / f"checkpoint-{step}" / "results.json").read_text())
+        assert results["benchmarks"][0]["name"] == "synthetic" and results["benchmarks"][0]["num_problems"] == 4
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    evals = [x for x in lines if "eval/synthetic/acc@2" in x]
+    assert [x["step"] for x in evals] == [1, 2]
+    assert json.loads((run / "final" / "grail_prompt.json").read_text()) == {"suffix": "", "chat": False,
+                                                                           "chat_template_kwargs": {}}
+
+
+def test_bad_eval_benchmarks_stop_before_training(tmp_path, capsys):
+    assert main(["train", "--eval_benchmarks", "math500,gsm9k", "--output_dir", str(tmp_path)]) == 2
+    assert "gsm9k" in capsys.readouterr().err

@@ -108,7 +108,7 @@ def run_eval(args) -> int:
 
 def run_grader_check(args) -> int:
     from grail.benchmarks import parse_benchmark_list
-    from grail.grader import format_grader_check, grader_check
+    from grail.grader_check import format_grader_check, grader_check
 
     names = parse_benchmark_list(args.benchmarks)
     result = grader_check(args.data_dir, benchmarks=names, workers=args.workers)

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from grail.benchmarks import LoadedBenchmark, Problem, load_benchmarks
-from grail.grader import grade_many
+from grail.grader import GradingPool
 from grail.metrics import average_scores, format_markdown, score_benchmark, to_json
 from grail.prompts import PromptFormat
 from grail.sampling import Sampler, SamplingParams
@@ -151,24 +151,8 @@ def run_evaluation(sampler: Sampler, tokenizer, spec: EvalSpec, out_dir: str | P
     batches = [items[i : i + spec.batch_size] for i in range(0, len(items), spec.batch_size)]
     done = sum(all(_key(p.source, p.id, j) in recorded for j in range(n)) for p in items)
     bar = _progress_bar(len(items), done, progress)
-    new_samples = 0
-    for b, batch in enumerate(batches):
-        missing = [(p, j) for p in batch for j in range(n) if _key(p.source, p.id, j) not in recorded]
-        if not missing:
-            continue
-        prompts = [spec.prompt.render(tokenizer, p.problem) for p in batch]
-        samples = sampler.generate(prompts, spec.sampling, seed=spec.seed + b)
-        row = {(p.source, p.id): i for i, p in enumerate(batch)}
-        chosen = [(p, j, samples[row[p.source, p.id]][j]) for p, j in missing]
-        grades = grade_many([s.text for _, _, s in chosen], [p.answer for p, _, _ in chosen], workers=workers)
-        records = [{"benchmark": p.source, "problem_id": p.id, "sample_index": j, "completion": s.text,
-                    "extracted": g.extracted, "correct": bool(g.correct), "reason": g.reason, "tokens": s.num_tokens}
-                   for (p, j, s), g in zip(chosen, grades, strict=True)]
-        _append(samples_path, records)
-        recorded.update({_key(r["benchmark"], r["problem_id"], r["sample_index"]): r for r in records})
-        new_samples += len(records)
-        if bar is not None:
-            bar.update(len({p.id for p, _ in missing}))
+    with GradingPool(workers if done < len(items) else 1) as pool:  # one set of grading processes for the run
+        new_samples = _sample_and_grade(sampler, tokenizer, spec, batches, recorded, samples_path, pool, bar)
     if bar is not None:
         bar.close()
     scores = [score_benchmark(bench.name,
@@ -186,6 +170,30 @@ def run_evaluation(sampler: Sampler, tokenizer, spec: EvalSpec, out_dir: str | P
     _write_atomic(out_dir / "results.json", json.dumps(results, indent=2) + "\n")
     _write_atomic(out_dir / "results.md", markdown + "\n")
     return EvalReport(results, markdown, loaded, new_samples)
+
+
+def _sample_and_grade(sampler: Sampler, tokenizer, spec: EvalSpec, batches: list[list[Problem]],
+                      recorded: dict, samples_path: Path, pool: GradingPool, bar) -> int:
+    """Sample and grade every batch with an unrecorded sample; append the new records batch by batch."""
+    n, new_samples = spec.sampling.n, 0
+    for b, batch in enumerate(batches):
+        missing = [(p, j) for p in batch for j in range(n) if _key(p.source, p.id, j) not in recorded]
+        if not missing:
+            continue
+        prompts = [spec.prompt.render(tokenizer, p.problem) for p in batch]
+        samples = sampler.generate(prompts, spec.sampling, seed=spec.seed + b)  # the whole batch: same samples
+        row = {(p.source, p.id): i for i, p in enumerate(batch)}
+        chosen = [(p, j, samples[row[p.source, p.id]][j]) for p, j in missing]
+        grades = pool.grade_many([s.text for _, _, s in chosen], [p.answer for p, _, _ in chosen])
+        records = [{"benchmark": p.source, "problem_id": p.id, "sample_index": j, "completion": s.text,
+                    "extracted": g.extracted, "correct": bool(g.correct), "reason": g.reason, "tokens": s.num_tokens}
+                   for (p, j, s), g in zip(chosen, grades, strict=True)]
+        _append(samples_path, records)
+        recorded.update({_key(r["benchmark"], r["problem_id"], r["sample_index"]): r for r in records})
+        new_samples += len(records)
+        if bar is not None:
+            bar.update(len({(p.source, p.id) for p, _ in missing}))
+    return new_samples
 
 
 def _progress_bar(total: int, done: int, enabled: bool):

@@ -1,0 +1,394 @@
+r"""The math grader: the content of the LAST complete `\boxed{}` of a completion against a reference answer.
+
+The one home of the grading logic (METHODS.md sections 1 and 6): the training reward
+(`grail.rewards.math_verify_reward`) and evaluation both call `grade` / `grade_many`.
+
+What is compared
+1. The prediction is the content of the last complete box (`grail.boxed`). No complete box: "no_box". A content
+   longer than MAX_ANSWER_CHARS is not parsed: "too_long" (no reference answer is that long).
+2. Both sides go through `gold_latex`, so the reference and the prediction take the same path through
+   math-verify's parser: one pair of math delimiters around the whole text ($..$, $$..$$, \(..\), \[..\]) and
+   one final full stop are removed, a number written in spaced groups of three digits ("1\,000") is joined,
+   and the rest is wrapped in `\boxed{...}`. The wrapping matters: unwrapped, a plain reference "10-4 n" has
+   no LaTeX environment for math-verify's LaTeX extractor to find, and its expression extractor reads "10-4".
+3. `parse` with (LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()), then
+   `verify(gold, prediction)`, gold first (verify is not symmetric). math-verify's own normalisation applies
+   to both sides: `\text{}` units are dropped ("5 \text{ cm}" = 5), `\left`/`\right` and LaTeX spacing are
+   ignored, "50\%" = 0.5, "1,000" = 1000, floats compare after rounding to 6 decimals.
+
+Reasons (`GradeResult.reason`): "ok" = compared (`correct` holds the verdict: True, or both sides parsed as
+mathematics and differ); "no_box"; "too_long"; "parse_error" = the box content did not parse as mathematics
+(math-verify extracted nothing, or only text, which differs from the reference's); "bad_reference" = the same
+for the reference; "timeout" = a parse or comparison hit its TIMEOUT_S alarm, or the item overran its
+wall-clock bound in a worker process and the worker was killed; "worker_died" = the worker process grading it
+exited (killed from outside, out of memory). Only "ok" comes with correct=True.
+
+Timeouts and where the work runs
+- math-verify bounds each parse and each comparison with signal.alarm (whole seconds, so a timeout below 1 s
+  counts as 1 s). Signals work only on a main thread, and only a signal (CPython checks for them inside long
+  integer arithmetic) or a process boundary stops sympy in `\boxed{9^{9^{9^{9}}}}`: 13 characters that raise 9
+  to a 370-million-digit power inside one C call that holds the GIL. A thread-level deadline cannot.
+- On the main thread, `grade` and `grade_many(workers=1)` grade in this process, bounded by the alarms only
+  (a C call that ignores signals would hang the caller: use workers >= 2 where that must not happen).
+- Off the main thread, they hand the items to one shared worker process (spawned on first use, then reused),
+  which grades them on ITS main thread, alarms included: the same results either way. Calls from several
+  threads take turns.
+- `grade_many` with several workers starts `workers` spawned processes for the call and feeds them items as
+  they finish. Every item in a worker process also has a wall-clock bound, item_deadline_s (default
+  4 * timeout_s: three alarmed math-verify calls at most, plus one more for the Python around them). A worker
+  that overruns it (a C call that ignores signals) is killed, its item is "timeout", and a new worker takes
+  over the remaining items: one stuck item never hangs the evaluation.
+Worker processes are spawned, so a script that calls these off the main thread or with workers > 1 must keep
+its entry point under `if __name__ == "__main__":`, as for any multiprocessing use.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import multiprocessing
+import os
+import re
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+from math_verify.errors import TimeoutException
+from sympy import Basic, MatrixBase
+
+from grail.boxed import last_boxed_content
+
+TIMEOUT_S = 5  # per math-verify parse and per comparison (METHODS.md section 1)
+MAX_ANSWER_CHARS = 1000  # longer box contents are not parsed: no reference answer is this long
+WORKER_START_S = 60  # bound on spawning a worker process and importing math-verify in it
+_EXTRACTION = (LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig())
+_DELIMITERS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
+# a whole number written in groups of three digits separated by spacing: "1\,000", "12 345", "1~000~000"
+_SPACE = r"(?:\s|~|\\[,:; ])+"
+_SPACED_NUMBER_RE = re.compile(rf"(?<![\w.^_])\d{{1,3}}(?:{_SPACE}\d{{3}})+(?!\d)")
+_SPACE_RE = re.compile(_SPACE)
+
+
+@dataclass(frozen=True)
+class GradeResult:
+    """One graded completion. extracted: the last complete box's content (None without a box); reason: see the
+    module docstring ("ok" means the comparison ran: `correct` is its verdict)."""
+
+    correct: bool
+    extracted: str | None
+    reason: str
+
+
+def first_answer(answer: Any) -> Any:
+    """A reference given as a list or tuple of accepted forms: the first one ("" if empty)."""
+    if isinstance(answer, list | tuple):
+        return answer[0] if answer else ""
+    return answer
+
+
+def gold_latex(answer: Any) -> str:
+    r"""A reference answer, or a box content, as the `\boxed{...}` string math-verify parses.
+
+    Accepts "27.0", 27, "$\frac{1}{2}$", "\boxed{5}" (its last box is used) or a list of such (the first is
+    used). One pair of math delimiters ($$..$$, $..$, \(..\), \[..\]) around the whole answer is removed, unless
+    the inside holds a "$" ("$1$ and $2$" is two formulas, not one); so is one final full stop, inside or
+    outside the delimiters ("104." is 104, "$x+1$." is x+1; math-verify parses neither with the stop); and
+    the spacing in a whole number written in groups of three digits, a thousands separator ("1\,000",
+    "12 345", "1~000~000"; math-verify reads "1\,000" as the product 1*000 = 0). Idempotent.
+    """
+    text = str(first_answer(answer)).strip()
+    boxed = last_boxed_content(text)
+    if boxed is not None:
+        text = boxed.strip()
+    text = _without_full_stop(text)
+    for left, right in _DELIMITERS:
+        if len(text) >= len(left) + len(right) and text.startswith(left) and text.endswith(right):
+            inner = text[len(left) : len(text) - len(right)]
+            if "$" not in inner:
+                text = inner.strip()
+            break
+    text = _SPACED_NUMBER_RE.sub(lambda m: _SPACE_RE.sub("", m.group()), _without_full_stop(text))
+    return "\\boxed{" + text + "}"
+
+
+def _without_full_stop(text: str) -> str:
+    """`text` without one final "." that ends a sentence (not an ellipsis "..")."""
+    return text[:-1].rstrip() if text.endswith(".") and not text.endswith("..") else text
+
+
+# ---- grading in this process (main thread: the alarms need it) ----------------------------------------------
+def _alarm_seconds(timeout_s: float) -> int:
+    return max(1, math.ceil(timeout_s))  # signal.alarm takes whole seconds
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_reference(latex: str, seconds: int) -> tuple:
+    """math-verify's parse of a reference, cached (a reference is graded against many samples). A timeout raises
+    TimeoutException and is not cached; any other failure gives ()."""
+    try:
+        return tuple(parse(latex, extraction_config=_EXTRACTION, parsing_timeout=seconds, raise_on_error=True))
+    except Exception:
+        return ()
+
+
+def _grade_content(content: str | None, reference: Any, timeout_s: float) -> GradeResult:
+    """`grade` of a box content (None: no box) in this thread, which must be a main thread."""
+    if content is None:
+        return GradeResult(False, None, "no_box")
+    if len(content) > MAX_ANSWER_CHARS:
+        return GradeResult(False, content, "too_long")
+    seconds = _alarm_seconds(timeout_s)
+    try:
+        gold = _parse_reference(gold_latex(reference), seconds)
+    except TimeoutException:
+        return GradeResult(False, content, "timeout")
+    if not gold:
+        return GradeResult(False, content, "bad_reference")
+    try:
+        pred = parse(gold_latex(content), extraction_config=_EXTRACTION, parsing_timeout=seconds, raise_on_error=True)
+    except TimeoutException:  # a BaseException
+        return GradeResult(False, content, "timeout")
+    except Exception:
+        return GradeResult(False, content, "parse_error")
+    if not pred:
+        return GradeResult(False, content, "parse_error")
+    # verify(gold_list, pred_list) is `any` over the pairs, a pair that raises counting as unequal; the same loop
+    # here, one pair at a time, tells a timeout apart from a plain mismatch.
+    timed_out = False
+    for g, p in itertools.product(gold, pred):
+        try:
+            if verify(g, p, timeout_seconds=seconds, raise_on_error=True):
+                return GradeResult(True, content, "ok")
+        except TimeoutException:
+            timed_out = True
+        except Exception:
+            pass
+    if timed_out:
+        return GradeResult(False, content, "timeout")
+    if not any(isinstance(g, Basic | MatrixBase) for g in gold):  # text only, and the texts differ
+        return GradeResult(False, content, "bad_reference")
+    if not any(isinstance(p, Basic | MatrixBase) for p in pred):
+        return GradeResult(False, content, "parse_error")
+    return GradeResult(False, content, "ok")
+
+
+# ---- worker processes -----------------------------------------------------------------------------------------
+def _worker_main(conn: Connection) -> None:
+    """A worker process: grade (content, reference, timeout_s) items on this main thread until told to stop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it then stops the workers
+    conn.send("ready")
+    while True:
+        try:
+            item = conn.recv()
+        except EOFError:  # the parent is gone
+            return
+        if item is None:
+            return
+        try:
+            conn.send(_grade_content(*item))
+        except Exception as err:  # a bug, not a bad answer: the parent re-raises it
+            conn.send(RuntimeError(f"grader worker failed: {type(err).__name__}: {err}"))
+
+
+class _Worker:
+    """One spawned worker process, the parent's end of its pipe, and the item it is grading."""
+
+    def __init__(self) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_worker_main, args=(child,), daemon=True, name="grail-grader")
+        self.process.start()
+        child.close()
+        self.ready = False
+        self.index: int | None = None  # the item being graded
+        self.deadline = time.monotonic() + WORKER_START_S  # for "ready", then for the item
+
+    def stop(self, kill: bool = False) -> None:
+        if not kill and self.process.is_alive():
+            try:
+                self.conn.send(None)
+                self.process.join(timeout=1)
+            except OSError:
+                pass
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join()
+        self.conn.close()
+
+
+class _Pool:
+    """`size` worker processes (started when there is work for them) and the loop that feeds them, one item each
+    at a time. (Sending a second item ahead to save the round trip gained 2% on MATH500 solutions, and queued
+    items behind a slow one.)"""
+
+    def __init__(self, size: int) -> None:
+        self.slots: list[_Worker | None] = [None] * size
+
+    def grade(self, contents: Sequence[str | None], references: Sequence[Any], timeout_s: float,
+              item_deadline_s: float) -> list[GradeResult]:
+        results: list[GradeResult | None] = [None] * len(contents)
+        queue = deque(range(len(contents)))
+        while queue or any(w is not None and w.index is not None for w in self.slots):
+            for k, worker in enumerate(self.slots):
+                if worker is None and queue:
+                    worker = self.slots[k] = _Worker()
+                if worker is not None and worker.ready and worker.index is None and queue:
+                    index = queue.popleft()
+                    try:
+                        worker.conn.send((contents[index], references[index], timeout_s))
+                    except OSError:  # it died while idle: not this item's doing, so the item goes back
+                        queue.appendleft(index)
+                        self._drop(worker)
+                        continue
+                    worker.index, worker.deadline = index, time.monotonic() + item_deadline_s
+            waiting = [w for w in self.slots if w is not None and (not w.ready or w.index is not None)]
+            if not waiting:  # a worker was found dead before it got an item: start another
+                continue
+            until = min(w.deadline for w in waiting)
+            ready = wait([w.conn for w in waiting], timeout=max(0.0, until - time.monotonic()))
+            for worker in waiting:
+                if worker.conn in ready:
+                    self._receive(worker, contents, results)
+                elif time.monotonic() >= worker.deadline:
+                    self._drop(worker)
+                    if worker.index is None:
+                        raise RuntimeError(f"a grader worker process did not start within {WORKER_START_S} s.")
+                    results[worker.index] = GradeResult(False, contents[worker.index], "timeout")
+        return results  # type: ignore[return-value]  # every index was filled
+
+    def _receive(self, worker: _Worker, contents: Sequence[str | None], results: list) -> None:
+        try:
+            message = worker.conn.recv()
+        except (EOFError, OSError):  # the process exited
+            self._drop(worker)
+            if not worker.ready:
+                raise RuntimeError(f"a grader worker process exited while starting (exit code "
+                                   f"{worker.process.exitcode}).") from None
+            if worker.index is not None:
+                results[worker.index] = GradeResult(False, contents[worker.index], "worker_died")
+            return
+        if isinstance(message, Exception):
+            raise message
+        if message == "ready":
+            worker.ready = True
+        else:
+            results[worker.index] = message
+            worker.index = None
+
+    def _drop(self, worker: _Worker) -> None:
+        worker.stop(kill=True)
+        self.slots[self.slots.index(worker)] = None
+
+    def close(self) -> None:
+        for k, worker in enumerate(self.slots):
+            if worker is not None:
+                worker.stop()
+                self.slots[k] = None
+
+
+_off_main: _Pool | None = None  # the shared worker for calls made off the main thread
+_off_main_lock = threading.Lock()
+
+
+def off_main_thread_worker() -> multiprocessing.Process | None:
+    """The live worker process that grades calls made off the main thread; None before the first such call or
+    after its worker was killed for an overrun (the next call starts a new one)."""
+    worker = _off_main.slots[0] if _off_main is not None else None
+    return worker.process if worker is not None else None
+
+
+# ---- the API --------------------------------------------------------------------------------------------------
+def grade(completion: str, reference: Any, *, timeout_s: float = TIMEOUT_S) -> GradeResult:
+    r"""Grade the last complete `\boxed{}` of `completion` against `reference` with math-verify.
+
+    reference: a string ("27", "\frac{1}{2}", "$10-4 n$", "(45,2),(-10,-9)"); a number or a list of accepted
+    forms (the first is used) also works. Never raises for a bad answer or reference: see GradeResult.reason.
+    Works on any thread (module docstring): here on the main thread, in the shared worker process otherwise.
+    """
+    return grade_many([completion], [reference], workers=1, timeout_s=timeout_s)[0]
+
+
+class GradingPool:
+    """Grading processes kept across calls: `with GradingPool(workers) as pool: pool.grade_many(...)`.
+
+    `grade_many(workers=N)` starts and stops N spawned processes per call (about a second each); an evaluation
+    that grades batch after batch uses one pool for the whole run instead. workers=1 grades in this process
+    (main thread) exactly like `grade_many(workers=1)`. The per-item bounds are those of `grade_many`.
+    """
+
+    def __init__(self, workers: int | None = None):
+        self.workers = workers or os.cpu_count() or 1
+        if self.workers < 1:
+            raise ValueError(f"GradingPool: workers={workers}; use an int >= 1 or None for os.cpu_count().")
+        self._pool = _Pool(self.workers) if self.workers > 1 else None
+
+    def grade_many(self, completions: Sequence[str], references: Sequence[Any], *, timeout_s: float = TIMEOUT_S,
+                   item_deadline_s: float | None = None) -> list[GradeResult]:
+        if self._pool is None or len(completions) <= 1:
+            return grade_many(completions, references, workers=1, timeout_s=timeout_s,
+                              item_deadline_s=item_deadline_s)
+        _check_inputs(completions, references)
+        deadline = 4 * timeout_s if item_deadline_s is None else item_deadline_s
+        return self._pool.grade([last_boxed_content(c) for c in completions], references, timeout_s, deadline)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+
+    def __enter__(self) -> GradingPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _check_inputs(completions: Sequence[str], references: Sequence[Any]) -> None:
+    if len(completions) != len(references):
+        raise ValueError(f"grade_many: {len(completions)} completions but {len(references)} references.")
+    for completion in completions:
+        if not isinstance(completion, str):
+            raise TypeError(f"grade_many: a completion must be a string, got {type(completion).__name__}.")
+
+
+def grade_many(completions: Sequence[str], references: Sequence[Any], *, workers: int | None = None,
+               timeout_s: float = TIMEOUT_S, item_deadline_s: float | None = None) -> list[GradeResult]:
+    """`grade` over pairs, in parallel over `workers` processes (default os.cpu_count()); results in input order.
+
+    workers=1 (or a single item) grades one item after another: in this process on the main thread, in the
+    shared worker process off it. With more workers, a pool of spawned processes is started for the call
+    (about 0.6 s on 2 cores, in parallel) and shut down at the end: for a few thousand cheap items in a warm
+    process, workers=1 can be as fast (benchmarks/grader_throughput.py). timeout_s bounds each math-verify
+    call; item_deadline_s (default 4 * timeout_s) bounds each item's wall time in a worker process (module
+    docstring).
+    """
+    global _off_main
+    if workers is not None and workers < 1:
+        raise ValueError(f"grade_many: workers={workers}; use an int >= 1 or None for os.cpu_count().")
+    _check_inputs(completions, references)
+    contents = [last_boxed_content(c) for c in completions]  # here: the workers get only the box contents
+    workers = min(workers or os.cpu_count() or 1, len(completions))
+    deadline = 4 * timeout_s if item_deadline_s is None else item_deadline_s
+    if workers <= 1:
+        if threading.current_thread() is threading.main_thread():
+            return [_grade_content(c, r, timeout_s) for c, r in zip(contents, references, strict=True)]
+        with _off_main_lock:
+            if _off_main is None:
+                _off_main = _Pool(1)
+            try:
+                return _off_main.grade(contents, references, timeout_s, deadline)
+            except BaseException:  # its state is unknown: the next call starts afresh
+                _off_main.close()
+                _off_main = None
+                raise
+    pool = _Pool(workers)
+    try:
+        return pool.grade(contents, references, timeout_s, deadline)
+    finally:
+        pool.close()

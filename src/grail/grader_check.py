@@ -1,0 +1,132 @@
+r"""`grail grader-check`: grade every benchmark's own references, a self-test of the loaders and the grader.
+
+Per benchmark, with `grail.grader.grade` (the function training and evaluation use):
+  solution    a worked solution's last box against the answer field, where the data has worked solutions;
+  round_trip  the reference answer put in a box, extracted and graded against itself;
+  neighbour   (optional, slow) each answer in a box against the NEXT row's reference: should be rejected, so
+              it catches a grader that accepts too much (the round trip cannot).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from grail.benchmarks import BENCHMARK_NAMES, load_benchmark
+from grail.grader import gold_latex, grade_many
+
+# ---- grader check on the benchmark data -----------------------------------------------------------------------
+SOLUTION_FIELDS = {"math500": ("unique_id", "solution"), "aime24": ("id", "solution")}  # (id field, solution)
+SOLUTION_NOTES = {
+    "amc23": "no worked solution in the data",
+    "minerva_math": "the reference IS the solution's last box: same as the round trip",
+    "college_math": "no worked solution in the data",
+    "olympiadbench": "its solutions hold no \\boxed{}",
+}
+TARGETS = {("math500", "solution"): 0.99, **{(name, "round_trip"): 0.995 for name in (
+    "math500", "aime24", "amc23", "minerva_math", "college_math", "olympiadbench")}}  # the issue's thresholds
+CHECKS = ("solution", "round_trip", "neighbour")
+
+
+def _solutions(data_dir: str | Path, name: str) -> dict[str, str]:
+    """id -> worked solution, from the raw file (`grail.benchmarks.Problem` carries no solution)."""
+    id_field, solution_field = SOLUTION_FIELDS[name]
+    with (Path(data_dir).expanduser() / name / "test.jsonl").open(encoding="utf-8") as lines:
+        rows = [json.loads(line) for line in lines if line.strip()]
+    return {str(row[id_field]): row[solution_field] for row in rows if isinstance(row.get(solution_field), str)}
+
+
+def grader_check(data_dir: str | Path, benchmarks: Sequence[str] | None = None, workers: int | None = None, *,
+                 neighbour: bool = False) -> dict:
+    r"""How far the grader agrees with the benchmark data itself, on every row (`grail grader-check`).
+
+    References are the answers of `grail.benchmarks.load_benchmark(name, data_dir=data_dir, size=None)`.
+    Up to three checks per benchmark, each over its rows:
+    - "solution" (math500, aime24 only): `grade(solution, answer)`, the worked solution's last box against the
+      answer field; should be correct. None elsewhere, with the reason in "solution_note".
+    - "round_trip": `grade("\boxed{" + answer + "}", answer)`; should be correct. Nearly a tautology when
+      math-verify parses the answer (the same parse on both sides), so it catches references that do not parse,
+      time out or do not equal themselves.
+    - "neighbour" (only with neighbour=True): row i's answer boxed against row i+1's (cyclically), for the
+      pairs whose `gold_latex` texts differ; should be incorrect ("timeout" counts as incorrect). It catches a
+      lenient grader, except where two different texts are the same answer ("5" and "x=5"): read its
+      disagreements before calling any of them a grader fault. Slow: sympy often times out comparing two
+      unrelated equations (CollegeMath's ODE solutions), about 5 minutes for all six sets on 2 cores.
+    Returns {"data_dir", "benchmarks": {name: {"n", "solution_note", "solution", "round_trip", "neighbour"}},
+    "targets": [{"benchmark", "check", "threshold", "fraction", "met"}]}, a check being {"n", "agree",
+    "fraction", "disagreements": [{"id", "reference", "extracted", "reason"}]} (or None when not run).
+    """
+
+    names = list(BENCHMARK_NAMES if benchmarks is None else benchmarks)
+    jobs: list[tuple[str, str, str, str, str, bool]] = []  # (benchmark, check, id, completion, reference, expected)
+    sizes = {}
+    for name in names:
+        problems = load_benchmark(name, data_dir=data_dir, size=None).problems
+        sizes[name] = len(problems)
+        solutions = _solutions(data_dir, name) if name in SOLUTION_FIELDS else {}
+        for i, p in enumerate(problems):
+            box = "\\boxed{" + p.answer + "}"
+            if p.id in solutions:
+                jobs.append((name, "solution", p.id, solutions[p.id], p.answer, True))
+            jobs.append((name, "round_trip", p.id, box, p.answer, True))
+            following = problems[(i + 1) % len(problems)].answer
+            if neighbour and gold_latex(following) != gold_latex(p.answer):
+                jobs.append((name, "neighbour", p.id, box, following, False))
+    results = grade_many([j[3] for j in jobs], [j[4] for j in jobs], workers=workers)
+    out: dict[str, Any] = {"data_dir": str(data_dir), "benchmarks": {}, "targets": []}
+    for name in names:
+        entry: dict[str, Any] = {"n": sizes[name], "solution_note": SOLUTION_NOTES.get(name)}
+        for check in CHECKS:
+            picked = [(j, r) for j, r in zip(jobs, results, strict=True) if j[0] == name and j[1] == check]
+            disagreements = [{"id": j[2], "reference": j[4], "extracted": r.extracted, "reason": r.reason}
+                             for j, r in picked if r.correct != j[5]]
+            n = len(picked)
+            entry[check] = {"n": n, "agree": n - len(disagreements), "fraction": 1 - len(disagreements) / n,
+                            "disagreements": disagreements} if n else None
+            threshold = TARGETS.get((name, check))
+            if threshold is not None and entry[check] is not None:
+                fraction = entry[check]["fraction"]
+                out["targets"].append({"benchmark": name, "check": check, "threshold": threshold,
+                                       "fraction": fraction, "met": fraction >= threshold})
+        out["benchmarks"][name] = entry
+    return out
+
+
+def _cell(check: dict | None, note: str | None = None) -> str:
+    if check is None:
+        return f"— ({note})" if note else "—"
+    return f"{check['agree']}/{check['n']} ({100 * check['fraction']:.1f}%)"
+
+
+def _short(text: str | None, limit: int = 70) -> str:
+    if text is None:
+        return "(none)"
+    text = " ".join(text.split()).replace("|", "\\|")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def format_grader_check(result: dict, show: int | None = None) -> str:
+    """`grader_check`'s result as markdown: the agreement table, the targets, then the disagreements of each
+    check (the first `show` of them; None: all)."""
+    lines = ["| benchmark | n | solution vs answer | round trip | neighbour rejected |", "|---|---|---|---|---|"]
+    for name, entry in result["benchmarks"].items():
+        lines.append(f"| {name} | {entry['n']} | {_cell(entry['solution'], entry['solution_note'])} "
+                     f"| {_cell(entry['round_trip'])} | {_cell(entry['neighbour'], 'not run')} |")
+    lines.append("")
+    for target in result["targets"]:
+        lines.append(f"- {target['benchmark']} {target['check']}: {100 * target['fraction']:.2f}% "
+                     f"(target >= {100 * target['threshold']:.1f}%): {'met' if target['met'] else 'NOT MET'}")
+    for name, entry in result["benchmarks"].items():
+        for check in CHECKS:
+            if entry[check] is None or not entry[check]["disagreements"]:
+                continue
+            disagreements = entry[check]["disagreements"]
+            listed = disagreements if show is None else disagreements[:show]
+            more = f" (first {len(listed)} listed)" if len(listed) < len(disagreements) else ""
+            lines += ["", f"{name} {check}: {len(disagreements)} disagreement(s){more}", "",
+                      "| id | reference | extracted | reason |", "|---|---|---|---|"]
+            lines += [f"| {_short(d['id'], 50)} | {_short(d['reference'])} | {_short(d['extracted'])} | {d['reason']} |"
+                      for d in listed]
+    return "\n".join(lines)

@@ -1,0 +1,374 @@
+r"""Tests for grail.grader: the last complete box against a reference with math-verify, on any thread and in
+parallel, and grader_check on benchmark-shaped data.
+
+Each expected value in TRICKY is what the mathematics says (the comment gives the derivation), not what the
+grader happened to print. Where math-verify disagrees, the mathematical expectation stays and the case is an
+xfail(strict=True) naming the documented grader limit: if math-verify changes, the xfail turns into a failure
+and the table gets updated on purpose.
+"""
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from grail import grader
+from grail.grader import GradeResult, GradingPool, gold_latex, grade, grade_many
+from grail.grader_check import format_grader_check, grader_check
+
+POWER_TOWER = "\\boxed{9^{9^{9^{9}}}}"  # sympy would compute 9^(9^9) exactly: only a timeout stops it
+SHARED_BENCHMARKS = Path(__file__).resolve().parents[2] / "shared" / "data" / "benchmarks"
+
+
+def run_in_thread(func, *args, **kwargs):
+    out = {}
+    thread = threading.Thread(target=lambda: out.setdefault("value", func(*args, **kwargs)))
+    thread.start()
+    thread.join(timeout=120)
+    assert not thread.is_alive() and "value" in out
+    return out["value"]
+
+
+def limit(reason):
+    return pytest.mark.xfail(strict=True, reason=f"grader limit: {reason}")
+
+
+ROUNDING = "math-verify compares floats after rounding to 6 decimals (verify's float_rounding=6; its docstring: " \
+           "verify(Rational(1, 3), 0.333333) is True), so a close decimal approximation counts as exact"
+
+UNSOLVED = "two equations sympy finds no solution of (a vector-valued side, |M| = d) compare equal: math-verify's " \
+           "solve-and-compare zips the two empty solution lists and all() of nothing is True"
+
+# (reference, box content, mathematically correct?)
+TRICKY = [
+    # fractions and decimals
+    ("\\frac{1}{2}", "0.5", True),  # 1/2 = 5/10
+    ("0.5", "\\frac{1}{2}", True),  # the same, reference and answer swapped
+    ("\\frac12", "\\dfrac{1}{2}", True),  # \dfrac and brace-less \frac12 are display variants of 1/2
+    ("\\frac{1}{3}", "0.333", False),  # 0.333 = 333/1000 != 1/3
+    pytest.param("\\frac{1}{3}", "0.3333333", False, marks=limit(ROUNDING)),  # 3333333/10^7 != 1/3
+    # nested and escaped braces inside the box
+    ("\\frac{\\sqrt{3}}{2}", "\\frac{\\sqrt{3}}{\\sqrt{4}}", True),  # sqrt(4) = 2
+    ("\\{1,2\\}", "\\{2,1\\}", True),  # \{ \} are literal braces (a set), not box delimiters; sets are unordered
+    # units: the number in the unit the question asked for is the answer (math-verify drops \text/\mathrm units)
+    ("5", "5 \\text{ cm}", True),
+    ("5", "5\\,\\mathrm{cm}", True),
+    ("5", "6 \\text{ cm}", False),  # 6 != 5 whatever the unit
+    ("90", "90^\\circ", True),  # the degree sign is the unit of an answer asked in degrees
+    pytest.param("\\frac{\\pi}{2}", "90^\\circ", True,
+                 marks=limit("the degree sign is dropped and 90 read as a number (latex2sympy convert_degrees=False), "
+                             "so 90 degrees != pi/2 radians")),  # 90 * pi/180 = pi/2
+    # intervals: endpoints and their brackets both matter
+    ("[0,1]", "(0,1]", False),  # 0 is in [0,1] and not in (0,1]
+    ("(0,1]", "(0, 1]", True),  # the same interval, spacing aside
+    ("[0,1)", "(0,1]", False),  # 0 in the first only, 1 in the second only
+    # thousands separators
+    ("1000", "1,000", True),  # a comma between a digit and three digits groups thousands
+    ("1000000", "1,000,000", True),
+    ("1000", "1{,}000", True),  # {,} is the LaTeX way to write that comma without a space after it
+    ("1000", "1\\,000", True),  # a thin space grouping thousands (SI style); gold_latex joins the groups
+    ("12345", "12 345", True),  # in LaTeX math mode a plain space renders nothing: 12345
+    ("0", "1\\,000", False),  # 1000 != 0 (math-verify alone reads 1\,000 as the product 1*000 = 0)
+    ("1000", "(1,000)", False),  # parentheses around comma-separated parts make the pair (1, 0), not a number
+    ("(1,0)", "(1,000)", True),  # ... which is the pair (1, 0): 000 = 0
+    # LaTeX spacing and sizing commands change the rendering, not the value
+    ("(3,\\frac{\\pi}{2})", "\\left( 3, \\frac{\\pi}{2} \\right)", True),
+    ("1000", "1\\!000", True),  # \! is a negative thin space: 1000
+    # negative numbers
+    ("-7", "-7", True),
+    ("-7", "7", False),  # 7 != -7
+    ("-7", "- 7", True),  # spacing after the sign
+    ("-7", "\u22127", True),  # U+2212 MINUS SIGN is the typographic minus
+    ("7", "-(-7)", True),  # -(-7) = 7
+    # sets, tuples, lists of answers
+    ("\\{1,2,3\\}", "\\{3,2,1\\}", True),  # sets are unordered
+    ("(1,2)", "(2,1)", False),  # ordered pairs: (1,2) != (2,1)
+    ("\\{1,2\\}", "1, 2", True),  # a list of all the solutions is the solution set
+    ("(1,2),(3,4)", "(3,4),(1,2)", True),  # a list of all the solution pairs, in another order: the same set
+    # square roots
+    ("\\sqrt{8}", "2\\sqrt{2}", True),  # sqrt(8) = sqrt(4 * 2) = 2 sqrt(2)
+    ("\\frac{1}{\\sqrt{2}}", "\\frac{\\sqrt{2}}{2}", True),  # multiply by sqrt(2)/sqrt(2)
+    ("\\sqrt{2}", "\\sqrt2", True),  # \sqrt2 is \sqrt{2}
+    ("\\sqrt{2}", "1.414", False),  # 1.414^2 = 1.999396 != 2
+    pytest.param("\\sqrt{2}", "1.41421356", False, marks=limit(ROUNDING)),  # irrational != any finite decimal
+    # pi
+    ("2\\pi", "\\pi \\cdot 2", True),
+    ("\\pi", "3.14", False),  # pi is irrational: no finite decimal equals it
+    pytest.param("\\pi", "3.14159265", False, marks=limit(ROUNDING)),
+    # percent: p% = p/100
+    ("0.5", "50\\%", True),  # 50% = 50/100 = 0.5
+    ("50\\%", "0.5", True),
+    ("5\\%", "50\\%", False),  # 0.05 != 0.5
+    pytest.param("50", "50\\%", False,
+                 marks=limit("math-verify accepts a percentage with or without its % sign (for questions that ask "
+                             "for a percent), so 50% counts as 50 although 50% = 0.5")),  # 0.5 != 50
+    # equations and inequalities
+    ("3", "x=3", True),  # the assignment x = 3 gives the value 3
+    pytest.param("0", "x^2-2x+10=0", False,
+                 marks=limit("a predicted equation is compared by its right-hand side with a reference that is not "
+                             "an equation (so that x=3 matches 3), even when its left-hand side is not a variable")),
+    pytest.param("(1,2)", "1<x<2", True,
+                 marks=limit("an inequality answer is not compared with an interval reference "
+                             "(verify's allow_set_relation_comp=False); the reverse direction is")),  # {x: 1<x<2}
+    ("1<x<2", "(1,2)", True),  # the interval (1,2) is the solution set of 1 < x < 2
+    pytest.param("\\left|\\begin{array}{rr}1 & 0 \\\\ 0 & 4\\end{array}\\right|=4",
+                 "\\left|\\begin{array}{rr}1 & 2 \\\\ 3 & 4\\end{array}\\right|=-2", False,  # |M| = -2 is false
+                 marks=limit(UNSOLVED)),
+    pytest.param("\\mathbf{y}=\\left[\\begin{array}{l}3 \\\\ 4\\end{array}\\right] e^{t}",
+                 "\\mathbf{y}=\\left[\\begin{array}{l}1 \\\\ 2\\end{array}\\right] e^{t}", False,  # (1,2) != (3,4)
+                 marks=limit(UNSOLVED)),
+    # text answers: the same word, with or without \text
+    ("\\text{Evelyn}", "Evelyn", True),
+    ("\\text{even}", "\\text{odd}", False),
+    # a sentence's full stop is punctuation, not part of the number (gold_latex drops it)
+    ("104", "104.", True),
+    ("105", "104.", False),
+    # other notations
+    ("3+2i", "2i+3", True),  # addition commutes
+    ("1500", "1.5 \\times 10^{3}", True),  # 1.5 * 1000
+    ("x^2+2x+1", "(x+1)^2", True),  # expand the square
+    ("\\frac{5}{2}", "2\\frac{1}{2}", True),  # the mixed-number convention of school mathematics (MATH): 2 + 1/2
+]
+
+
+@pytest.mark.parametrize(("reference", "box", "correct"), TRICKY)
+def test_tricky_cases(reference, box, correct):
+    result = grade(f"So the answer is \\boxed{{{box}}}.", reference)
+    assert result.correct is correct
+    assert result.extracted == box
+
+
+# ---------------------------------------------------------------- what is read, and the reasons
+
+
+@pytest.mark.parametrize(
+    ("completion", "reference", "expected"),
+    [
+        ("\\boxed{3} no, \\boxed{4}", "4", GradeResult(True, "4", "ok")),  # the last box wins
+        ("\\boxed{4} no, \\boxed{3}", "4", GradeResult(False, "3", "ok")),
+        ("\\boxed{4} and then \\boxed{5", "4", GradeResult(True, "4", "ok")),  # an unclosed box is not a box
+        ("\\boxed{\\frac{1}{\\sqrt{4}}}", "0.5", GradeResult(True, "\\frac{1}{\\sqrt{4}}", "ok")),  # nested braces
+        ("\\boxed{$\\frac{1}{2}$}", "0.5", GradeResult(True, "$\\frac{1}{2}$", "ok")),  # $ inside the box
+        ("The answer is 4.", "4", GradeResult(False, None, "no_box")),  # METHODS.md: only a box counts
+        ("\\boxed{}", "1", GradeResult(False, "", "parse_error")),
+        ("\\boxed{@@#%^&}", "1", GradeResult(False, "@@#%^&", "parse_error")),  # only text, and not the same
+        ("\\boxed{1}", "", GradeResult(False, "1", "bad_reference")),
+        ("\\boxed{1}", "\\frac{", GradeResult(False, "1", "bad_reference")),
+        ("\\boxed{\\frac{1}{0}}", "1", GradeResult(False, "\\frac{1}{0}", "ok")),  # zoo != 1, no crash
+    ],
+)
+def test_extraction_and_reasons(completion, reference, expected):
+    assert grade(completion, reference) == expected
+
+
+def test_too_long_is_not_parsed():
+    content = "1" + " " * grader.MAX_ANSWER_CHARS  # equal to 1, but over the cap
+    assert grade("\\boxed{" + content + "}", "1") == GradeResult(False, content, "too_long")
+
+
+def test_reference_forms():
+    """A reference in $...$, with a box, as a number or as a list of accepted forms (the first is used)."""
+    for reference in ("$10-4 n$", "\\(10 - 4n\\)", "\\boxed{10-4n}", ["10-4n", "junk"], "$$10-4n$$"):
+        assert grade("\\boxed{-4n+10}", reference).correct, reference
+    assert grade("\\boxed{27}", 27.0).correct and grade("\\boxed{27}", "27.0").correct
+    assert not grade("\\boxed{6}", "10-4 n").correct  # unwrapped, math-verify would read the reference as 10-4
+
+
+def test_gold_latex_normalisation_is_idempotent():
+    for text in ("$\\frac{1}{2}$", "104.", "$h=4$.", "1\\,000", "12 345 678", "1, 2, ...", "$1$ and $2$", "x_1 000",
+                 "\\boxed{3}", "0.123\\,456", "2 3"):
+        once = gold_latex(text)
+        assert gold_latex(once) == once, text
+    assert gold_latex("1, 2, ...") == "\\boxed{1, 2, ...}"  # an ellipsis is not a full stop
+    assert gold_latex("x_1 000") == "\\boxed{x_1 000}"  # a subscript is not the head of a number
+    assert gold_latex("2 3") == "\\boxed{2 3}"  # only groups of exactly three digits are joined
+    assert gold_latex("-1~000~000") == "\\boxed{-1000000}"
+
+
+@pytest.mark.parametrize(
+    ("box", "reference"),
+    [("104.", "1040"), ("104.", "10"), ("1\\,000", "1"), ("1\\,000", "0"), ("10\\,000", "1000"), ("1 000", "100"),
+     ("12\\,345", "12"), ("12\\,345", "345")],
+)
+def test_normalisations_do_not_pass_wrong_answers(box, reference):
+    assert not grade(f"\\boxed{{{box}}}", reference).correct
+
+
+# ---------------------------------------------------------------- threads and processes
+
+MIXED = [("\\boxed{\\frac{1}{2}}", "0.5"), ("\\boxed{0.3}", "0.5"), ("no box", "1"), ("\\boxed{x=3}", "3"),
+         ("\\boxed{(0,1]}", "[0,1]"), ("\\boxed{1\\,000}", "1000"), ("\\boxed{}", "1"), ("\\boxed{1}", "")]
+
+
+def test_off_the_main_thread_matches_main_thread():
+    on_main = [grade(c, r) for c, r in MIXED]
+    assert [r.correct for r in on_main] == [True, False, False, True, False, True, False, False]
+    assert run_in_thread(lambda: [grade(c, r) for c, r in MIXED]) == on_main
+    assert grader.off_main_thread_worker() is not None  # it went through the worker process
+    assert run_in_thread(grade_many, [c for c, _ in MIXED], [r for _, r in MIXED], workers=1) == on_main
+
+
+def test_grade_many_keeps_the_order():
+    completions = [f"\\boxed{{{i if i % 3 else i + 1}}}" for i in range(40)]
+    references = [str(i) for i in range(40)]
+    expected = [GradeResult(i % 3 != 0, str(i if i % 3 else i + 1), "ok") for i in range(40)]
+    assert grade_many(completions, references, workers=1) == expected
+    assert grade_many(completions, references, workers=2) == expected
+
+
+def test_grade_many_validates_its_input():
+    assert grade_many([], [], workers=2) == []
+    with pytest.raises(ValueError, match="2 completions but 1 references"):
+        grade_many(["a", "b"], ["1"])
+    with pytest.raises(ValueError, match="workers=0"):
+        grade_many(["a"], ["1"], workers=0)
+    with pytest.raises(TypeError, match="must be a string"):
+        grade_many([["not", "a", "string"]], ["1"])
+
+
+def test_pathological_item_times_out_on_the_main_thread():
+    started = time.perf_counter()
+    assert grade(POWER_TOWER, "1", timeout_s=1) == GradeResult(False, POWER_TOWER[7:-1], "timeout")
+    assert time.perf_counter() - started < 1.9  # without the alarm this runs for hours
+
+
+def test_worker_over_its_wall_bound_is_killed_and_replaced():
+    """The worker's own alarm is 5 s; the item's wall bound 0.5 s: the parent kills it, as it would a C call that
+    ignores signals, and a fresh worker grades the items queued behind it."""
+    completions = [POWER_TOWER, "\\boxed{2}", "\\boxed{3}", "\\boxed{5}"]
+    started = time.perf_counter()
+    results = grade_many(completions, ["1", "2", "3", "4"], workers=2, timeout_s=5, item_deadline_s=0.5)
+    assert [(r.correct, r.reason) for r in results] == [(False, "timeout"), (True, "ok"), (True, "ok"), (False, "ok")]
+    assert time.perf_counter() - started < 4.5  # spawning and the kill, never the 5 s alarm
+
+
+def test_off_main_worker_that_dies_is_replaced():
+    assert run_in_thread(grade, "\\boxed{2}", "2").correct  # starts the shared worker
+    process = grader.off_main_thread_worker()
+    process.kill()  # killed while idle: the next call notices and starts another
+    process.join()
+    assert run_in_thread(grade, "\\boxed{2}", "2") == GradeResult(True, "2", "ok")
+    assert grader.off_main_thread_worker().pid != process.pid
+
+    def kill_soon():
+        deadline = time.monotonic() + 30
+        while grader._off_main.slots[0].index is None and time.monotonic() < deadline:  # not yet sent
+            time.sleep(0.01)
+        time.sleep(0.3)  # inside sympy on the power tower (its alarm: 5 s)
+        grader.off_main_thread_worker().kill()
+
+    killer = threading.Thread(target=kill_soon)
+    killer.start()
+    assert run_in_thread(grade, POWER_TOWER, "1") == GradeResult(False, POWER_TOWER[7:-1], "worker_died")
+    killer.join()
+    assert run_in_thread(grade, "\\boxed{3}", "3").correct
+
+
+@pytest.mark.slow
+def test_pathological_items_with_the_default_bounds_do_not_hang_the_pool():
+    started = time.perf_counter()
+    results = grade_many([POWER_TOWER, POWER_TOWER, "\\boxed{2}"], ["1", "1", "2"], workers=2)
+    assert [(r.correct, r.reason) for r in results] == [(False, "timeout"), (False, "timeout"), (True, "ok")]
+    assert time.perf_counter() - started < 4 * grader.TIMEOUT_S  # one alarm each, in parallel
+
+
+# ---------------------------------------------------------------- grader_check
+
+TINY_ROWS = {
+    "math500": [
+        {"problem": "p", "solution": "so $\\boxed{\\frac{1}{2}}$", "answer": "0.5", "unique_id": "test/a.json"},
+        {"problem": "p", "solution": "so $\\boxed{\\frac{1}{3}}$", "answer": "\\frac12", "unique_id": "test/b.json"},
+    ],
+    "aime24": [
+        {"id": "60", "problem": "p", "solution": "We get 204.", "answer": "204"},  # no box: a disagreement
+        {"id": "61", "problem": "p", "solution": "Thus $\\boxed{025}$.", "answer": "025"},
+    ],
+    "amc23": [{"id": "0", "problem": "p", "answer": 27.0}, {"id": "1", "problem": "p", "answer": 5.5}],
+    "minerva_math": [
+        {"idx": "0", "problem": "p", "solution": "$s=\\boxed{1.6} \\mathrm{~cm}$"},
+        {"idx": "1", "problem": "p", "solution": "\\boxed{x=5}"},
+    ],
+    "college_math": [
+        {"data_source": "b", "question_number": "1", "question": "q", "answer": "$10-4 n$"},
+        {"data_source": "b", "question_number": "2", "question": "q", "answer": "$(-3,3)$"},
+    ],
+    "olympiadbench": [
+        {"id": "1", "question": "q", "final_answer": ["$2$"], "context": None},
+        {"id": "2", "question": "q", "final_answer": ["$69$,$84$"], "context": None},
+    ],
+}
+
+
+@pytest.fixture
+def tiny_data(tmp_path):
+    for name, rows in TINY_ROWS.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "test.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return tmp_path
+
+
+def test_grader_check_on_tiny_data(tiny_data):
+    result = grader_check(tiny_data, workers=1)
+    benchmarks = result["benchmarks"]
+    assert list(benchmarks) == ["math500", "aime24", "amc23", "minerva_math", "college_math", "olympiadbench"]
+    math500 = benchmarks["math500"]
+    assert (math500["n"], math500["solution"]["agree"], math500["solution"]["n"]) == (2, 1, 2)
+    assert math500["solution"]["disagreements"] == [
+        {"id": "test/b.json", "reference": "\\frac12", "extracted": "\\frac{1}{3}", "reason": "ok"}]
+    assert benchmarks["aime24"]["solution"]["disagreements"] == [
+        {"id": "60", "reference": "204", "extracted": None, "reason": "no_box"}]
+    for name, entry in benchmarks.items():
+        assert entry["round_trip"]["fraction"] == 1.0 and entry["round_trip"]["n"] == 2, name
+        assert entry["neighbour"] is None  # not asked for
+        if name not in ("math500", "aime24"):
+            assert entry["solution"] is None and entry["solution_note"]
+    targets = {(t["benchmark"], t["check"]): t["met"] for t in result["targets"]}
+    assert targets[("math500", "solution")] is False  # 1 of 2 < 99%
+    assert targets[("college_math", "round_trip")] is True
+    assert len(targets) == 7
+    table = format_grader_check(result)
+    assert "| math500 | 2 | 1/2 (50.0%) | 2/2 (100.0%) | — (not run) |" in table
+    assert "math500 solution: 50.00% (target >= 99.0%): NOT MET" in table
+    assert "| test/b.json | \\frac12 | \\frac{1}{3} | ok |" in table
+
+
+def test_grader_check_neighbour_and_subset(tiny_data):
+    result = grader_check(tiny_data, benchmarks=["minerva_math", "amc23"], workers=2, neighbour=True)
+    assert list(result["benchmarks"]) == ["minerva_math", "amc23"]
+    minerva = result["benchmarks"]["minerva_math"]["neighbour"]
+    assert (minerva["n"], minerva["agree"]) == (2, 2)  # 1.6 vs x=5 and x=5 vs 1.6: both rejected
+    assert result["benchmarks"]["amc23"]["neighbour"]["agree"] == 2  # 27 vs 5.5
+    assert "| minerva_math | 2 | — (the reference IS the solution's last box" in format_grader_check(result)
+
+
+def test_format_grader_check_lists_the_first_few(tiny_data):
+    result = grader_check(tiny_data, benchmarks=["math500"], workers=1)
+    assert "1 disagreement(s)\n" in format_grader_check(result)
+    assert "1 disagreement(s) (first 0 listed)" in format_grader_check(result, show=0)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SHARED_BENCHMARKS.is_dir(), reason="../shared/data/benchmarks is not present")
+def test_grader_check_on_the_shared_benchmarks_meets_the_targets():
+    """Every row of the six local benchmark copies: >= 99% MATH500 solution-vs-answer, >= 99.5% round trip."""
+    result = grader_check(SHARED_BENCHMARKS, workers=os.cpu_count())
+    assert {name: entry["n"] for name, entry in result["benchmarks"].items()} == {
+        "math500": 500, "aime24": 30, "amc23": 40, "minerva_math": 272, "college_math": 2818, "olympiadbench": 675}
+    assert len(result["targets"]) == 7
+    assert all(t["met"] for t in result["targets"]), format_grader_check(result)
+
+
+def test_a_grading_pool_is_reused_across_calls_and_agrees_with_grade_many():
+    completions = ["so \\boxed{\\frac{1}{2}}", "\\boxed{0.5}", "no box", "\\boxed{3}", "\\boxed{x+1}"]
+    references = ["0.5", "\\frac{1}{2}", "1", "4", "1+x"]
+    expected = grade_many(completions, references, workers=1)
+    with GradingPool(2) as pool:
+        first = pool.grade_many(completions, references)
+        processes = [w.process.pid for w in pool._pool.slots if w is not None]
+        second = pool.grade_many(completions[::-1], references[::-1])
+        assert [w.process.pid for w in pool._pool.slots if w is not None] == processes  # the same workers
+    assert first == expected and second == expected[::-1]
+    assert [r.correct for r in expected] == [True, True, False, False, True]
