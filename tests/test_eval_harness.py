@@ -125,3 +125,12 @@ def test_grail_eval_end_to_end_on_two_benchmarks(tmp_path, tiny_dir, capsys):
     assert "math500" in capsys.readouterr().out
     assert main(argv) == 0  # a rerun resumes: nothing left to sample, same results
     assert json.loads((out / "results.json").read_text())["benchmarks"] == results["benchmarks"]
+
+
+@pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data/benchmarks is not present")
+def test_grail_grader_check_prints_agreement_per_benchmark(capsys):
+    assert main(["grader-check", "--data-dir", str(DATA), "--benchmarks", "aime24,amc23", "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "aime24" in out and "amc23" in out
+    assert "28/30" in out  # two AIME24 solutions disagree with their answer field (README: id 60 and id 75)
+    assert "40/40" in out  # every AMC23 reference survives the round trip
