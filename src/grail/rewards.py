@@ -24,20 +24,10 @@ from typing import Any
 
 from grail import grader
 from grail.boxed import last_boxed_content
-from grail.grader import MAX_ANSWER_CHARS, TIMEOUT_S, WORKER_START_S, first_answer, gold_latex  # noqa: F401
-
-# MAX_ANSWER_CHARS, WORKER_START_S and gold_latex are re-exported from grail.grader for existing callers; the
-# reward passes TIMEOUT_S (read at call time) to the grader.
+from grail.grader import TIMEOUT_S, first_answer
 
 _NOT_COLUMNS = {"prompts", "completion_ids", "trainer_state", "log_extra", "log_metric", "environments"}
 _INT_RE = re.compile(r"\s*-?[0-9]+\s*")
-
-
-def __getattr__(name: str) -> Any:
-    """`_pool`: the grader's live off-main-thread worker process, or None (it used to live here)."""
-    if name == "_pool":
-        return grader.off_main_thread_worker()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def completion_text(completion: str | list[dict[str, Any]]) -> str:
