@@ -151,9 +151,7 @@ class GRAILTrainer(GRPOTrainer):
                 model, self.tokenizer, input_ids_BL[rows], attention_mask_BL[rows], mask_BT[rows],
                 batch["advantages"][rows], self.weighting, spans=AnswerSpans(*(s[rows] for s in spans)),
                 generator=self._generator, any_process=self._any_process))
-        merged = TokenWeights(**{name: torch.cat([getattr(p, name) for p in parts]) for name in
-                                 ("weights_BT", "reasoning_BT", "normalised_BT", "has_box_B", "fallback_B",
-                                  "probed_B")}, path="rollout", seconds=sum(p.seconds for p in parts))
+        merged = TokenWeights.concat(parts, path="rollout")
         self._metrics["train" if self.model.training else "eval"]["weights/seconds"].append(merged.seconds)
         return merged
 

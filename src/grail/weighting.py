@@ -17,7 +17,7 @@ completions all agree).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Literal
 
@@ -99,16 +99,24 @@ class TokenWeights:
     path: str = "none"  # "fused" (signal from the training forward), "separate", "skipped", "none"
     seconds: float = 0.0  # wall time spent computing these weights
 
+    @classmethod
+    def tensor_fields(cls) -> list[str]:
+        return [f.name for f in fields(cls) if f.name not in ("path", "seconds")]
+
     def as_batch_entries(self) -> dict[str, torch.Tensor]:
         """The tensors, for storing in a TRL batch dict (split and shuffled with it by row)."""
-        values = {f.name: getattr(self, f.name) for f in fields(self)}  # not asdict: it deep-copies tensors
-        return {f"weights_{k}": v for k, v in values.items() if isinstance(v, torch.Tensor)}
+        return {f"weights_{name}": getattr(self, name) for name in self.tensor_fields()}
 
     @classmethod
     def from_batch(cls, inputs: dict, path: str) -> TokenWeights:
         """Rebuild from `as_batch_entries` entries of a batch dict."""
-        names = [f.name for f in fields(cls) if f.name not in ("path", "seconds")]
-        return cls(**{n: inputs[f"weights_{n}"] for n in names}, path=path)
+        return cls(**{name: inputs[f"weights_{name}"] for name in cls.tensor_fields()}, path=path)
+
+    @classmethod
+    def concat(cls, parts: Sequence[TokenWeights], path: str) -> TokenWeights:
+        """Row-wise concatenation of the weights of consecutive chunks of one batch; seconds add up."""
+        return cls(**{name: torch.cat([getattr(p, name) for p in parts]) for name in cls.tensor_fields()},
+                   path=path, seconds=sum(p.seconds for p in parts))
 
 
 def batch_spans(tokenizer, completion_ids_BT: torch.Tensor, mask_BT: torch.Tensor,
