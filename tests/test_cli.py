@@ -90,6 +90,7 @@ def test_demo_rejects_an_unknown_method(tmp_path, capsys):
 @pytest.mark.parametrize("method, extra", [
     ("grail", []), ("oar_g", []), ("oar_p", []), ("random", []), ("entropy", []),
     ("grail", ["--weights_from", "rollout_policy"]), ("oar_g", ["--oar_scope", "completion"]),
+    ("oar_g", ["--oar_variant", "grail_release"]),
 ])
 def test_each_method_trains_two_steps(tmp_path, warm_cache, capsys, method, extra):
     cache, start = warm_cache
@@ -109,6 +110,9 @@ def test_each_method_trains_two_steps(tmp_path, warm_cache, capsys, method, extr
     assert any(x["weights/ess_ratio"] < 1.0 for x in described)  # weights are not uniform
     if method in ("grail", "random", "entropy") and not extra:
         assert all(x["weights/fused"] == 1.0 for x in train_lines)
+    # the release's own definitions, for comparison with its logs (clip fractions: GRAIL's pipeline only)
+    assert all("weights/release/adv_scale_ratio" in x for x in train_lines)
+    assert any("weights/release/clip_low_frac" in x for x in train_lines) == (method in ("grail", "random", "entropy"))
     before, after = _weights(start), _weights(run / "final")
     assert any(not torch.equal(before[k], after[k]) for k in before)
 
@@ -153,6 +157,7 @@ def test_module_entry_point_and_presets():
     out = subprocess.run([sys.executable, "-m", "grail", "presets", "paper"], capture_output=True, text=True,
                          check=True).stdout
     assert yaml.safe_load(out)["paper"]["loss_type"] == "dr_grpo"
+    assert "# dropout off, as the release" in out  # each value says what it is for
 
 
 @pytest.mark.slow

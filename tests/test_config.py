@@ -6,11 +6,11 @@ import pytest
 
 from grail.config import GRAILConfig, literal_choices
 from grail.core import ROLLOUT_SYMMETRIES
-from grail.presets import PRESETS
+from grail.presets import PAPER_NOTES, PRESETS
 from grail.probes import LEAVES
 from grail.spans import BOX_CHOICES
 from grail.train import REWARDS
-from grail.weighting import METHOD_FUNCTIONS, WeightingOptions
+from grail.weighting import METHOD_FUNCTIONS, OAR_VARIANT_DEFAULTS, WeightingOptions
 
 OWN_FIELDS = [f for f in dataclasses.fields(GRAILConfig) if f.name in GRAILConfig.__annotations__]
 
@@ -20,6 +20,9 @@ def test_literal_choices_equal_the_dispatch_tables():
     assert literal_choices("saliency_leaf") == tuple(LEAVES)
     assert literal_choices("answer_box") == BOX_CHOICES
     assert literal_choices("rollout_symmetry") == ROLLOUT_SYMMETRIES
+    assert set(literal_choices("oar_variant")) == set(OAR_VARIANT_DEFAULTS)
+    assert literal_choices("answer_nll_span") == ("box", "content")
+    assert literal_choices("oar_scope") == ("reasoning", "completion", None)  # None: the variant's value
 
 
 def test_weighting_options_mirror_the_config_fields(tmp_path):
@@ -55,6 +58,11 @@ def test_explicit_user_values_win_over_resolved_defaults(tmp_path):
     ({"weight_min": 2.0}, "weight_min"),
     ({"oar_quantile": 1.5}, "oar_quantile"),
     ({"oar_noise_std": 0.0}, "oar_noise_std"),
+    ({"oar_variant": "grail_release", "token_weighting": "oar_p"}, "oar_variant"),
+    ({"oar_variant": "grail_release", "oar_distribution": "last_position"}, "oar_distribution"),
+    ({"answer_nll_span": "marker"}, "answer_nll_span"),
+    ({"oar_scope": "answer"}, "oar_scope"),
+    ({"oar_min_importance": -1.0}, "oar_min_importance"),
     ({"reward": "exact"}, "reward"),
     ({"task_num_steps": 0}, "num_steps"),
     ({"task_filler_rate": 1.5}, "filler_rate"),
@@ -81,3 +89,15 @@ def test_paper_preset_matches_methods_section_1():
         1e-6, 200, 42, 50, 4096)
     assert p["per_device_train_batch_size"] * p["gradient_accumulation_steps"] * 4 == 32 * 8
     assert p["prompt_suffix"] == " Please reason step by step, and put your final answer within \\boxed{}."
+    # the release's numerics: policy loaded in bf16, dropout off, one seeded shuffle of the training set
+    assert p["model_init_kwargs"] == {"dtype": "bfloat16"}
+    assert (p["disable_dropout"], p["dataset_shuffle_seed"]) == (True, 42)
+    assert set(PAPER_NOTES) == set(p)  # `grail presets paper` says what every value is for
+
+
+def test_oar_variant_values_are_recorded_in_the_config(tmp_path):
+    cfg = GRAILConfig(output_dir=str(tmp_path), token_weighting="oar_g", oar_variant="grail_release")
+    assert (cfg.oar_scope, cfg.oar_quantile, cfg.oar_beta) == ("completion", 0.4, 2.0)  # resolved_config.json
+    cfg = GRAILConfig(output_dir=str(tmp_path), oar_variant="grail_release", oar_beta=1.5)
+    assert (cfg.oar_quantile, cfg.oar_beta) == (0.4, 1.5)
+    assert GRAILConfig(output_dir=str(tmp_path)).oar_scope == "reasoning"

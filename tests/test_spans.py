@@ -140,6 +140,11 @@ def test_answer_after_and_reasoning_of_a_completion_with_padding(tokenizer):
     assert positions(spans.answer_BT[0]) == [10, 11]
     assert positions(spans.after_BT[0]) == [9, 12, 13]
     assert positions(spans.reasoning_BT[0]) == list(range(9))
+    assert positions(spans.box_BT[0]) == [9, 10, 11, 12]  # marker, content, closing brace: the release's NLL span
+    assert torch.equal(spans.probe_span("box"), spans.box_BT) and torch.equal(spans.probe_span("content"),
+                                                                                spans.answer_BT)
+    with pytest.raises(ValueError, match="answer_nll_span"):
+        spans.probe_span("marker")
     assert spans.has_box_B.tolist() == [True] and spans.decoded_B.tolist() == [True]
     for mask in spans[:3]:
         assert mask.shape == (1, 17) and mask.dtype == torch.bool
@@ -155,6 +160,7 @@ def test_nested_braces_stay_in_the_answer(tokenizer):
     assert positions(spans.answer_BT[0]) == list(range(4, 15))
     assert positions(spans.after_BT[0]) == [3, 15, 16, 17, 18, 19]
     assert positions(spans.reasoning_BT[0]) == [0, 1, 2]
+    assert positions(spans.box_BT[0]) == list(range(3, 16))
 
 
 def test_first_and_last_box(tokenizer):
@@ -265,9 +271,19 @@ def test_vectorised_matches_loop_reference_with_scattered_padding(tokenizer, box
         assert positions(spans.answer_BT[i]) == answer
         assert positions(spans.after_BT[i]) == after
         assert spans.has_box_B[i].item() == has_box
-    # Invariants: disjoint, union = real tokens, padding in no mask.
+    # Invariants: disjoint, union = real tokens, padding in no mask; answer ⊆ box ⊆ answer ∪ after, the box is one
+    # run of real tokens that starts where `after` starts, and only rows with a box have one.
     total_BT = spans.answer_BT.long() + spans.after_BT.long() + spans.reasoning_BT.long()
     assert torch.equal(total_BT, mask_BT.long())
+    assert not (spans.answer_BT & ~spans.box_BT).any()
+    assert not (spans.box_BT & ~(spans.answer_BT | spans.after_BT)).any()
+    assert torch.equal(spans.box_BT.any(1), spans.has_box_B)
+    for i in range(len(rows)):
+        real = [j for j in range(width) if mask_BT[i, j]]
+        in_box = [k for k, j in enumerate(real) if spans.box_BT[i, j]]
+        if in_box:
+            assert in_box == list(range(in_box[0], in_box[-1] + 1))
+            assert real[in_box[0]] == positions(spans.after_BT[i])[0]
 
 
 def test_bad_arguments(tokenizer):
@@ -295,6 +311,7 @@ def test_a_token_covering_a_brace_and_content_is_an_answer_token():
     assert positions(spans.answer_BT[0]) == [2, 3]
     assert positions(spans.after_BT[0]) == [1, 4]
     assert positions(spans.reasoning_BT[0]) == [0]
+    assert positions(spans.box_BT[0]) == [1, 2, 3]  # "." after the closing brace is not in the box
 
 
 def test_byte_level_bpe_like_qwen_and_llama3():

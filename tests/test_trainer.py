@@ -92,14 +92,17 @@ def test_constant_saliency_gives_w_mean_and_grpo_without_a_box(tiny_dir, tmp_pat
     _assert_same(_loss_and_grads(grail, no_box), _loss_and_grads(grpo, no_box))
 
 
-@pytest.mark.parametrize("leaf", ["embeddings", "middle"])
-@pytest.mark.parametrize("method", ["grail", "entropy"])
-def test_fused_equals_separate(tiny_dir, tmp_path, method, leaf):
-    """The fused path (signal from TRL's forward) gives the separate pass's weights to 1e-5 (fp32, no dropout)."""
+@pytest.mark.parametrize("method, leaf, span", [
+    ("grail", "embeddings", "box"), ("grail", "middle", "box"), ("grail", "embeddings", "content"),
+    ("entropy", "embeddings", "box"), ("entropy", "middle", "box"),
+])
+def test_fused_equals_separate(tiny_dir, tmp_path, method, leaf, span):
+    """The fused path (signal from TRL's forward) gives the separate pass's weights to 1e-5 (fp32, no dropout),
+    with the release's answer NLL over the whole box (`box`) and over the content only."""
     results = {}
     for path in ("fused", "separate"):
         trainer = _trainer(GRAILTrainer, tiny_dir, tmp_path, token_weighting=method, saliency_leaf=leaf,
-                           rollout_symmetry="both", saliency_path=path)
+                           rollout_symmetry="both", saliency_path=path, answer_nll_span=span)
         # A freshly initialised model's next-token entropies are all ≈ log V (spread ~1e-3), and the per-row
         # z-score would amplify 1e-6 rounding differences to 1e-4; larger embeddings make the signal vary.
         # (Not much larger: entropies below ~1e-6 are rounding-dominated in float32, TRL's kernel more so.)
@@ -201,3 +204,24 @@ def test_grail_trainer_needs_a_grail_config(tiny_dir, tmp_path):
     with pytest.raises(TypeError, match="GRAILConfig"):
         GRAILTrainer(model=str(tiny_dir), reward_funcs=[exact_int_reward], args=args,
                      train_dataset=Dataset.from_list([{"prompt": "Q: 1+1\nA:", "answer": "2"}] * 4))
+
+
+def test_release_diagnostics_are_logged_with_the_release_definitions(tiny_dir, tmp_path):
+    trainer = _trainer(GRAILTrainer, tiny_dir, tmp_path, token_weighting="grail", rollout_symmetry="both",
+                       saliency_path="separate")
+    inputs = _inputs(trainer.processing_class)
+    _loss_and_grads(trainer, inputs)
+    w, metrics = trainer.last_token_weights, trainer._metrics["train"]
+    mask, adv = inputs["completion_mask"].bool(), inputs["advantages"]
+    # Σ|Â| over real tokens / their count, over the mean |A| of all rows (the release's advantage scale ratio)
+    expected = (w.weights_BT * adv[:, None]).abs()[mask].sum() / mask.sum() / (adv.abs().mean() + 1e-8)
+    assert metrics["weights/release/adv_scale_ratio"][-1] == pytest.approx(expected.item(), rel=1e-6)
+    # clip fractions over every real token of the reweighted rows (rows 0 and 2: the rows with a box), box included
+    assert w.reweighted_BT.any(1).tolist() == [True, False, True, False]
+    assert torch.equal(w.reweighted_BT, w.reweighted_BT.any(1, keepdim=True) & mask)
+    n = w.reweighted_BT.sum()
+    assert metrics["weights/release/clip_high_frac"][-1] == pytest.approx((((w.clip_BT > 0) & w.reweighted_BT).sum()
+                                                                            / n).item())
+    assert metrics["weights/release/clip_low_frac"][-1] == pytest.approx((((w.clip_BT < 0) & w.reweighted_BT).sum()
+                                                                           / n).item())
+    assert n > w.normalised_BT.sum()  # the release's denominator counts the box and post-box tokens too

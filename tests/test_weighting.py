@@ -53,8 +53,9 @@ def test_rows_whose_weights_cannot_change_the_loss_are_not_probed(tokenizer):
     # GRAIL, rollout_symmetry wrong (A ≤ 0): row 1 has no box, row 3 has A = 0
     assert rows(token_weighting="grail") == [False, False, True, False, True]
     assert rows(token_weighting="grail", rollout_symmetry="correct") == [True, False, False, False, False]
-    assert rows(token_weighting="oar_p") == [True, True, True, False, True]  # every row with A ≠ 0
-    assert rows(token_weighting="oar_p", oar_distribution="answer_mean") == [True, False, True, False, True]
+    # OAR's default answer_mean needs a box; last_position probes every row with A ≠ 0
+    assert rows(token_weighting="oar_p") == [True, False, True, False, True]
+    assert rows(token_weighting="oar_p", oar_distribution="last_position") == [True, True, True, False, True]
     assert rows(token_weighting="none") == [False] * 5
 
 

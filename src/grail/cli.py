@@ -15,9 +15,7 @@ import textwrap
 import time
 from dataclasses import fields
 
-import yaml
-
-from grail import __version__, eval_cli
+from grail import __version__, eval_cli, presets
 from grail.config import GRAILConfig
 from grail.overrides import ConfigError, build_config, merge, parse_flags
 from grail.presets import PRESETS, TINY_CPU
@@ -105,8 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = _parser().parse_known_args(argv)
     try:
         if args.command == "presets":
-            chosen = {args.name: PRESETS[args.name]} if args.name else PRESETS
-            print(yaml.safe_dump(chosen, sort_keys=False), end="")
+            print(presets.render([args.name] if args.name else list(PRESETS)), end="")
             return 0
         if args.command == "train":
             return _train(args, rest)

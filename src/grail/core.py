@@ -87,17 +87,20 @@ def entropy_from_logits(logits_NV: torch.Tensor) -> torch.Tensor:
 
 
 def kl_divergence(p_logits_NV: torch.Tensor, q_logits_NV: torch.Tensor) -> torch.Tensor:
-    """KL(P ‖ Q) = Σ_v P_v (log P_v − log Q_v), P = softmax(p_logits), Q = softmax(q_logits), in float32.
+    """KL(P ‖ Q) = Σ_v P_v (log P_v − log Q_v), P = softmax(p_logits), Q = softmax(q_logits), in float64.
 
-    OAR's importance is KL(P_final ‖ P_perturbed): the clean distribution is the first argument.
+    OAR's importance is KL(P_final ‖ P_perturbed): the clean distribution is the first argument. float64
+    because the KL of two nearly equal distributions is a sum of cancelling terms: in float32 that sum alone
+    has rounding error ~1e-7 (seen: every reasoning token of a finished answer scored 1e-7..1e-5, all of it
+    rounding), while in float64 what remains is the difference the logits really carry. Cheap: one row of V.
 
     Args:
         p_logits_NV, q_logits_NV: (..., V) logits of the same shape.
     Returns:
-        (...) float32, >= 0 up to rounding; exactly 0 where the logits agree.
+        (...) float64, >= 0 up to rounding; exactly 0 where the logits agree.
     """
-    logp = torch.log_softmax(p_logits_NV.float(), dim=-1)
-    logq = torch.log_softmax(q_logits_NV.float(), dim=-1)
+    logp = torch.log_softmax(p_logits_NV.double(), dim=-1)
+    logq = torch.log_softmax(q_logits_NV.double(), dim=-1)
     return (logp.exp() * (logp - logq)).sum(dim=-1)
 
 
@@ -224,6 +227,9 @@ class SaliencyWeights(NamedTuple):
     weights_BT: torch.Tensor  # (B, T) float32 token weights, 0 on padding
     normalised_BT: torch.Tensor  # (B, T) bool: weight came from log-z / affine / clip (clip fractions count these)
     fallback_B: torch.Tensor  # (B,) bool: row selected for reweighting but its signal was invalid → uniform
+    clip_BT: torch.Tensor  # (B, T) int8: on every real token of a reweighted row, before the answer-span
+    #   overrides: −1 where w_mean + w_std·z ≤ w_min, +1 where ≥ w_max, else 0; 0 on other rows (the tokens the
+    #   GRAIL release's clip fractions count: `reweighted_tokens`)
 
 
 def grail_weights_from_saliency(saliency_BT: torch.Tensor, adv_B: torch.Tensor, mask_BT: torch.Tensor,
@@ -252,7 +258,7 @@ def grail_weights_from_saliency(saliency_BT: torch.Tensor, adv_B: torch.Tensor, 
     Returns:
         SaliencyWeights(weights_BT (B, T) float32 detached, 0 on padding, never NaN;
         normalised_BT (B, T) bool = reweighted rows' real tokens outside answer_BT and after_BT;
-        fallback_B (B,) bool).
+        fallback_B (B,) bool; clip_BT (B, T) int8, see `SaliencyWeights`).
     """
     mask = mask_BT.bool()
     answer, after = answer_BT.bool() & mask, after_BT.bool() & mask
@@ -267,7 +273,10 @@ def grail_weights_from_saliency(saliency_BT: torch.Tensor, adv_B: torch.Tensor, 
     weights = answer_span_overrides(weights, answer & overridden_B, after & overridden_B,
                                     weight_mean=weight_mean, weight_max=weight_max)
     normalised = reweighted_B[:, None] & mask & ~answer & ~after
-    return SaliencyWeights(weights, normalised, fallback_B)
+    reweighted_BT = reweighted_B[:, None] & mask
+    clip_BT = ((salient >= weight_max) & reweighted_BT).to(torch.int8) - ((salient <= weight_min) & reweighted_BT).to(
+        torch.int8)  # clamp returns exactly w_min / w_max, so `<=` / `>=` find the clipped tokens
+    return SaliencyWeights(weights, normalised, fallback_B, clip_BT)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -275,8 +284,11 @@ def grail_weights_from_saliency(saliency_BT: torch.Tensor, adv_B: torch.Tensor, 
 # ---------------------------------------------------------------------------------------------------------------
 
 
+TAU_RULES = ("interpolate", "sorted_index")
+
+
 def bilevel_weights(importance_BT: torch.Tensor, scored_BT: torch.Tensor, mask_BT: torch.Tensor, *,
-                    quantile: float, beta: float, floor: float) -> torch.Tensor:
+                    quantile: float, beta: float, floor: float, tau_rule: str = "interpolate") -> torch.Tensor:
     """OAR's bi-level reshaping (METHODS.md 3), per row over its scored tokens:
 
         Ī = log(1 + I);   Î = (Ī − min Ī) / (max Ī − min Ī) ∈ [0, 1];   τ = q-quantile of Î
@@ -284,8 +296,12 @@ def bilevel_weights(importance_BT: torch.Tensor, scored_BT: torch.Tensor, mask_B
         ω_t = 1 + β · (Î_t − τ) / (1 − τ)      otherwise
         ω ← ω · n / Σ ω                        (n = number of scored tokens: advantage mass preserved)
 
-    τ is the quantile with linear interpolation over the row's scored tokens (torch.quantile's default).
+    τ (`tau_rule`): "interpolate" = the quantile with linear interpolation over the row's n scored values
+    (torch.quantile's default; the OAR excerpt); "sorted_index" = the sorted values' entry at index
+    min(floor(n · q), n − 1) (the GRAIL release's OAR-G: no interpolation).
     Release values: OAR q 0.25, β 1.0, floor 0.1; GRAIL's OAR-G baseline q 0.4, β 2.0.
+    Computed in float64 (returned as float32), so that importances many orders of magnitude apart keep their
+    order through log1p and the min-max scaling.
 
     Args:
         importance_BT: (B, T) importance I ≥ 0 (KL or |gradient · embedding|). Negative values (KL rounding)
@@ -295,6 +311,7 @@ def bilevel_weights(importance_BT: torch.Tensor, scored_BT: torch.Tensor, mask_B
             mask_BT.
         mask_BT: (B, T) bool, True on real completion tokens.
         quantile, beta, floor: q ∈ [0, 1], β ≥ 0, floor ≥ 0.
+        tau_rule: one of TAU_RULES.
     Returns:
         (B, T) float32, detached: reshaped ω on scored tokens, 1 on real non-scored tokens, 0 on padding.
     Edge cases: max = min (constant row, or one scored token) → ω = 1; τ = 0 → no Î is below τ, so
@@ -302,11 +319,13 @@ def bilevel_weights(importance_BT: torch.Tensor, scored_BT: torch.Tensor, mask_B
     on real tokens.
     Invariants (tested): Σ_scored ω = n per row; ω ≥ 0; ω is non-decreasing in I within a row.
     """
+    if tau_rule not in TAU_RULES:
+        raise ValueError(f"bilevel_weights: tau_rule must be one of {TAU_RULES}, got {tau_rule!r}")
     mask = mask_BT.bool()
     scored = scored_BT.bool() & mask
-    sf = scored.to(torch.float32)
+    sf = scored.to(torch.float64)
     n_B1 = sf.sum(dim=1, keepdim=True)  # (B, 1)
-    imp = torch.where(scored, importance_BT.detach().float(), 0.0).clamp(min=0.0)
+    imp = torch.where(scored, importance_BT.detach().double(), 0.0).clamp(min=0.0)
     ibar = torch.log1p(imp)  # (B, T)
     lo = torch.where(scored, ibar, torch.inf).amin(dim=1, keepdim=True)  # (B, 1); +inf if nothing scored
     hi = torch.where(scored, ibar, -torch.inf).amax(dim=1, keepdim=True)
@@ -315,14 +334,19 @@ def bilevel_weights(importance_BT: torch.Tensor, scored_BT: torch.Tensor, mask_B
     ihat = torch.where(spread_B1 & scored, (ibar - torch.where(spread_B1, lo, 0.0)) / torch.where(spread_B1, span, 1.0),
                        0.0).clamp(0.0, 1.0)  # (B, T)
 
-    # τ: linear-interpolation quantile over each row's scored values (non-scored sorted to the end).
+    # τ over each row's scored values (non-scored sorted to the end).
     ordered = torch.where(scored, ihat, 2.0).sort(dim=1).values  # (B, T)
-    pos = quantile * (n_B1 - 1).clamp(min=0.0)  # (B, 1)
-    below = pos.floor()
-    above = torch.minimum(below + 1, (n_B1 - 1).clamp(min=0.0))
-    v_lo = ordered.gather(1, below.long())
-    v_hi = ordered.gather(1, above.long())
-    tau = torch.where(spread_B1, v_lo + (pos - below) * (v_hi - v_lo), 0.0)  # (B, 1); 0 where unused
+    last = (n_B1 - 1).clamp(min=0.0)
+    if tau_rule == "sorted_index":
+        tau = ordered.gather(1, torch.minimum((n_B1 * quantile).floor(), last).long())
+    else:
+        pos = quantile * last  # (B, 1)
+        below = pos.floor()
+        above = torch.minimum(below + 1, last)
+        v_lo = ordered.gather(1, below.long())
+        v_hi = ordered.gather(1, above.long())
+        tau = v_lo + (pos - below) * (v_hi - v_lo)
+    tau = torch.where(spread_B1, tau, 0.0)  # (B, 1); 0 where unused
 
     lower = torch.clamp(ihat / torch.where(tau > 0, tau, 1.0), min=floor)
     upper = 1.0 + beta * (ihat - tau) / torch.where(tau < 1, 1.0 - tau, 1.0)  # τ = 1 ⇒ Î − τ = 0 ⇒ 1
@@ -331,7 +355,7 @@ def bilevel_weights(importance_BT: torch.Tensor, scored_BT: torch.Tensor, mask_B
     total = omega.sum(dim=1, keepdim=True)  # ≥ 1 on spread rows: the maximal token has Î = 1 ≥ τ
     omega = omega * n_B1 / torch.where(total > 0, total, 1.0)
     omega = torch.where(spread_B1, omega, 1.0)  # constant rows: ω = 1
-    return torch.where(scored, omega, mask.to(torch.float32))
+    return torch.where(scored, omega, mask.to(torch.float64)).float()
 
 
 class BilevelWeights(NamedTuple):
@@ -342,11 +366,15 @@ class BilevelWeights(NamedTuple):
 
 
 def oar_weights_from_importance(importance_BT: torch.Tensor, mask_BT: torch.Tensor, scored_BT: torch.Tensor, *,
-                                quantile: float, beta: float, floor: float) -> BilevelWeights:
+                                quantile: float, beta: float, floor: float, min_importance: float = 0.0,
+                                tau_rule: str = "interpolate") -> BilevelWeights:
     """OAR's token weights for a micro-batch (METHODS.md 3), with a uniform fallback for unusable rows.
 
+    Importances below `min_importance` (a rounding floor) are taken as 0 first: they are indistinguishable
+    from rounding, so their order must not steer the weights.
     fallback_i = (row has ≥ 1 scored token) & ~valid_signal_rows(I restricted to scored tokens), i.e. some
-    scored value is non-finite, or every scored value is 0 (the perturbation moved nothing: no information).
+    scored value is non-finite, or every scored value is 0 (the perturbation moved nothing above the floor:
+    no information).
     Fallback rows get 1 on every real token. A row with no scored token is NOT a fallback: it gets 1 on real
     tokens as in `bilevel_weights`. Every other row: `bilevel_weights` (a constant non-zero row gives ω = 1
     there, and is not flagged).
@@ -355,16 +383,19 @@ def oar_weights_from_importance(importance_BT: torch.Tensor, mask_BT: torch.Tens
         importance_BT: (B, T) importance ≥ 0; values off the scored tokens are ignored (even NaN).
         mask_BT: (B, T) bool, True on real completion tokens.
         scored_BT: (B, T) bool, the tokens to reshape; ANDed with mask_BT.
-        quantile, beta, floor: see `bilevel_weights`.
+        quantile, beta, floor, tau_rule: see `bilevel_weights`.
+        min_importance: the rounding floor (>= 0; 0 = off).
     Returns:
         BilevelWeights(weights_BT (B, T) float32 detached, 0 on padding, never NaN; fallback_B (B,) bool).
     """
     mask = mask_BT.bool()
     scored = scored_BT.bool() & mask
-    fallback_B = scored.any(dim=1) & ~valid_signal_rows(importance_BT, scored)
+    importance = importance_BT.detach().double()
+    importance = torch.where(importance.abs() < min_importance, 0.0, importance)  # NaN/inf stay: not < floor
+    fallback_B = scored.any(dim=1) & ~valid_signal_rows(importance, scored)
     # A fallback row's importance is replaced by zeros: bilevel_weights maps a constant row to ω = 1.
-    clean = torch.where(fallback_B[:, None] | ~scored, 0.0, importance_BT.detach().float())
-    weights = bilevel_weights(clean, scored, mask, quantile=quantile, beta=beta, floor=floor)
+    clean = torch.where(fallback_B[:, None] | ~scored, 0.0, importance)
+    weights = bilevel_weights(clean, scored, mask, quantile=quantile, beta=beta, floor=floor, tau_rule=tau_rule)
     return BilevelWeights(weights, fallback_B)
 
 
@@ -470,6 +501,39 @@ def weight_diagnostics(weights_BT: torch.Tensor, adv_B: torch.Tensor, mask_BT: t
     out["position_profile"] = (sums / counts.clamp(min=1.0))[:num_bins]
     out["position_count"] = counts[:num_bins]
     return out
+
+
+def release_diagnostics(weights_BT: torch.Tensor, adv_B: torch.Tensor, mask_BT: torch.Tensor,
+                        clip_BT: torch.Tensor, reweighted_BT: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The GRAIL release's own definitions of three logged statistics, for comparison with its logs. They differ
+    from `weight_diagnostics`' on purpose; both are logged (README "Metrics").
+
+    Keys (0-dim float32; per micro-batch and process; the release averages them over processes):
+        clip_low_frac, clip_high_frac: fraction of the reweighted rows' real tokens whose affine weight was clipped
+            at w_min (resp. w_max), counted BEFORE the answer-span overrides, so box and post-box tokens count;
+            NaN when no token is reweighted (the release then logs nothing).
+        adv_scale_ratio: (Σ |Â| over real tokens / number of real tokens) / (mean over ALL rows of |A| + 1e-8);
+            every row counts, A = 0 and fully masked rows included.
+
+    Args:
+        weights_BT: (B, T) weights. adv_B: (B,) advantages. mask_BT: (B, T) bool real tokens.
+        clip_BT: (B, T) int8 from `SaliencyWeights.clip_BT`. reweighted_BT: (B, T) bool, the tokens it describes
+            (real tokens of the rows the normalisation ran on).
+    """
+    mask = mask_BT.bool()
+    active = reweighted_BT.bool() & mask
+    n_active = active.to(torch.float32).sum()
+    nan = torch.full((), float("nan"), device=weights_BT.device)
+    low = ((clip_BT < 0) & active).to(torch.float32).sum()
+    high = ((clip_BT > 0) & active).to(torch.float32).sum()
+    adv = adv_B.detach().float()
+    weighted = (weights_BT.detach().float() * adv[:, None]).abs() * mask
+    per_token = weighted.sum() / mask.to(torch.float32).sum().clamp(min=1.0)
+    return {
+        "clip_low_frac": torch.where(n_active > 0, low / n_active.clamp(min=1.0), nan),
+        "clip_high_frac": torch.where(n_active > 0, high / n_active.clamp(min=1.0), nan),
+        "adv_scale_ratio": per_token / (adv.abs().mean() + 1e-8),
+    }
 
 
 def _mean_or(values_B: torch.Tensor, ok_B: torch.Tensor, default: torch.Tensor) -> torch.Tensor:

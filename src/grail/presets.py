@@ -39,6 +39,9 @@ PAPER = {
     "optim": "adamw_torch_fused",
     "max_grad_norm": 1.0,
     "bf16": True,
+    "model_init_kwargs": {"dtype": "bfloat16"},
+    "disable_dropout": True,
+    "dataset_shuffle_seed": 42,
     "max_steps": 200,
     "seed": 42,
     "per_device_train_batch_size": 8,
@@ -78,7 +81,64 @@ TINY_CPU = {
     "save_steps": 100,
 }
 
+# What each `paper` value is for, printed by `grail presets paper` (the fields' help says what they do).
+PAPER_NOTES = {
+    "model_name_or_path": "one of the paper's five models (Qwen3-4B/8B, OctoThinker-3B/8B-Short, R1-Distill-Llama-8B)",
+    "dataset": "the release's training set, DeepMath-103K (TRL's copy)",
+    "answer_column": "TRL's copy keeps the reference answer in `solution`",
+    "prompt_suffix": "the paper's instruction with a literal \\boxed{} (the release's own text has a backspace: "
+                     "`release` selects it)",
+    "conversational": "prompts go through the model's chat template, as in the release",
+    "chat_template_kwargs": "Qwen3 template with thinking disabled",
+    "reward": "1.0 iff the last \\boxed{} matches the reference under math-verify",
+    "scale_rewards": "A = r - mean(group), no division by the std",
+    "loss_type": "Dr. GRPO aggregation: token-loss sum / (batch x max_completion_length)",
+    "epsilon": "clip range low (0.2)",
+    "epsilon_high": "clip range high (0.28)",
+    "beta": "no KL term, no reference model",
+    "mask_truncated_completions": "completions cut at max_completion_length carry no loss",
+    "num_generations": "8 completions per prompt",
+    "num_iterations": "mu = 4 optimisation passes per rollout batch",
+    "learning_rate": "the release's 1e-6",
+    "lr_scheduler_type": "constant learning rate",
+    "warmup_steps": "no warm-up",
+    "optim": "fused AdamW",
+    "max_grad_norm": "gradient-norm clip 1.0",
+    "bf16": "bf16 autocast, as the release",
+    "model_init_kwargs": "the policy is loaded in bf16 (the release's `dtype: bfloat16`), not float32",
+    "disable_dropout": "dropout off, as the release (`disable_dropout: true`)",
+    "dataset_shuffle_seed": "the release shuffles the training set once with seed 42 before training",
+    "max_steps": "200 optimiser steps",
+    "seed": "the release's seed",
+    "per_device_train_batch_size": "8 per GPU ...",
+    "gradient_accumulation_steps": "... x 8 steps x 4 GPUs = 32 prompts x 8 completions per step; scale for "
+                                   "other GPU counts",
+    "temperature": "rollout sampling: temperature 1.0",
+    "top_p": "top-p 1.0",
+    "top_k": "top-k 50",
+    "max_completion_length": "at most 4096 new tokens per rollout",
+    "logging_steps": "log every step",
+    "save_steps": "checkpoint every 50 steps",
+}
+
 PRESETS: dict[str, dict] = {"paper": PAPER, "tiny-cpu": TINY_CPU}
+NOTES: dict[str, dict[str, str]] = {"paper": PAPER_NOTES}
+
+
+def render(names: list[str]) -> str:
+    """The named presets as YAML, each value preceded by a comment saying what it is for (where noted)."""
+    import yaml
+
+    lines = []
+    for name in names:
+        lines.append(f"{name}:")
+        notes = NOTES.get(name, {})
+        for key, value in PRESETS[name].items():
+            if key in notes:
+                lines.append(f"  # {notes[key]}")
+            dumped = yaml.safe_dump(value, default_flow_style=True, width=10_000).removesuffix("\n...\n")
+            lines.append(f"  {key}: {dumped.strip()}")
+    return "\n".join(lines) + "\n"
 
 
 def preset(name: str) -> dict:

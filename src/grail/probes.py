@@ -15,7 +15,7 @@ absolute position embeddings would need explicit `position_ids`.
 
 Departures from METHODS.md (choices the text leaves open, or makes here):
   1. OAR's distributions use logits / temperature (the spec does not say; GRAIL's saliency does, and it is the
-     distribution the tokens were sampled from).
+     distribution the tokens were sampled from); the caller passes temperature 1 for the GRAIL release's OAR-G.
   2. OAR "next-token distribution at the last position" = the logits at the row's last real input position, i.e. the
      final completion token's own position (what the model would emit after the completion).
   3. OAR "mean of the logits over the answer positions" = the mean over the positions that PREDICT the answer tokens
@@ -23,7 +23,8 @@ Departures from METHODS.md (choices the text leaves open, or makes here):
      linear map, so this equals the mean of the logits up to rounding; it is assumed to be a plain linear layer (true
      for Qwen3 and Llama; a model with logit soft-capping or scaling outside the output layer would differ).
   4. OAR-G draws its noise as one (B, T, D) standard-normal tensor in float32 (from `generator`), scaled by
-     `noise_std` and zeroed on unscored tokens, then added to the embeddings at the completion tokens' own positions.
+     `noise_std` in the embeddings' dtype and zeroed on unscored tokens, then added to the embeddings at the scored
+     tokens' own positions (the OAR excerpt) or at the positions that predict them (the GRAIL release).
   5. OAR-P computes P_final of the clean row from the same padding-stripped row its perturbed copies are built from,
      so clean and perturbed distributions come from identical computations apart from the substitution.
   6. OAR-P reuses the clean row's KV cache for the prefix that precedes every substitution of a chunk (exact: a
@@ -130,11 +131,12 @@ def _hidden_BLD(model: nn.Module, attention_mask_BL: torch.Tensor, **inputs) -> 
 
 
 def _logits(model: nn.Module, hidden_ND: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Output layer on selected hidden rows, its weights detached (no graph into them), / temperature; float32."""
+    """Output layer on selected hidden rows, its weights detached (no graph into them), / temperature; float32 at
+    least (a float64 model keeps float64: OAR-G's KL under σ = 1e-3 noise needs its precision)."""
     head = model.get_output_embeddings()
     bias = head.bias.detach() if getattr(head, "bias", None) is not None else None
     logits = F.linear(hidden_ND.to(head.weight.dtype), head.weight.detach(), bias)
-    return logits.float() / temperature  # (N, V)
+    return logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature  # (N, V)
 
 
 def _check(name: str, input_ids_BL: torch.Tensor, attention_mask_BL: torch.Tensor, temperature: float,
@@ -240,22 +242,22 @@ def _answer_pool_BL(attention_mask_BL: torch.Tensor, answer_BT: torch.Tensor,
     """Weights over input positions whose weighted hidden state gives P_final's logits, and which rows have one.
 
     "last_position": 1 at the row's last real input position. "answer_mean": 1/|A| at each position that predicts
-    an answer token. Returns ((B, L) float32, (B,) bool valid); rows without a distribution get all-zero weights.
+    an answer token. Returns ((B, L) float64, (B,) bool valid); rows without a distribution get all-zero weights.
     """
     B, L = attention_mask_BL.shape
     T = answer_BT.shape[1]
-    pool_BL = torch.zeros(B, L, dtype=torch.float32, device=attention_mask_BL.device)
+    pool_BL = torch.zeros(B, L, dtype=torch.float64, device=attention_mask_BL.device)  # exact 1/|A| for float64 models
     if distribution == "last_position":
         real_BL = attention_mask_BL.bool()
         positions_L = torch.arange(L, device=attention_mask_BL.device)
         last_B = (real_BL * positions_L).argmax(dim=1)  # (B,) the last position where the mask is 1
         valid_B = real_BL.any(dim=1)
-        pool_BL[torch.arange(B, device=pool_BL.device), last_B] = valid_B.float()
+        pool_BL[torch.arange(B, device=pool_BL.device), last_B] = valid_B.double()
     elif distribution == "answer_mean":
         answer_BT = answer_BT.bool() & _completion_mask_BT(attention_mask_BL, T)
         count_B = answer_BT.sum(dim=1)
         valid_B = count_B > 0
-        align_to_completion(pool_BL, T, at="predicting").copy_(answer_BT.float() / count_B.clamp(min=1)[:, None])
+        align_to_completion(pool_BL, T, at="predicting").copy_(answer_BT.double() / count_B.clamp(min=1)[:, None])
     else:
         raise ValueError(f"distribution must be one of {DISTRIBUTIONS}, got {distribution!r}")
     return pool_BL, valid_B
@@ -270,7 +272,7 @@ def _pooled_logits(model: nn.Module, hidden_BLD: torch.Tensor, pool_BL: torch.Te
     """P_final's logits (B, V) float32: the output layer on Σ_l pool_l h_l (only positions with weight are read)."""
     rows, cols = pool_BL.nonzero(as_tuple=True)
     dtype = _pool_dtype(hidden_BLD)
-    weighted_ND = hidden_BLD[rows, cols].to(dtype) * pool_BL[rows, cols, None]
+    weighted_ND = hidden_BLD[rows, cols].to(dtype) * pool_BL[rows, cols, None].to(dtype)
     pooled_BD = torch.zeros(pool_BL.shape[0], hidden_BLD.shape[-1], dtype=dtype, device=hidden_BLD.device)
     return _logits(model, pooled_BD.index_add(0, rows, weighted_ND), temperature)  # (B, V)
 
@@ -281,13 +283,21 @@ def _pooled_logits(model: nn.Module, hidden_BLD: torch.Tensor, pool_BL: torch.Te
 
 def oar_g_importance(model: nn.Module, input_ids_BL: torch.Tensor, attention_mask_BL: torch.Tensor,
                      scored_BT: torch.Tensor, answer_BT: torch.Tensor, *, distribution: Distribution,
-                     noise_std: float, temperature: float,
-                     generator: torch.Generator | None = None) -> torch.Tensor:
-    """OAR-G: I_t = | Σ_d (∂J/∂e_t)_d · e_{t,d} |, J = Σ_i KL(P_0,i ‖ P_noisy,i) (METHODS.md 3).
+                     noise_std: float, temperature: float, generator: torch.Generator | None = None,
+                     at: Literal["token", "predicting"] = "token", noisy_product: bool = False) -> torch.Tensor:
+    """OAR-G: I_t = | Σ_d (∂J/∂e_p)_d · e_{p,d} |, J = Σ_i KL(P_0,i ‖ P_noisy,i) (METHODS.md 3), where p is the
+    input position of token t chosen by `at`.
 
     P_0 = P_final of a clean no-grad forward; e = the input embeddings as a fresh leaf; the noisy forward adds
-    noise_std · N(0, 1) to e at the scored tokens' own positions only. One clean forward, one forward and one
-    backward to the embeddings.
+    noise_std · N(0, 1) to e at the scored tokens' positions only. One clean forward, one forward and one
+    backward to the embeddings. The KL is formed in float64 (one row of V per row of the batch).
+
+    Two placements (`grail.weighting` picks them by `oar_variant`):
+    - `at="token"`, `noisy_product=False` (the OAR excerpt): noise on, and importance read at, token t's own
+      position P + t; the product uses the clean embedding e.
+    - `at="predicting"`, `noisy_product=True` (the GRAIL release's OAR-G): noise on, and importance read at,
+      the position that predicts token t, P − 1 + t (so token t is scored by the embedding of the token before
+      it); the product uses the noisy embedding e + noise.
 
     Args:
         input_ids_BL, attention_mask_BL: (B, L) TRL layout.
@@ -295,8 +305,9 @@ def oar_g_importance(model: nn.Module, input_ids_BL: torch.Tensor, attention_mas
         answer_BT: (B, T) bool, the answer span ("answer_mean" only).
         distribution: "last_position" or "answer_mean" (see `_answer_pool_BL`).
         noise_std: σ of the Gaussian noise (release 1e-3). At σ = 0 the KL sits at its minimum: importance ≈ 0.
-        temperature: the sampling temperature.
+        temperature: the sampling temperature (1.0 reproduces the GRAIL release, which does not divide).
         generator: source of the (B, T, D) float32 noise draw (None: the global RNG).
+        at, noisy_product: the placement above.
     Returns:
         (B, T) float32 >= 0, 0 on unscored tokens and on rows with no scored token or no distribution. If nothing is
         scored, zeros without running the model.
@@ -316,13 +327,15 @@ def oar_g_importance(model: nn.Module, input_ids_BL: torch.Tensor, attention_mas
         B, L, D = embeds_BLD.shape
         noise_BTD = torch.randn(B, T, D, generator=generator, dtype=torch.float32,
                                 device=generator.device if generator is not None else embeds_BLD.device)
-        noise_BTD = noise_BTD.to(embeds_BLD.device) * noise_std * scored_BT[..., None]
-        noise_BLD = F.pad(noise_BTD, (0, 0, L - T, 0)).to(embeds_BLD.dtype)  # zeros on the prompt block
+        noise_BLD = torch.zeros(B, L, D, dtype=embeds_BLD.dtype, device=embeds_BLD.device)
+        align_to_completion(noise_BLD, T, at=at).copy_(noise_BTD.to(embeds_BLD) * noise_std * scored_BT[..., None])
         hidden_BLD = _hidden_BLD(model, attention_mask_BL, inputs_embeds=embeds_BLD + noise_BLD)
         kl_B = kl_divergence(clean_BV, _pooled_logits(model, hidden_BLD, pool_BL, temperature))
         (grad_BLD,) = torch.autograd.grad((kl_B * valid_B).sum(), inputs=[embeds_BLD])
-    importance_BL = (grad_BLD.float() * embeds_BLD.detach().float()).sum(dim=-1).abs()
-    return (align_to_completion(importance_BL, T, at="token") * scored_BT).detach()  # (B, T)
+    product_BLD = embeds_BLD.detach() + noise_BLD if noisy_product else embeds_BLD.detach()
+    dtype = _pool_dtype(grad_BLD)  # float32 at least; the sum over D cancels, so a float64 model keeps float64
+    importance_BL = (grad_BLD.to(dtype) * product_BLD.to(dtype)).sum(dim=-1).abs()
+    return (align_to_completion(importance_BL, T, at=at) * scored_BT).float().detach()  # (B, T)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -387,7 +400,7 @@ def _oar_p_batched(model, input_ids_BL, attention_mask_BL, scored_BT, answer_BT,
             r_C = torch.tensor([r for r, _ in chunk], device=clean_RV.device)
             i_C = torch.tensor([rows[r][0] for r, _ in chunk], device=importance_BT.device)
             t_C = torch.tensor([p - prompt_lengths[rows[r][0]] for r, p in chunk], device=importance_BT.device)
-            importance_BT[i_C, t_C] = kl_divergence(clean_RV[r_C], logits_CV).clamp(min=0)  # rounding can dip < 0
+            importance_BT[i_C, t_C] = kl_divergence(clean_RV[r_C], logits_CV).clamp(min=0).to(importance_BT.dtype)
     return importance_BT
 
 
@@ -472,7 +485,7 @@ def _oar_p_prefix_shared(model, input_ids_BL, attention_mask_BL, scored_BT, answ
                 logits_CV = _logits(model, pooled_CD, temperature)
                 prompt_length = int(attention_mask_BL[i, :P].sum())  # stripped position of token t: prompt + t
                 kl_C = kl_divergence(clean_1V.expand_as(logits_CV), logits_CV).clamp(min=0)  # rounding can dip < 0
-                importance_BT[i, p_C - prompt_length] = kl_C
+                importance_BT[i, p_C - prompt_length] = kl_C.to(importance_BT.dtype)
     return importance_BT
 
 

@@ -160,9 +160,13 @@ class AnswerSpans(NamedTuple):
       the trailing tokens with an empty range (METHODS 2.7: weight w_mean). A token covering the end of the
       reasoning and the start of the marker (a byte-level " \\") is here.
     - `reasoning_BT`: the rest, i.e. tokens covering only text before the box.
+    One more mask overlaps those three:
+    - `box_BT`: tokens covering any character of the whole box string `\boxed{` content `}` (the marker
+      tokens, the answer tokens and the closing brace's token): the span whose NLL the GRAIL release
+      differentiates (METHODS 2.1, `answer_nll_span="box"`). answer_BT ⊆ box_BT ⊆ answer_BT | after_BT.
     For a row with no box (none complete, an empty `\boxed{}` chosen, or a failed decode check) every real token
-    is reasoning and the other two masks are all False. Padding is in no mask; the masks are disjoint and their
-    union is the real-token mask.
+    is reasoning and the other masks are all False. Padding is in no mask; answer, after and reasoning are
+    disjoint and their union is the real-token mask.
     """
 
     answer_BT: torch.Tensor  # (B, T) bool
@@ -170,6 +174,16 @@ class AnswerSpans(NamedTuple):
     reasoning_BT: torch.Tensor  # (B, T) bool
     has_box_B: torch.Tensor  # (B,) bool: a complete box was chosen and it has at least one answer token
     decoded_B: torch.Tensor  # (B,) bool: the row's decode check passed (False → counted as no box); log its mean
+    box_BT: torch.Tensor  # (B, T) bool: the whole box (marker, content, closing brace), see above
+
+    def probe_span(self, answer_nll_span: str) -> torch.Tensor:
+        """(B, T) bool: the tokens whose likelihood the probes explain: the whole box (`"box"`, the GRAIL
+        release) or the content strictly inside the braces (`"content"`)."""
+        if answer_nll_span == "box":
+            return self.box_BT
+        if answer_nll_span == "content":
+            return self.answer_BT
+        raise ValueError(f"answer_nll_span must be 'box' or 'content', got {answer_nll_span!r}")
 
 
 def answer_spans(tokenizer, completion_ids_BT: torch.Tensor, mask_BT: torch.Tensor, *,
@@ -182,7 +196,8 @@ def answer_spans(tokenizer, completion_ids_BT: torch.Tensor, mask_BT: torch.Tens
     of their character ranges with the box, with the rule of `grail.boxed.char_span_to_token_positions` (token
     [a, b) covers [s, e) iff a < b, a < e and b > s). Because the ranges from `token_char_offsets` are
     non-decreasing and contiguous, each class is a run of the row's real tokens, in order
-    reasoning [0, k0), after [k0, k1), answer [k1, k2), after [k2, n), found by three bisections per row; the
+    reasoning [0, k0), after [k0, k1), answer [k1, k2), after [k2, n), and the box is [k0, k3) with k3 the first
+    token after the closing brace's characters, found by four bisections per row; the
     masks are then built for the whole batch at once on the ids' device, by each real token's rank in its row.
     See `AnswerSpans` for what each mask holds.
 
@@ -213,8 +228,8 @@ def answer_spans(tokenizer, completion_ids_BT: torch.Tensor, mask_BT: torch.Tens
     ids_BT = completion_ids_BT.detach().cpu()
     real_cpu_BT = mask_BT.detach().cpu().bool()
 
-    # Per row, the class boundaries k0 <= k1 <= k2 in real-token ranks; T (no real token has that rank) = no box.
-    bounds = [[T, T, T] for _ in range(B)]
+    # Per row, the class boundaries k0 <= k1 <= k2 <= k3 in real-token ranks; T (no real token has that rank) = no box.
+    bounds = [[T, T, T, T] for _ in range(B)]
     decoded = [True] * B
     for row in range(B):
         row_ids = ids_BT[row].masked_select(real_cpu_BT[row]).tolist()  # the real ids, in order
@@ -232,15 +247,17 @@ def answer_spans(tokenizer, completion_ids_BT: torch.Tensor, mask_BT: torch.Tens
         k0 = bisect_right(offsets, span.start, key=_END)  # first token with end > box start: marker or later
         k1 = bisect_right(offsets, span.content_start, key=_END)  # first token with end > content start
         k2 = bisect_left(offsets, span.content_end, key=_START)  # first token starting at the closing brace or later
+        k3 = bisect_left(offsets, span.end, key=_START)  # first token starting after the closing brace
         if k1 < k2:  # always, when the content is not empty: every character is covered by a token
-            bounds[row] = [k0, k1, k2]
+            bounds[row] = [k0, k1, k2, k3]
 
     real_BT = mask_BT.detach().to(device).bool()
     rank_BT = real_BT.long().cumsum(dim=1) - 1  # (B, T) index of each real token among its row's real tokens
-    bounds_B3 = torch.tensor(bounds, dtype=torch.long, device=device).reshape(B, 3)  # (B, 3)
-    k0_B1, k1_B1, k2_B1 = bounds_B3[:, 0:1], bounds_B3[:, 1:2], bounds_B3[:, 2:3]  # (B, 1) each
+    bounds_B4 = torch.tensor(bounds, dtype=torch.long, device=device).reshape(B, 4)  # (B, 4)
+    k0_B1, k1_B1, k2_B1, k3_B1 = (bounds_B4[:, i : i + 1] for i in range(4))  # (B, 1) each
     answer_BT = real_BT & (rank_BT >= k1_B1) & (rank_BT < k2_B1)  # (B, T)
     after_BT = real_BT & (rank_BT >= k0_B1) & ~answer_BT  # (B, T)
     reasoning_BT = real_BT & ~answer_BT & ~after_BT  # (B, T)
-    has_box_B = bounds_B3[:, 1] < bounds_B3[:, 2]  # (B,)
-    return AnswerSpans(answer_BT, after_BT, reasoning_BT, has_box_B, torch.tensor(decoded, device=device))
+    box_BT = real_BT & (rank_BT >= k0_B1) & (rank_BT < k3_B1)  # (B, T)
+    has_box_B = bounds_B4[:, 1] < bounds_B4[:, 2]  # (B,)
+    return AnswerSpans(answer_BT, after_BT, reasoning_BT, has_box_B, torch.tensor(decoded, device=device), box_BT)

@@ -156,6 +156,8 @@ def train(cfg: GRAILConfig, overrides: dict | None = None, log: Log = print,
     write_run_config(cfg, overrides or {}, run_dir)
     model_path = model_path or resolve_model_path(cfg, log)
     dataset = load_train_dataset(cfg)
+    if cfg.dataset_shuffle_seed is not None:  # the release's one-off shuffle before TRL's sampler
+        dataset = dataset.shuffle(seed=cfg.dataset_shuffle_seed)
     progress = Progress(log)
     callbacks = [MetricsJsonl(run_dir / "metrics.jsonl"), progress]
     if cfg.eval_benchmarks:

@@ -42,6 +42,7 @@ from grail.weighting import (
 SPAN_KEYS = tuple(f"spans_{name}" for name in AnswerSpans._fields)
 # Metric keys, logged under `weights/`. README "Metrics" explains each.
 DIAGNOSTIC_KEYS = ("mean", "max", "clip_low_frac", "clip_high_frac", "adv_scale_ratio", "ess_ratio", "top10_mass")
+RELEASE_KEYS = ("clip_low_frac", "clip_high_frac", "adv_scale_ratio")  # weights/release/*: the GRAIL release's own
 
 
 @dataclass
@@ -215,7 +216,7 @@ class GRAILTrainer(GRPOTrainer):
                 raise RuntimeError(f"fused saliency: the leaf module ran {len(captured)} times in one forward "
                                    f"(expected 1); set saliency_path='separate'.")
             hidden_BLD = captured[0]
-            answer_BT = request.spans.answer_BT & rows_B[:, None]
+            answer_BT = request.spans.probe_span(options.answer_nll_span) & rows_B[:, None]
             nll = -(logps_BT * answer_BT).sum()  # the answer NLL: a sum of the log-probs TRL computed
             (grad_BLD,) = torch.autograd.grad(nll, hidden_BLD, retain_graph=True)
             saliency_BL = core.gradient_activation_saliency(grad_BLD, hidden_BLD)
@@ -243,7 +244,9 @@ class GRAILTrainer(GRPOTrainer):
                                        weight_max=options.weight_max)
         rows_B = mask_BT.any(1)
         grad_rows = (rows_B & (adv_B != 0)).sum()  # the rows the diagnostics describe (A = 0 rows carry no signal)
+        release = core.release_diagnostics(weights.weights_BT, adv_B, mask_BT, weights.clip_BT, weights.reweighted_BT)
         local = torch.cat([
+            torch.stack([release[key].float() for key in RELEASE_KEYS]),
             torch.stack([diag[key].float() for key in DIAGNOSTIC_KEYS]) * grad_rows,
             torch.stack([(rows_B & ~weights.has_box_B).sum(), rows_B.sum(), weights.fallback_B.sum(),
                          weights.probed_B.sum(), grad_rows]).float(),
@@ -251,8 +254,14 @@ class GRAILTrainer(GRPOTrainer):
             diag["position_count"].float(),
         ]).to(self.accelerator.device)
         gathered = self.accelerator.gather(local.reshape(1, -1)).cpu()  # (processes, K)
-        total = gathered.sum(0)
         metrics = self._metrics["train" if self.model.training else "eval"]
+        release_values, gathered = gathered[:, : len(RELEASE_KEYS)], gathered[:, len(RELEASE_KEYS):]
+        for i, key in enumerate(RELEASE_KEYS):  # as the release: per-process values, NaN-mean over processes
+            if key.startswith("clip") and options.token_weighting not in SIGNAL_METHODS:
+                continue
+            if not torch.isnan(release_values[:, i]).all():
+                metrics[f"weights/release/{key}"].append(release_values[:, i].nanmean().item())
+        total = gathered.sum(0)
         k = len(DIAGNOSTIC_KEYS)
         without_box, rows, fallback, probed, described = total[k : k + 5].tolist()
         if described > 0:  # a micro-batch whose advantages are all 0 has nothing to describe: log nothing

@@ -31,9 +31,18 @@ SaliencyLeaf = probes.Leaf
 RolloutSymmetry = Literal["wrong", "correct", "both"]
 OarScope = Literal["reasoning", "completion"]
 OarDistribution = probes.Distribution
+OarVariant = Literal["oar_excerpt", "grail_release"]
+AnswerNllSpan = Literal["box", "content"]
 SALIENCY_METHODS = ("grail", "random")  # the answer-NLL saliency probe (fusable with the training forward)
 SIGNAL_METHODS = ("grail", "random", "entropy")  # signal → log-z-score → affine → clip, GRAIL's pipeline
 OAR_METHODS = ("oar_g", "oar_p")  # importance → bi-level reshaping
+
+# Per OAR variant, the values that `None` in the scope / quantile / beta fields stands for (METHODS.md 3):
+# the OAR release's excerpt, and the GRAIL release's own OAR-G baseline (`qwen3_oar_g.yaml`).
+OAR_VARIANT_DEFAULTS: dict[str, dict[str, object]] = {
+    "oar_excerpt": {"oar_scope": "reasoning", "oar_quantile": 0.25, "oar_beta": 1.0},
+    "grail_release": {"oar_scope": "completion", "oar_quantile": 0.4, "oar_beta": 2.0},
+}
 
 
 @dataclass(frozen=True)
@@ -42,27 +51,38 @@ class WeightingOptions:
 
     Field names, defaults and meanings are those of the same-named `GRAILConfig` fields, whose help texts
     document them (`grail train --help`, README "Token weighting"). `temperature` is TRL's sampling
-    temperature: every distribution a probe forms divides the logits by it.
+    temperature: every distribution a probe forms divides the logits by it (except the GRAIL release's OAR-G,
+    which does not). `oar_scope`, `oar_quantile` and `oar_beta` left at None take `oar_variant`'s values
+    (`OAR_VARIANT_DEFAULTS`); an explicit value wins.
     """
 
     token_weighting: Method = "none"
     answer_box: AnswerBox = "first"
+    answer_nll_span: AnswerNllSpan = "box"
     saliency_leaf: SaliencyLeaf = "embeddings"
     rollout_symmetry: RolloutSymmetry = "wrong"
     weight_mean: float = 1.0
     weight_std: float = 0.5
     weight_min: float = 0.5
     weight_max: float = 5.0
-    oar_scope: OarScope = "reasoning"
-    oar_distribution: OarDistribution = "last_position"
-    oar_quantile: float = 0.25
-    oar_beta: float = 1.0
+    oar_variant: OarVariant = "oar_excerpt"
+    oar_scope: OarScope | None = None
+    oar_distribution: OarDistribution = "answer_mean"
+    oar_quantile: float | None = None
+    oar_beta: float | None = None
     oar_floor: float = 0.1
     oar_noise_std: float = 1e-3
+    oar_min_importance: float | None = None
     perturbation_chunk_tokens: int = 32768
     temperature: float = 1.0
 
     def __post_init__(self):
+        if self.oar_variant not in OAR_VARIANT_DEFAULTS:
+            raise ValueError(f"oar_variant={self.oar_variant!r}: choose one of {', '.join(OAR_VARIANT_DEFAULTS)}.")
+        for name, value in OAR_VARIANT_DEFAULTS[self.oar_variant].items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, value)
+        release = self.oar_variant == "grail_release"
         checks = [
             (self.weight_std >= 0, "weight_std", "must be >= 0"),
             (0 <= self.weight_min <= self.weight_mean <= self.weight_max, "weight_min/weight_mean/weight_max",
@@ -72,12 +92,19 @@ class WeightingOptions:
             (0 <= self.oar_floor <= 1, "oar_floor", "must be in [0, 1] (OAR release 0.1)"),
             (self.oar_noise_std > 0, "oar_noise_std", "must be > 0: at zero noise the KL has zero gradient "
              "(OAR release 1e-3)"),
+            (self.oar_min_importance is None or self.oar_min_importance >= 0, "oar_min_importance",
+             "must be >= 0 (0 turns the rounding floor off; None picks it by the model's dtype)"),
+            (not (release and self.token_weighting == "oar_p"), "oar_variant/token_weighting",
+             "the GRAIL release has no OAR-P; use oar_variant='oar_excerpt' with token_weighting='oar_p'"),
+            (not (release and self.oar_distribution != "answer_mean"), "oar_variant/oar_distribution",
+             "the GRAIL release's OAR-G reads the mean logits over the answer box; use "
+             "oar_distribution='answer_mean' or oar_variant='oar_excerpt'"),
             (self.perturbation_chunk_tokens >= 1, "perturbation_chunk_tokens", "must be >= 1"),
             (self.temperature > 0, "temperature", "must be > 0"),
         ]
         for ok, name, why in checks:
             if not ok:
-                values = ", ".join(f"{n}={getattr(self, n)}" for n in name.split("/"))
+                values = ", ".join(f"{n}={getattr(self, n)!r}" for n in name.split("/"))
                 raise ValueError(f"{values}: {why}.")
 
     @classmethod
@@ -96,6 +123,8 @@ class TokenWeights:
     has_box_B: torch.Tensor  # bool: the row has a complete box with at least one answer token
     fallback_B: torch.Tensor  # bool: the probe's signal was zero/NaN/inf on the row → uniform weights
     probed_B: torch.Tensor  # bool: rows the probe ran on (weights that can change the loss)
+    clip_BT: torch.Tensor  # int8: GRAIL's pre-override clipping, −1 low / +1 high (`core.SaliencyWeights.clip_BT`)
+    reweighted_BT: torch.Tensor  # bool: real tokens of the rows GRAIL's normalisation ran on (release clip fractions)
     path: str = "none"  # "fused" (signal from the training forward), "separate", "skipped", "none"
     seconds: float = 0.0  # wall time spent computing these weights
 
@@ -150,7 +179,7 @@ def run_probe(model, input_ids_BL: torch.Tensor, attention_mask_BL: torch.Tensor
     T = mask_BT.shape[1]
     index = rows_B.nonzero().squeeze(1)
     ids, attn = input_ids_BL[index], attention_mask_BL[index]
-    answer = spans.answer_BT[index]
+    answer = spans.probe_span(options.answer_nll_span)[index]
     method = options.token_weighting
     if method in SALIENCY_METHODS:
         signal = probes.answer_nll_saliency(model, ids, attn, answer, temperature=options.temperature,
@@ -158,9 +187,11 @@ def run_probe(model, input_ids_BL: torch.Tensor, attention_mask_BL: torch.Tensor
     elif method == "entropy":
         signal = probes.token_entropies(model, ids, attn, T, temperature=options.temperature)
     elif method == "oar_g":
+        release = options.oar_variant == "grail_release"
         signal = probes.oar_g_importance(model, ids, attn, scored_tokens(spans, mask_BT, options)[index], answer,
                                          distribution=options.oar_distribution, noise_std=options.oar_noise_std,
-                                         temperature=options.temperature, generator=generator)
+                                         temperature=1.0 if release else options.temperature, generator=generator,
+                                         at="predicting" if release else "token", noisy_product=release)
     elif method == "oar_p":
         pad = _pad_token_id(model)
         signal = probes.oar_p_importance(model, ids, attn, scored_tokens(spans, mask_BT, options)[index], answer,
@@ -176,15 +207,17 @@ def run_probe(model, input_ids_BL: torch.Tensor, attention_mask_BL: torch.Tensor
 
 def weights_from_signal(signal_BT: torch.Tensor, adv_B: torch.Tensor, spans: AnswerSpans, mask_BT: torch.Tensor,
                         rows_B: torch.Tensor, options: WeightingOptions,
-                        generator: torch.Generator | None = None) -> TokenWeights:
-    """Turn a probe's signal into weights (pure tensor code; the single branch on the method)."""
+                        generator: torch.Generator | None = None, min_importance: float = 0.0) -> TokenWeights:
+    """Turn a probe's signal into weights (pure tensor code; the single branch on the method). `min_importance`:
+    OAR-P's rounding floor in nats (`oar_p_floor`)."""
     method = options.token_weighting
     # Rows not probed get a constant signal: the weights the method gives a row with no information.
     signal_BT = torch.where(rows_B[:, None], signal_BT.float(), torch.ones_like(signal_BT, dtype=torch.float32))
     no_fallback = torch.zeros_like(rows_B)
+    no_clip = torch.zeros(mask_BT.shape, dtype=torch.int8, device=mask_BT.device)
     if method == "none":
         return TokenWeights(core.uniform_weights(mask_BT), spans.reasoning_BT, torch.zeros_like(mask_BT),
-                            spans.has_box_B, no_fallback, rows_B)
+                            spans.has_box_B, no_fallback, rows_B, no_clip, torch.zeros_like(mask_BT))
     if method in SIGNAL_METHODS:
         out = core.grail_weights_from_saliency(
             signal_BT, adv_B, mask_BT, spans.answer_BT, spans.after_BT, rollout_symmetry=options.rollout_symmetry,
@@ -193,14 +226,20 @@ def weights_from_signal(signal_BT: torch.Tensor, adv_B: torch.Tensor, spans: Ans
         weights_BT = out.weights_BT
         if method == "random":
             weights_BT = core.permuted_weights(weights_BT, spans.reasoning_BT & mask_BT, generator)
+        # The release's clip fractions count every real token of the rows it normalised. grail does not compute
+        # the saliency of rows with A = 0 (Â = 0 whatever w), so they are left out rather than counted unclipped.
+        reweighted_B = core.reweighted_rows(adv_B, options.rollout_symmetry) & spans.has_box_B & ~out.fallback_B
+        reweighted_BT = (reweighted_B & (adv_B != 0))[:, None] & mask_BT.bool()
         return TokenWeights(weights_BT, spans.reasoning_BT, out.normalised_BT, spans.has_box_B,
-                            out.fallback_B & rows_B, rows_B)
+                            out.fallback_B & rows_B, rows_B, out.clip_BT, reweighted_BT)
     if method in OAR_METHODS:
         scored_BT = scored_tokens(spans, mask_BT, options)
-        out = core.oar_weights_from_importance(signal_BT, mask_BT, scored_BT, quantile=options.oar_quantile,
-                                               beta=options.oar_beta, floor=options.oar_floor)
+        out = core.oar_weights_from_importance(
+            signal_BT, mask_BT, scored_BT, quantile=options.oar_quantile, beta=options.oar_beta,
+            floor=options.oar_floor, min_importance=min_importance if method == "oar_p" else 0.0,
+            tau_rule="sorted_index" if options.oar_variant == "grail_release" else "interpolate")
         return TokenWeights(out.weights_BT, spans.reasoning_BT, torch.zeros_like(mask_BT), spans.has_box_B,
-                            out.fallback_B & rows_B, rows_B)
+                            out.fallback_B & rows_B, rows_B, no_clip, torch.zeros_like(mask_BT))
     raise ValueError(f"unknown token_weighting {method!r}")
 
 
@@ -237,7 +276,7 @@ def token_weights(model, tokenizer, input_ids_BL: torch.Tensor, attention_mask_B
         local_any = bool(rows_B.any())
         if any_process(local_any):
             run_rows = rows_B if local_any else mask_BT.any(1)
-            run_spans = spans if local_any else spans._replace(answer_BT=mask_BT)  # something to differentiate
+            run_spans = spans if local_any else spans._replace(answer_BT=mask_BT, box_BT=mask_BT)  # something to probe
             signal_BT = run_probe(model, input_ids_BL, attention_mask_BL, run_spans, mask_BT, run_rows, options,
                                   generator)
             path = "separate"
@@ -247,9 +286,26 @@ def token_weights(model, tokenizer, input_ids_BL: torch.Tensor, attention_mask_B
         path = "fused"
     if signal_BT is None:
         signal_BT = torch.zeros(mask_BT.shape, dtype=torch.float32, device=mask_BT.device)
-    result = weights_from_signal(signal_BT, adv_B, spans, mask_BT, rows_B, options, generator)
+    floor = oar_p_floor(model, options) if options.token_weighting == "oar_p" else 0.0
+    result = weights_from_signal(signal_BT, adv_B, spans, mask_BT, rows_B, options, generator, floor)
     result.path, result.seconds = path, time.perf_counter() - start
     return result
+
+
+# OAR-P's rounding floor by the model's parameter dtype (nats), when oar_min_importance is None. Measured on the
+# warm-started tiny model, completion `7*5=35, 35-7=28, now 28-1=27. \boxed{27}`: the same KLs from a float32 and a
+# float64 forward differ by at most 2.4e-9 (KL formed in float64 both times), so 1e-8 is above float32 rounding;
+# a bfloat16 forward errs by up to 1.7e-5 with `last_position` (median 5e-7, as large as the signal) and by a
+# median 4e-4 with `answer_mean`, hence 1e-4 for 16-bit models.
+OAR_P_FLOOR = {32: 1e-8, 16: 1e-4}
+
+
+def oar_p_floor(model, options: WeightingOptions) -> float:
+    """OAR-P's rounding floor: `oar_min_importance`, or by the model's dtype (`OAR_P_FLOOR`) when it is None."""
+    if options.oar_min_importance is not None:
+        return options.oar_min_importance
+    dtype = next(model.parameters()).dtype if model is not None else torch.float32
+    return OAR_P_FLOOR[16] if torch.finfo(dtype).bits <= 16 else OAR_P_FLOOR[32]
 
 
 def _pad_token_id(model) -> int:
@@ -303,7 +359,7 @@ grail_weights = _method_function(
     notes="Cost: one forward and one backward to the leaf on the rows it reweights.")
 oar_g_weights = _method_function(
     "oar_g", title="OAR-G (gradient proxy of the answer distribution's KL under embedding noise; METHODS.md 3)",
-    example="oar_quantile=0.4, oar_beta=2.0, oar_scope='completion' (GRAIL's OAR-G baseline)",
+    example="oar_variant='grail_release' (GRAIL's OAR-G baseline, exactly)",
     notes="Cost: two forwards and one backward to the embeddings.")
 oar_p_weights = _method_function(
     "oar_p", title="OAR-P (answer-distribution KL when each scored token is replaced by the pad token; METHODS.md 3)",
