@@ -29,3 +29,10 @@ def cache_dir(tmp_path, monkeypatch):
     path = tmp_path / "cache"
     monkeypatch.setenv("GRAIL_CACHE", str(path))
     return path
+
+
+@pytest.fixture(autouse=True)
+def _never_the_users_cache(monkeypatch, tmp_path_factory):
+    """No test writes a warm start into the user's cache ($HOME/.cache/grail-rl or their $GRAIL_CACHE): by default
+    every test shares one cache under the session's temporary directory; `cache_dir` gives a test its own."""
+    monkeypatch.setenv("GRAIL_CACHE", str(tmp_path_factory.getbasetemp() / "grail-cache"))

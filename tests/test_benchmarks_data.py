@@ -1,5 +1,6 @@
-"""grail.benchmarks: the six local benchmark copies (skipped when ../shared/data/benchmarks is absent), seeded
-subsets, error paths on small files written in the test, the Hub error path offline, and the synthetic task."""
+"""grail.benchmarks: the six local benchmark copies (skipped when ../shared/data/benchmarks is absent), the release's
+fixed subsets and seeded subsets, error paths on small files written in the test, the Hub error path offline, and
+the synthetic task."""
 
 import json
 import re
@@ -10,7 +11,8 @@ import pytest
 from grail.benchmarks import (
     BENCHMARK_NAMES,
     HUB_IDS,
-    RELEASE_SIZES,
+    RELEASE_SUBSET_FILES,
+    Problem,
     load_benchmark,
     load_benchmarks,
     parse_benchmark_list,
@@ -60,9 +62,10 @@ def _write(tmp_path: Path, name: str, lines: list) -> Path:
 @pytest.mark.parametrize("name", BENCHMARK_NAMES)
 def test_release_sizes_ids_and_answers(name, data_dir):
     bench = load_benchmark(name, data_dir=data_dir)
-    release = RELEASE_SIZES.get(name, ROWS[name])
+    release = 200 if name in RELEASE_SUBSET_FILES else ROWS[name]  # METHODS.md 6: 200 of CollegeMath, OlympiadBench
     assert (bench.name, len(bench.problems), bench.total_rows, bench.skipped) == (name, release, ROWS[name], ())
-    assert bench.subset == ("all" if name not in RELEASE_SIZES else f"seeded 200 of {ROWS[name]} (seed 0)")
+    list_path = data_dir / name / RELEASE_SUBSET_FILES.get(name, "")
+    assert bench.subset == ("all" if name not in RELEASE_SUBSET_FILES else f"release 200 of {ROWS[name]} ({list_path})")
     everything = load_benchmark(name, data_dir=data_dir, size=None)
     assert len(everything.problems) == ROWS[name] and everything.subset == "all"
     ids = [p.id for p in everything.problems]
@@ -76,6 +79,22 @@ def test_release_sizes_ids_and_answers(name, data_dir):
 def test_hand_checked_answers(name, data_dir):
     by_id = {p.id: p.answer for p in load_benchmark(name, data_dir=data_dir, size=None).problems}
     assert {i: by_id[i] for i in HAND_CHECKED[name]} == HAND_CHECKED[name]
+
+
+# The reference text the release's scoring reads (str() of the raw field), read off the same raw lines.
+HAND_CHECKED_RELEASE = {
+    "amc23": {"0": "27.0", "17": "-1.0"},  # raw floats 27.0, -1.0
+    "aime24": {"67": "025"},
+    "minerva_math": {"0": "1.6"},  # the solution's last box
+    "olympiadbench": {"1606": "['2']", "1610": "['$\\\\frac{1}{2 n+2}$']"},  # str() of the list: backslash doubled
+    "college_math": {"college_math.Beginning_and_Intermediate_Algebra/exercise.0.4.61": "$10-4 n$"},
+}
+
+
+@pytest.mark.parametrize("name", list(HAND_CHECKED_RELEASE))
+def test_hand_checked_release_answers(name, data_dir):
+    by_id = {p.id: p.release_answer for p in load_benchmark(name, data_dir=data_dir, size=None).problems}
+    assert {i: by_id[i] for i in HAND_CHECKED_RELEASE[name]} == HAND_CHECKED_RELEASE[name]
 
 
 @pytest.mark.parametrize(("name", "left_with_dollars"), [("olympiadbench", 2), ("college_math", 402)])
@@ -96,6 +115,80 @@ def test_strip_math_delimiters_cases():
         assert strip_math_delimiters(kept) == kept
 
 
+# ---- the release's fixed subsets -----------------------------------------------------------------------------------
+def test_release_subsets_are_the_listed_problems_in_the_release_order(data_dir):
+    """Read the lists and test.jsonl here, independently of the loader: the ids in list order; for CollegeMath,
+    each problem is the raw row on the line the list gives."""
+    ids = (data_dir / "olympiadbench" / "release_subset_ids.txt").read_text().split()
+    assert [p.id for p in load_benchmark("olympiadbench", data_dir=data_dir).problems] == ids
+    lines = (data_dir / "college_math" / "release_subset.jsonl").read_text().splitlines()
+    entries = [json.loads(line) for line in lines]
+    raw = (data_dir / "college_math" / "test.jsonl").read_text().splitlines()
+    loaded = load_benchmark("college_math", data_dir=data_dir).problems
+    assert [p.id for p in loaded] == [f"{e['data_source']}/{e['question_number']}" for e in entries]
+    assert [p.problem for p in loaded] == [json.loads(raw[e["row"]])["question"] for e in entries]
+    seeded = load_benchmark("college_math", data_dir=data_dir, size=200).problems
+    assert set(seeded) != set(loaded)  # --size 200 is a seeded subset, not the release's
+
+
+def _release_lists(tmp_path: Path, olympiad_ids: list, college: list) -> Path:
+    (tmp_path / "olympiadbench").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "olympiadbench" / "release_subset_ids.txt").write_text("".join(f"{i}\n" for i in olympiad_ids))
+    (tmp_path / "college_math").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "college_math" / "release_subset.jsonl").write_text("".join(json.dumps(e) + "\n" for e in college))
+    return tmp_path
+
+
+def test_release_subsets_on_small_files_and_their_errors(tmp_path):
+    data = _write(tmp_path / "data", "olympiadbench", [{"id": i, "question": f"q{i}", "final_answer": [str(i)]}
+                                                       for i in (5, 6, 7)])
+    _release_lists(data, [7, 5], [])
+    bench = load_benchmark("olympiadbench", data_dir=data)
+    assert [p.id for p in bench.problems] == ["7", "5"]  # the list's order, not the file's
+    assert bench.subset == f"release 2 of 3 ({data / 'olympiadbench' / 'release_subset_ids.txt'})"
+    _release_lists(data, [7, 8], [])
+    with pytest.raises(ValueError, match=r"1 of the 2 problems listed .* \['8'\]"):
+        load_benchmark("olympiadbench", data_dir=data)
+    _release_lists(data, [7, 7], [])
+    with pytest.raises(ValueError, match="line 2 lists '7' a second time"):
+        load_benchmark("olympiadbench", data_dir=data)
+    _write(data, "college_math", [{"data_source": "b", "question_number": "1", "question": "q", "answer": "1"},
+                                  {"data_source": "c", "question_number": "1", "question": "q", "answer": "2"}])
+    _release_lists(data, [7], [{"data_source": "c", "question_number": "1", "row": 1}])
+    assert [p.answer for p in load_benchmark("college_math", data_dir=data).problems] == ["2"]
+    _release_lists(data, [7], [{"data_source": "c", "question_number": "1", "row": 0}])  # the pair is on line 1
+    with pytest.raises(ValueError, match="not on the line it gives"):
+        load_benchmark("college_math", data_dir=data)
+    _release_lists(data, [7], [{"question_number": "1", "row": 1}])
+    with pytest.raises(ValueError, match="line 1 is not a JSON object with data_source"):
+        load_benchmark("college_math", data_dir=data)
+
+
+def test_release_subset_lists_can_live_apart_from_the_data(tmp_path):
+    rows = [{"id": i, "question": "q", "final_answer": ["1"]} for i in (1, 2)]
+    data = _write(tmp_path / "data", "olympiadbench", rows)
+    lists = _release_lists(tmp_path / "lists", [2], [])
+    with pytest.raises(FileNotFoundError, match="no identity list .*release_subset_ids.txt.*--release-subsets-dir"):
+        load_benchmark("olympiadbench", data_dir=data)
+    bench = load_benchmark("olympiadbench", data_dir=data, release_subsets_dir=lists)
+    assert [p.id for p in bench.problems] == ["2"]
+    assert len(load_benchmark("olympiadbench", data_dir=data, size=None).problems) == 2  # no list needed
+
+
+def test_release_subset_of_a_hub_copy_is_matched_by_id(monkeypatch, tmp_path):
+    import datasets
+
+    rows = [{"id": i, "question": f"q{i}", "final_answer": [str(i)]} for i in (3, 4, 9)]
+    monkeypatch.setattr(datasets, "load_dataset", lambda hub_id: datasets.DatasetDict(
+        {"test": datasets.Dataset.from_list(rows)}))
+    with pytest.raises(ValueError, match="neither grail-rl nor the Hub copy holds.*--release-subsets-dir"):
+        load_benchmark("olympiadbench")
+    lists = _release_lists(tmp_path, [9, 3], [])
+    bench = load_benchmark("olympiadbench", release_subsets_dir=lists)
+    assert [(p.id, p.problem) for p in bench.problems] == [("9", "q9"), ("3", "q3")]
+    assert bench.origin == "hub:math-ai/olympiadbench (split test)"
+
+
 def test_seeded_subsets_deterministic_nested_and_ordered(data_dir):
     full = load_benchmark("college_math", data_dir=data_dir, size=None).problems
     position = {p.id: k for k, p in enumerate(full)}
@@ -111,8 +204,6 @@ def test_seeded_subsets_deterministic_nested_and_ordered(data_dir):
 
 
 def test_seeded_subset_is_a_pure_function_of_seed_and_ids():
-    from grail.benchmarks import Problem
-
     problems = [Problem(str(i), f"q{i}", str(i), "x") for i in range(100)]
     picked = seeded_subset(problems, 10, seed=0)
     assert seeded_subset(list(reversed(problems)), 10, seed=0) == tuple(reversed(picked))  # ids decide, not order
@@ -166,7 +257,7 @@ def test_id_fallback_number_answers_and_olympiad_lists(tmp_path):
     _write(tmp_path, "olympiadbench", [{"id": 7, "question": "q", "context": "c", "final_answer": ["$1$", "$x$"]},
                                        {"id": 8, "question": "q", "final_answer": ["$ $"]}])
     bench = load_benchmark("olympiadbench", data_dir=tmp_path, size=None)
-    assert bench.problems[0] == bench.problems[0].__class__("7", "c\nq", "1, x", "olympiadbench")
+    assert bench.problems[0] == Problem("7", "c\nq", "1, x", "olympiadbench", release_answer="['$1$', '$x$']")
     assert bench.skipped == (("8", "empty reference answer after normalisation"),)
 
 
@@ -202,7 +293,7 @@ def test_hub_uses_the_only_split_when_there_is_no_test_split(monkeypatch):
     monkeypatch.setattr(datasets, "load_dataset", lambda hub_id: calls.append(hub_id) or fake)
     bench = load_benchmark("amc23")
     assert calls == ["math-ai/amc23"] and bench.origin == "hub:math-ai/amc23 (split train)"
-    assert bench.problems == (bench.problems[0].__class__("5", "p", "3", "amc23"),)
+    assert bench.problems == (Problem("5", "p", "3", "amc23", release_answer="3.0"),)
 
 
 # ---- synthetic task and name lists ----------------------------------------------------------------------------

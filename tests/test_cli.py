@@ -200,3 +200,10 @@ def test_checkpoints_are_evaluated_on_benchmarks(tmp_path, warm_cache, capsys):
 def test_bad_eval_benchmarks_stop_before_training(tmp_path, capsys):
     assert main(["train", "--eval_benchmarks", "math500,gsm9k", "--output_dir", str(tmp_path)]) == 2
     assert "gsm9k" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [[], ["train"], ["demo"], ["eval"], ["grader-check"], ["presets"]])
+def test_help_of_every_command_exits_0_through_the_real_entry_point(command):
+    out = subprocess.run([sys.executable, "-m", "grail", *command, "--help"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "usage:" in out.stdout

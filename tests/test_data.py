@@ -64,3 +64,11 @@ def test_empty_rows_missing_files_and_bad_json_are_reported(tmp_path):
     bad.write_text('{"prompt": "a", "answer": \n')
     with pytest.raises(ValueError, match="could not read dataset file"):
         load_train_dataset(_cfg(tmp_path, dataset=str(bad)))
+
+
+@pytest.mark.parametrize(("name", "box"), [("paper", "\\boxed{}"), ("release", chr(8) + "oxed{}")])
+def test_named_prompt_suffixes_reach_the_training_prompts(tmp_path, name, box):
+    """prompt_suffix `paper` is the literal \\boxed{}; `release` the released runs' text, with a backspace."""
+    ds = load_train_dataset(_cfg(tmp_path, dataset=_jsonl(tmp_path, [{"prompt": "1+1?", "answer": "2"}]),
+                                 prompt_suffix=name))
+    assert ds[0]["prompt"] == "1+1? Please reason step by step, and put your final answer within " + box + "."

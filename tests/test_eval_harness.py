@@ -134,3 +134,97 @@ def test_grail_grader_check_prints_agreement_per_benchmark(capsys):
     assert "aime24" in out and "amc23" in out
     assert "28/30" in out  # two AIME24 solutions disagree with their answer field (README: id 60 and id 75)
     assert "40/40" in out  # every AMC23 reference survives the round trip
+
+
+# ---- scoring ----------------------------------------------------------------------------------------------------
+class BoxOrNotSampler:
+    """Sample 0 has no box and 100 tokens; sample 1 boxes the problem's grail answer in 10 tokens."""
+
+    name = "box-or-not"
+
+    def __init__(self, answers: dict[str, str]):
+        self.answers = answers
+
+    def generate(self, prompts, params, seed):
+        return [[Sample("I give up.", 100), Sample(f"so \\boxed{{{self.answers[p]}}}", 10)] for p in prompts]
+
+
+def _olympiad_like():
+    # release_answer as the release reads OlympiadBench's ["$2n$"] and ["108"] (grail.release_scoring, rule 2)
+    problems = (Problem("1620", "p1620", "2n", "olympiadbench", release_answer="['$2n$']"),
+                Problem("2910", "p2910", "108", "olympiadbench", release_answer="['108']"))
+    return [LoadedBenchmark("olympiadbench", problems, 2, (), "all")]
+
+
+@pytest.mark.parametrize(("scoring", "acc", "tokens"), [
+    ("grail", (0 + 1) / 2, (100 + 10) / 2),  # each problem: sample 1 right; tokens over both samples
+    # "$['$2n$']$" cannot match 2n, "$['108']$" matches 108 (test_release_scoring); tokens: boxed samples only
+    ("release", (0 + 1 / 2) / 2, 10),
+])
+def test_the_scoring_decides_grading_and_tokens_and_is_named(tmp_path, scoring, acc, tokens):
+    loaded = _olympiad_like()
+    spec = EvalSpec(benchmarks=("olympiadbench",), sampling=SamplingParams(n=2, max_new_tokens=8), scoring=scoring)
+    report = run_evaluation(BoxOrNotSampler(_answers(loaded)), None, spec, tmp_path, workers=1, log=lambda s: None,
+                            progress=False, loaded=loaded)
+    bench = report.results["benchmarks"][0]
+    assert bench["acc_at_n"]["value"] == pytest.approx(acc)
+    assert bench["mean_completion_tokens"] == pytest.approx(tokens)
+    assert report.results["scoring"]["name"] == scoring
+    assert (tmp_path / "results.md").read_text().startswith(f"Scoring: {scoring} (grail.")
+    assert json.loads((tmp_path / "run.json").read_text())["scoring"] == scoring
+
+
+def test_release_scoring_needs_loader_built_problems_and_a_known_name(tmp_path):
+    spec = EvalSpec(benchmarks=("bench_a", "bench_b"), sampling=SamplingParams(n=2, max_new_tokens=8),
+                    scoring="release")
+    sampler = ScriptedSampler(_answers(_loaded()))
+    with pytest.raises(ValueError, match="no release_answer"):
+        run_evaluation(sampler, None, spec, tmp_path, workers=1, log=lambda s: None, progress=False, loaded=_loaded())
+    assert sampler.calls == 0  # refused before any sampling
+    with pytest.raises(ValueError, match="scoring='paper'; choose from 'grail', 'release'"):
+        EvalSpec(benchmarks=("bench_a",), scoring="paper")
+
+
+def test_grail_eval_release_subsets_need_the_identity_lists(capsys):
+    """From the Hub, --size release (the default) needs the lists' folder: the error says so before any download
+    or model load."""
+    assert main(["eval", "--model", "no/such-model", "--benchmarks", "olympiadbench"]) == 2
+    err = capsys.readouterr().err
+    assert "olympiadbench/release_subset_ids.txt" in err and "--release-subsets-dir" in err and "--data-dir" in err
+
+
+# ---- generation length ------------------------------------------------------------------------------------------
+def test_new_token_limit_caps_at_the_models_positions():
+    from types import SimpleNamespace
+
+    from grail.sampling import new_token_limit
+
+    model = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=512))
+    assert new_token_limit(model, 20, 8192) == 512 - 20
+    assert new_token_limit(model, 20, 100) == 100
+    assert new_token_limit(SimpleNamespace(config=SimpleNamespace()), 20, 8192) == 8192  # no limit known
+    with pytest.raises(ValueError, match="512 tokens leaves no room .* 512 positions"):
+        new_token_limit(model, 512, 8)
+
+
+def test_hf_sampler_generates_at_most_what_the_model_holds(tokenizer):
+    """A 64-position tiny model asked for the protocol's 8192 new tokens, with its end token suppressed: the
+    completion fills the positions the prompt leaves, and stops there."""
+    from grail.sampling import HFSampler
+    from grail.tiny import build_tiny_model
+
+    model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, max_positions=64)
+    prompt = "Q: 1+1\nA:"
+    prompt_tokens = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    model.generation_config.min_new_tokens = 64 - prompt_tokens  # no end token before the cap
+    params = SamplingParams(n=2)
+    assert params.max_new_tokens == 8192
+    samples = HFSampler(model, tokenizer).generate([prompt], params, seed=0)[0]
+    assert [s.num_tokens for s in samples] == [64 - prompt_tokens] * 2
+
+
+def test_checkpoint_evaluation_defaults_to_the_protocols_token_limit(tmp_path):
+    from grail.config import GRAILConfig
+
+    cfg = GRAILConfig(output_dir=str(tmp_path))
+    assert cfg.eval_max_new_tokens == SamplingParams().max_new_tokens != cfg.max_completion_length

@@ -350,6 +350,20 @@ def test_format_grader_check_lists_the_first_few(tiny_data):
     assert "1 disagreement(s) (first 0 listed)" in format_grader_check(result, show=0)
 
 
+def test_grader_check_under_the_release_scoring(tiny_data):
+    """The references become the release's text (AMC23's str(27.0) = "27.0"); the boxed answers stay grail's."""
+    result = grader_check(tiny_data, benchmarks=["amc23", "college_math"], workers=1, scoring="release",
+                          neighbour=True)
+    assert result["scoring"] == "release" and format_grader_check(result).startswith("Scoring: release\n")
+    amc23 = result["benchmarks"]["amc23"]
+    assert (amc23["round_trip"]["agree"], amc23["round_trip"]["n"]) == (2, 2)  # 27 = 27.0 and 5.5 = 5.5
+    assert (amc23["neighbour"]["agree"], amc23["neighbour"]["n"]) == (2, 2)  # 27 vs 5.5: rejected both ways
+    college = result["benchmarks"]["college_math"]["round_trip"]  # "$$10-4 n$$" is display math around 10 - 4n
+    assert (college["agree"], college["n"]) == (2, 2)
+    with pytest.raises(ValueError, match="scoring='paper'"):
+        grader_check(tiny_data, benchmarks=["amc23"], scoring="paper")
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not SHARED_BENCHMARKS.is_dir(), reason="../shared/data/benchmarks is not present")
 def test_grader_check_on_the_shared_benchmarks_meets_the_targets():

@@ -1,8 +1,11 @@
-"""grail.prompts: one format for training and evaluation; evaluation renders exactly what TRL renders."""
+"""grail.prompts: one format for training and evaluation; evaluation renders exactly what TRL renders; the named
+suffixes, the release's backspace included."""
+
+import json
 
 import pytest
 
-from grail.prompts import FORMAT_FILE, PAPER_PROMPT_SUFFIX, PromptFormat
+from grail.prompts import FORMAT_FILE, PAPER_PROMPT_SUFFIX, RELEASE_PROMPT_SUFFIX, PromptFormat, resolve_suffix
 
 
 def test_plain_and_chat_training_prompts():
@@ -35,3 +38,35 @@ def test_default_format_and_the_saved_one(tokenizer, tmp_path):
     (tmp_path / FORMAT_FILE).write_text('{"suffix": 1, "bogus": 2}')
     with pytest.raises(ValueError, match="not a valid prompt format"):
         PromptFormat.load(tmp_path)
+
+
+def test_named_suffixes_resolve_in_one_place():
+    assert resolve_suffix("paper") == PAPER_PROMPT_SUFFIX
+    assert resolve_suffix("release") == RELEASE_PROMPT_SUFFIX
+    assert resolve_suffix(" Box it.") == " Box it." and resolve_suffix("") == ""  # other text: as it is
+    # the release's text is the paper's with its "\b" read as a backspace (a non-raw string), nothing else
+    assert RELEASE_PROMPT_SUFFIX == PAPER_PROMPT_SUFFIX.replace("\\b", chr(8))
+    assert RELEASE_PROMPT_SUFFIX.startswith(" Please reason step by step") and "\\" not in RELEASE_PROMPT_SUFFIX
+
+
+def test_the_release_suffix_renders_a_backspace_in_training_and_evaluation_alike(tokenizer, tmp_path):
+    """prompt_suffix=release in training, --prompt-suffix release in `grail eval`: the same text reaches the model."""
+    from types import SimpleNamespace
+
+    from grail.config import GRAILConfig
+    from grail.data import load_train_dataset
+    from grail.eval_cli import _prompt_format
+
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"prompt": "What is 2+2?", "answer": "4"}) + "\n")
+    cfg = GRAILConfig(output_dir=str(tmp_path / "run"), dataset=str(path), prompt_suffix="release",
+                      conversational=True, chat_template_kwargs={"enable_thinking": False})
+    trl_side = tokenizer.apply_chat_template(load_train_dataset(cfg)[0]["prompt"], add_generation_prompt=True,
+                                             tokenize=False, enable_thinking=False)  # what TRL renders
+    assert chr(8) + "oxed{}" in trl_side and "\\boxed" not in trl_side
+    trained = PromptFormat.from_config(cfg)
+    trained.save(tmp_path)  # what training writes next to the model
+    assert PromptFormat.load(tmp_path).render(tokenizer, "What is 2+2?") == trl_side
+    args = SimpleNamespace(prompt_format="auto", prompt_suffix="release")
+    untrained = _prompt_format(args, str(tmp_path / "no-saved-format"), tokenizer)  # a released checkpoint
+    assert untrained.render(tokenizer, "What is 2+2?") == trl_side

@@ -23,13 +23,21 @@ Their schemas differ; each row is normalised to a ``Problem`` as follows (field 
    are joined with ", " (in the local copy every list has ONE element; multi-part answers such as
    "$69$,$84$" sit inside that one string, and come out as "69, 84").
    Its ``unit`` field (set on 8 rows) is not appended to the answer.
-4. ``size="release"`` takes RELEASE_SIZES (a 200-problem subset of CollegeMath and of OlympiadBench, all rows
-   elsewhere). A subset is chosen by sorting the usable problems on sha256(f"{seed}:{id}") and keeping the
-   first ``size``, in file order: the same on every machine, and nested (a smaller size is a subset of a
-   larger one for the same seed).
-5. Hub copies are assumed to carry the local copies' fields; the split is "test", or the only split when
+4. ``size="release"`` takes the release's fixed 200-problem files for CollegeMath and OlympiadBench, in the
+   release's order, and every usable row elsewhere. Their identities are read from the lists in
+   RELEASE_SUBSET_FILES, ``<lists_dir>/<name>/<file>`` (the shared data holds them next to test.jsonl): one
+   OlympiadBench ``id`` per line; one JSON object per line with CollegeMath's ``data_source`` and
+   ``question_number`` (the pair that makes its id) and ``row``, the 0-based line in the local test.jsonl,
+   checked against a local copy. Problems are matched by id, so a Hub copy works too, given the lists'
+   folder. A listed problem missing from the data is an error, never a smaller subset.
+5. ``size=N`` is a seeded subset: the usable problems sorted on sha256(f"{seed}:{id}"), the first N kept, in
+   file order: the same on every machine, and nested (a smaller size is a subset of a larger one for the same
+   seed). It is not the release's subset.
+6. Hub copies are assumed to carry the local copies' fields; the split is "test", or the only split when
    there is no "test" split. A Hub copy with other field names shows up as every row skipped: ValueError.
-6. "synthetic" is the embedded task's held-out split with the default task settings (grail.data.synthetic_rows
+7. Each Problem also carries ``release_answer``, the reference as the release's scoring reads the raw row
+   (grail.release_scoring.release_reference), used only by ``grail eval --scoring release``.
+8. "synthetic" is the embedded task's held-out split with the default task settings (grail.data.synthetic_rows
    with GRAILConfig's task_* defaults). Its problem is the task's prompt ("Q: 7+5*3\nA:"), which already
    carries the task's format; ``data_dir`` and the Hub play no part.
 """
@@ -45,11 +53,13 @@ from pathlib import Path
 from typing import Literal
 
 from grail.boxed import last_boxed_content
+from grail.release_scoring import release_reference
 
 BENCHMARK_NAMES = ("math500", "aime24", "amc23", "minerva_math", "college_math", "olympiadbench")
 SYNTHETIC = "synthetic"
 LOADABLE_NAMES = (*BENCHMARK_NAMES, SYNTHETIC)
-RELEASE_SIZES = {"college_math": 200, "olympiadbench": 200}  # the others: every usable row
+# the identity lists of the release's fixed subsets, <lists_dir>/<name>/<file>; the other benchmarks: every row
+RELEASE_SUBSET_FILES = {"college_math": "release_subset.jsonl", "olympiadbench": "release_subset_ids.txt"}
 HUB_IDS: dict[str, str | None] = {
     "math500": "HuggingFaceH4/MATH-500",
     "aime24": "math-ai/aime24",
@@ -63,20 +73,24 @@ LOCAL_FILE = "test.jsonl"
 
 @dataclass(frozen=True)
 class Problem:
-    """One evaluation problem. ``id`` is unique within ``source`` (the benchmark name) and stable across runs."""
+    """One evaluation problem. ``id`` is unique within ``source`` (the benchmark name) and stable across runs.
+    ``release_answer``: the reference as the release's scoring reads it (module docstring, 7); None when the
+    problem was not built by a loader."""
 
     id: str
     problem: str
     answer: str
     source: str
+    release_answer: str | None = None
 
 
 @dataclass(frozen=True)
 class LoadedBenchmark:
-    """The selected problems of one benchmark, in file order.
+    """The selected problems of one benchmark, in file order (the release's subsets: in the release's order).
 
     total_rows: rows read (usable or not); skipped: (id, reason) of every row with no usable problem or answer;
-    subset: how ``problems`` was chosen among the usable rows ("all" or "seeded 200 of 2818 (seed 0)");
+    subset: how ``problems`` was chosen among the usable rows ("all", "seeded 200 of 2818 (seed 0)" or
+    "release 200 of 675 (<path of the identity list>)");
     origin: where the rows came from (a file path, "hub:<id> (split test)", or the synthetic task).
     """
 
@@ -203,7 +217,8 @@ def _normalise(name: str, rows: list[tuple[int, dict]]) -> tuple[list[Problem], 
         except _Unusable as why:
             skipped.append((row_id, str(why)))
             continue
-        problems.append(Problem(id=row_id, problem=problem, answer=answer, source=name))
+        problems.append(Problem(id=row_id, problem=problem, answer=answer, source=name,
+                                release_answer=release_reference(name, row)))
     return problems, skipped
 
 
@@ -231,13 +246,21 @@ def _local_rows(name: str, data_dir: str | Path) -> tuple[list[tuple[int, dict]]
     return rows, str(path)
 
 
-def _hub_rows(name: str) -> tuple[list[tuple[int, dict]], str]:
-    """(row index, row) of the Hub copy's "test" split (or its only split)."""
-    hint = f"pass --data-dir pointing at a local copy laid out as <dir>/{name}/{LOCAL_FILE}"
+def _hub_hint(name: str) -> str:
+    return f"pass --data-dir pointing at a local copy laid out as <dir>/{name}/{LOCAL_FILE}"
+
+
+def _hub_id(name: str) -> str:
     hub_id = HUB_IDS[name]
     if hub_id is None:
         raise ValueError(f"benchmark {name!r} has no known Hub id and cannot be loaded from the Hub: use a local "
-                         f"directory instead; {hint}.")
+                         f"directory instead; {_hub_hint(name)}.")
+    return hub_id
+
+
+def _hub_rows(name: str) -> tuple[list[tuple[int, dict]], str]:
+    """(row index, row) of the Hub copy's "test" split (or its only split)."""
+    hint, hub_id = _hub_hint(name), _hub_id(name)
     from datasets import load_dataset  # local loading does not need `datasets`
 
     try:
@@ -286,20 +309,92 @@ def _check_name(name: str) -> None:
         raise ValueError(f"unknown benchmark {name!r}; choose from {', '.join(LOADABLE_NAMES)}.")
 
 
+def _release_list_path(name: str, lists_dir: str | Path | None) -> Path:
+    file = f"{name}/{RELEASE_SUBSET_FILES[name]}"
+    fix = (f"pass a local copy holding it as data_dir (grail eval --data-dir, training's eval_data_dir; "
+           f"../shared/data/benchmarks holds the lists), or its folder as release_subsets_dir (grail eval "
+           f"--release-subsets-dir DIR, DIR/{file}); or choose another size: `all` or a number (a seeded subset, "
+           f"not the release's)")
+    if lists_dir is None:
+        raise ValueError(f"size='release' for {name!r} needs the release's identity list {file}, which neither "
+                         f"grail-rl nor the Hub copy holds: {fix}.")
+    path = Path(lists_dir).expanduser() / file
+    if not path.is_file():
+        raise FileNotFoundError(f"size='release' for {name!r}: no identity list {str(path)!r}; {fix}.")
+    return path
+
+
+def release_subset_ids(name: str, path: str | Path) -> list[tuple[str, int | None]]:
+    """(problem id, 0-based line in the local test.jsonl or None) of each listed problem, in the list's order.
+
+    OlympiadBench: one id per line. CollegeMath: one JSON object per line; the id is made from its
+    ``data_source`` and ``question_number`` exactly as for a data row, and ``row`` is the line. ValueError on a
+    malformed line or a repeated problem.
+    """
+    entries, seen = [], set()
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        if name == "olympiadbench":
+            entry = (line.strip(), None)
+        else:
+            try:
+                record = json.loads(line)
+                entry = (f"{record['data_source']}/{record['question_number']}", record.get("row"))
+            except (ValueError, KeyError, TypeError) as err:
+                raise ValueError(f"{path}: line {number} is not a JSON object with data_source and "
+                                 f"question_number ({type(err).__name__}: {err}).") from None
+        if entry[0] in seen:
+            raise ValueError(f"{path}: line {number} lists {entry[0]!r} a second time; each problem once.")
+        seen.add(entry[0])
+        entries.append(entry)
+    return entries
+
+
+def _release_subset(name: str, problems: list[Problem], rows: list[tuple[int, dict]], origin: str, path: Path,
+                    local: bool) -> tuple[tuple[Problem, ...], str]:
+    """The problems listed in `path`, in its order, and the subset's description; ValueError if any is missing
+    (or, in a local copy, sits on another line than the list says)."""
+    entries = release_subset_ids(name, path)
+    by_id = {p.id: p for p in problems}
+    missing = [problem_id for problem_id, _ in entries if problem_id not in by_id]
+    if missing:
+        raise ValueError(f"{name}: {len(missing)} of the {len(entries)} problems listed in {path} are not among the "
+                         f"usable rows of {origin} (first: {missing[:3]}); this is not the copy the list was made "
+                         f"for. Use the matching copy, or size `all` or a number.")
+    if local:
+        line_of = {_SCHEMAS[name].row_id(row, index): index for index, row in rows}
+        moved = [(i, line, line_of[i]) for i, line in entries if line is not None and line != line_of[i]]
+        if moved:
+            raise ValueError(f"{name}: {len(moved)} problems of {path} are not on the line it gives in {origin} "
+                             f"(first: id, listed line, actual line = {moved[0]}); the list was made for another "
+                             f"copy. Use the matching copy, or size `all` or a number.")
+    return tuple(by_id[i] for i, _ in entries), f"release {len(entries)} of {len(problems)} ({path})"
+
+
 def load_benchmark(
     name: str,
     *,
     data_dir: str | Path | None = None,
     size: int | None | Literal["release"] = "release",
     seed: int = 0,
+    release_subsets_dir: str | Path | None = None,
 ) -> LoadedBenchmark:
     """Load one benchmark (see the module docstring for the per-benchmark normalisation).
 
     data_dir: folder holding ``<name>/test.jsonl``; None loads HUB_IDS[name] from the Hub.
-    size: "release" = RELEASE_SIZES.get(name) (None: all); None = every usable row; an int = a seeded subset
-        of that many usable rows (1 <= size <= usable rows). seed: chooses the subset (ignored for all rows).
+    size: "release" = the release's subset where RELEASE_SUBSET_FILES lists one, else every usable row; None =
+        every usable row; an int = a seeded subset of that many usable rows (1 <= size <= usable rows).
+    seed: chooses a seeded subset (ignored otherwise).
+    release_subsets_dir: folder holding the identity lists as ``<name>/<file>``; None = data_dir. Needed only for
+        size="release" on CollegeMath or OlympiadBench.
     """
     _check_name(name)
+    if data_dir is None and name != SYNTHETIC:
+        _hub_id(name)  # a benchmark with no Hub copy: that error first
+    release_list = None  # found before the rows are read: a missing list stops before a Hub download
+    if size == "release" and name in RELEASE_SUBSET_FILES:
+        release_list = _release_list_path(name, release_subsets_dir or data_dir)
     if name == SYNTHETIC:
         rows, origin = _synthetic_rows()
     elif data_dir is None:
@@ -310,8 +405,12 @@ def load_benchmark(
     if not problems:
         raise ValueError(f"benchmark {name!r} ({origin}): none of its {len(rows)} rows has a usable problem and "
                          f"answer (first reasons: {skipped[:3]}); the file does not have the expected schema.")
+    if release_list is not None:
+        selected, subset = _release_subset(name, problems, rows, origin, release_list, local=data_dir is not None)
+        return LoadedBenchmark(name=name, problems=selected, total_rows=len(rows), skipped=tuple(skipped),
+                               subset=subset, origin=origin)
     if size == "release":
-        size = RELEASE_SIZES.get(name)
+        size = None
     if size is not None and (isinstance(size, bool) or not isinstance(size, int)):
         raise ValueError(f"size={size!r} for {name!r} must be an int, None (all rows) or 'release'.")
     if size is not None and not 1 <= size <= len(problems):

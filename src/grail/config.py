@@ -18,13 +18,17 @@ from typing import Literal
 import torch
 from trl import GRPOConfig
 
+from grail.sampling import SamplingParams
 from grail.tasks import TaskConfig
 from grail.warmstart import WarmStartConfig
 from grail.weighting import (
+    OAR_VARIANT_DEFAULTS,
     AnswerBox,
+    AnswerNllSpan,
     Method,
     OarDistribution,
     OarScope,
+    OarVariant,
     RolloutSymmetry,
     SaliencyLeaf,
     WeightingOptions,
@@ -62,9 +66,18 @@ class GRAILConfig(GRPOConfig):
     )
     prompt_suffix: str = field(
         default="",
-        metadata={"help": "Text appended to every prompt (to the last user message of a chat prompt). The "
-                  "paper recipe appends ' Please reason step by step, and put your final answer within "
-                  "\\boxed{}.'"},
+        metadata={"help": "Text appended to every prompt (to the last user message of a chat prompt), or a name: "
+                  "`paper` = ' Please reason step by step, and put your final answer within \\boxed{}.' (the "
+                  "literal text); `release` = the text the released models were trained and evaluated with, "
+                  "whose \\b is a backspace (chr(8) + 'oxed{}', a non-raw string in the release). Use `release` "
+                  "only to reproduce the released runs exactly. Resolved by grail.prompts.resolve_suffix; the "
+                  "resolved text is saved with the model (grail_prompt.json) for `grail eval`."},
+    )
+    dataset_shuffle_seed: int | None = field(
+        default=None,
+        metadata={"help": "Shuffle the training set once with this seed before training (the GRAIL release does, "
+                  "with 42), on top of TRL's own per-epoch sampler shuffle (shuffle_dataset, seeded by seed). "
+                  "None = keep the file's order for TRL's sampler."},
     )
     conversational: bool = field(
         default=False,
@@ -109,6 +122,14 @@ class GRAILConfig(GRPOConfig):
         metadata={"help": "Which complete \\boxed{...} is the answer span 𝒜 of GRAIL (and of OAR's answer_mean): "
                   "`first` (the GRAIL release) or `last` (the box the reward reads)."},
     )
+    answer_nll_span: AnswerNllSpan = field(
+        default=_W.answer_nll_span,
+        metadata={"help": "Which tokens of the answer box the probes explain: `box` (the GRAIL release: the "
+                  "whole `\\boxed{...}` string, i.e. the marker tokens, the content and the closing brace) or "
+                  "`content` (only the tokens inside the braces). It is the span of GRAIL's answer NLL ℓ and of "
+                  "OAR's `answer_mean` distribution. The weight overrides do not change: content → weight_max, "
+                  "marker, closing brace and after → weight_mean."},
+    )
     saliency_leaf: SaliencyLeaf = field(
         default=_W.saliency_leaf,
         metadata={"help": "GRAIL's leaf h, where ‖∂ℓ/∂h ⊙ h‖ is measured: `embeddings` (release), or the hidden "
@@ -127,26 +148,48 @@ class GRAILConfig(GRPOConfig):
     weight_min: float = field(default=_W.weight_min, metadata={"help": "GRAIL w_min (lower clip). Release 0.5."})
     weight_max: float = field(default=_W.weight_max, metadata={"help": "GRAIL w_max (upper clip; also the "
                               "weight of the tokens inside the answer box). Release 5.0."})
-    oar_scope: OarScope = field(
+    oar_variant: OarVariant = field(
+        default=_W.oar_variant,
+        metadata={"help": "Which OAR to run. `oar_excerpt` (Li et al. 2026, as METHODS.md 3 excerpts it): noise "
+                  "on, and importance read at, each token's own position with the clean embedding; P_final "
+                  "divided by the sampling temperature; τ an interpolated quantile. `grail_release`: the GRAIL "
+                  "release's OAR-G baseline (`qwen3_oar_g.yaml`), exactly: P_0 = softmax of the mean clean logits "
+                  "over the positions predicting the answer box, no temperature; noise and importance at the "
+                  "position that predicts each token, with the noisy embedding; τ = sorted Î at index floor(T·q); "
+                  "oar_g only. Its defaults for oar_scope/oar_quantile/oar_beta: "
+                  + "; ".join(f"{v}: " + ", ".join(f"{k[4:]} {x}" for k, x in d.items())
+                              for v, d in OAR_VARIANT_DEFAULTS.items()) + "."},
+    )
+    oar_scope: OarScope | None = field(
         default=_W.oar_scope,
         metadata={"help": "OAR's scored tokens: `reasoning` (OAR release: the text before the box) or "
-                  "`completion` (every token; GRAIL's OAR-G baseline). Unscored tokens keep w = 1."},
+                  "`completion` (every token; GRAIL's OAR-G baseline). Unscored tokens keep w = 1. None = "
+                  "oar_variant's value."},
     )
     oar_distribution: OarDistribution = field(
         default=_W.oar_distribution,
-        metadata={"help": "OAR's answer distribution P_final: `last_position` (next-token distribution at the "
-                  "row's last real token) or `answer_mean` (softmax of the mean logits over the positions that "
-                  "predict the answer-box tokens; rows without a box get w = 1)."},
+        metadata={"help": "OAR's answer distribution P_final: `answer_mean` (softmax of the mean logits over the "
+                  "positions that predict the answer span, see answer_nll_span; rows without a box get w = 1) or "
+                  "`last_position` (next-token distribution after the row's last real token; on a finished "
+                  "answer it is near-certain, so every reasoning token's importance is at rounding level)."},
     )
-    oar_quantile: float = field(default=_W.oar_quantile, metadata={"help": "OAR q: τ = q-quantile of the "
-                                "normalised importance; tokens below τ are damped. OAR release 0.25; GRAIL's "
-                                "OAR-G baseline 0.4."})
-    oar_beta: float = field(default=_W.oar_beta, metadata={"help": "OAR β: tokens above τ get 1 + β(Î-τ)/(1-τ). "
-                            "OAR release 1.0; GRAIL's OAR-G baseline 2.0."})
+    oar_quantile: float | None = field(default=_W.oar_quantile, metadata={"help": "OAR q: τ = q-quantile of the "
+                                       "normalised importance; tokens below τ are damped. OAR release 0.25; "
+                                       "GRAIL's OAR-G baseline 0.4. None = oar_variant's value."})
+    oar_beta: float | None = field(default=_W.oar_beta, metadata={"help": "OAR β: tokens above τ get "
+                                   "1 + β(Î-τ)/(1-τ). OAR release 1.0; GRAIL's OAR-G baseline 2.0. None = "
+                                   "oar_variant's value."})
     oar_floor: float = field(default=_W.oar_floor, metadata={"help": "OAR: smallest weight of a token below τ "
                              "(before the mass-preserving rescale). Release 0.1."})
     oar_noise_std: float = field(default=_W.oar_noise_std, metadata={"help": "OAR-G σ: Gaussian noise on the "
                                  "scored embeddings (at zero noise the KL has zero gradient). Release 1e-3."})
+    oar_min_importance: float | None = field(
+        default=_W.oar_min_importance,
+        metadata={"help": "OAR-P rounding floor (nats): KL values below it are taken as 0, and a row whose "
+                  "largest KL is below it is uninformative (uniform weights, counted in weights/fallback_rows). "
+                  "None = by the model's dtype: 1e-8 for float32 (measured rounding 2.4e-9), 1e-4 for bf16/fp16 "
+                  "(grail.weighting.OAR_P_FLOOR); 0 turns it off."},
+    )
     perturbation_chunk_tokens: int = field(
         default=_W.perturbation_chunk_tokens,
         metadata={"help": "OAR-P memory bound: at most this many tokens (copies × sequence length) per batched "
@@ -201,13 +244,21 @@ class GRAILConfig(GRPOConfig):
     )
     eval_size: str = field(
         default="release",
-        metadata={"help": "Problems per benchmark at checkpoints: `release` (200 of CollegeMath and OlympiadBench, "
-                  "all of the others), `all`, or a number (a seeded subset; small numbers keep checkpoints fast)."},
+        metadata={"help": "Problems per benchmark at checkpoints, as `grail eval --size`: `release` (the "
+                  "release's fixed 200-problem subsets of CollegeMath and OlympiadBench, identified by the lists "
+                  "in eval_data_dir, so it needs a local copy for those two; all rows of the others), `all`, or a "
+                  "number (a seeded subset, not the release's; small numbers keep checkpoints fast)."},
     )
     eval_samples: int = field(default=3, metadata={"help": "Samples per problem at checkpoints (release 3), at the "
                               "release's temperature 0.6, top-p 0.95, top-k 20."})
     eval_max_new_tokens: int | None = field(
-        default=None, metadata={"help": "New-token limit at checkpoints (None = max_completion_length)."}
+        default=SamplingParams.max_new_tokens,
+        metadata={"help": "New-token limit at checkpoints. Default: the release's evaluation limit "
+                  f"({SamplingParams.max_new_tokens}, grail.sampling.SamplingParams), not max_completion_length "
+                  "(training's limit, often shorter: a checkpoint scored at the training length loses the answers "
+                  "of longer completions). None = max_completion_length (faster checkpoints). Generation is capped "
+                  "at what the model holds (max_position_embeddings minus the prompt; 512 positions for the tiny "
+                  "model)."},
     )
     # ---- TRL fields whose default grail resolves per device -------------------------------------------
     gradient_checkpointing: bool | None = field(
@@ -224,7 +275,9 @@ class GRAILConfig(GRPOConfig):
         if not self.warmstart_lr > 0:
             raise ValueError(f"warmstart_lr={self.warmstart_lr} must be > 0; try 3e-3.")
         self.task_config()  # validates the task_* fields
-        self.weighting_options()  # validates the token-weighting fields
+        options = self.weighting_options()  # validates the token-weighting fields
+        for name in OAR_VARIANT_DEFAULTS[self.oar_variant]:  # None → the variant's value, recorded in the run dir
+            setattr(self, name, getattr(options, name))
         if self.eval_benchmarks:
             from grail.benchmarks import parse_benchmark_list
             from grail.eval_harness import parse_size
@@ -272,6 +325,10 @@ def field_types() -> dict[str, object]:
 
 
 def literal_choices(name: str) -> tuple:
-    """The allowed values of a `Literal` field (empty tuple for other fields)."""
+    """The allowed values of a `Literal` field, None included for an optional one (empty for other fields)."""
     hint = field_types().get(name)
-    return typing.get_args(hint) if typing.get_origin(hint) is Literal else ()
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is not Literal and type(None) in args:  # `Literal[...] | None`
+        literals = [a for a in args if typing.get_origin(a) is Literal]
+        return (*typing.get_args(literals[0]), None) if len(literals) == 1 else ()
+    return args if typing.get_origin(hint) is Literal else ()

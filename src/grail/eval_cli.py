@@ -6,27 +6,40 @@ import os
 import time
 from pathlib import Path
 
+from grail.sampling import SamplingParams  # light: the release's sampling defaults, without torch
+
+RELEASE = SamplingParams()
+SIX = "math500,aime24,amc23,minerva_math,college_math,olympiadbench"
+
 
 def add_parsers(sub) -> None:
-    ev = sub.add_parser("eval", help="evaluate a model on the math benchmarks (acc@n, pass@k, 95% CIs)",
+    ev = sub.add_parser("eval", help="evaluate a model on the math benchmarks (acc@n, pass@k, 95%% CIs)",
                         description="Sample n completions per problem, grade the last \\boxed{} with math-verify, "
                         "and report acc@n and pass@k per benchmark and averaged, with bootstrap CIs. Rerunning "
                         "with the same arguments resumes an interrupted evaluation.")
     ev.add_argument("--model", required=True, help="a save_pretrained directory, a Hub id, or `tiny` (the warm-started "
                     "embedded model)")
-    ev.add_argument("--benchmarks", default="math500,aime24,amc23,minerva_math,college_math,olympiadbench",
+    ev.add_argument("--benchmarks", default=SIX,
                     help="comma-separated: math500, aime24, amc23, minerva_math, college_math, olympiadbench, "
                     "synthetic (default: the six of the paper)")
     ev.add_argument("--data-dir", help="local copy laid out as DIR/<benchmark>/test.jsonl (default: the Hub)")
-    ev.add_argument("--size", default="release", help="problems per benchmark: `release` (the release's 200-problem "
-                    "subsets of CollegeMath and OlympiadBench, all of the others), `all`, or a number (a seeded "
-                    "subset)")
-    ev.add_argument("--subset-seed", type=int, default=0, help="seed of the subsets (default 0)")
-    ev.add_argument("--n", type=int, default=3, help="samples per problem (release 3)")
-    ev.add_argument("--temperature", type=float, default=0.6, help="release 0.6; 0 = greedy (needs --n 1)")
-    ev.add_argument("--top-p", type=float, default=0.95, help="release 0.95")
-    ev.add_argument("--top-k", type=int, default=20, help="release 20; 0 = off")
-    ev.add_argument("--max-new-tokens", type=int, default=8192, help="release 8192")
+    ev.add_argument("--size", default="release", help="problems per benchmark: `release` (default: the release's "
+                    "fixed 200-problem subsets of CollegeMath and OlympiadBench, read from the identity lists in "
+                    "--data-dir or --release-subsets-dir; all rows of the others), `all`, or a number N (a seeded "
+                    "subset of N, deterministic and nested, but not the release's problems)")
+    ev.add_argument("--release-subsets-dir", help="folder holding the release subsets' identity lists as "
+                    "DIR/olympiadbench/release_subset_ids.txt and DIR/college_math/release_subset.jsonl (default: "
+                    "--data-dir). Needed with --size release when the benchmarks come from the Hub: the lists are "
+                    "in the shared data, not in grail-rl or on the Hub")
+    ev.add_argument("--subset-seed", type=int, default=0, help="seed of the seeded subsets (--size N; default 0)")
+    ev.add_argument("--n", type=int, default=RELEASE.n, help=f"samples per problem (release {RELEASE.n})")
+    ev.add_argument("--temperature", type=float, default=RELEASE.temperature,
+                    help=f"release {RELEASE.temperature}; 0 = greedy (needs --n 1)")
+    ev.add_argument("--top-p", type=float, default=RELEASE.top_p, help=f"release {RELEASE.top_p}")
+    ev.add_argument("--top-k", type=int, default=RELEASE.top_k, help=f"release {RELEASE.top_k}; 0 = off")
+    ev.add_argument("--max-new-tokens", type=int, default=RELEASE.max_new_tokens,
+                    help=f"release {RELEASE.max_new_tokens}; the hf backend caps it at the model's "
+                    "max_position_embeddings minus the prompt")
     ev.add_argument("--seed", type=int, default=0, help="sampling seed (batch b uses seed + b)")
     ev.add_argument("--batch-size", type=int, default=16, help="problems per generation batch")
     ev.add_argument("--backend", choices=("hf", "vllm"), default="hf", help="hf: transformers generate (CPU/GPU); "
@@ -34,14 +47,24 @@ def add_parsers(sub) -> None:
     ev.add_argument("--prompt-format", choices=("auto", "plain", "chat"), default="auto",
                     help="auto: the format the model was trained with (grail_prompt.json next to it), else the "
                     "tokenizer's chat template with thinking off if it has one, else plain text")
-    ev.add_argument("--prompt-suffix", help="text after each problem (default: the saved format's, else the paper's "
-                    "' Please reason step by step, and put your final answer within \\boxed{}.')")
+    ev.add_argument("--prompt-suffix", help="text after each problem, or a name: `paper` (' Please reason step by "
+                    "step, and put your final answer within \\boxed{}.', the literal text) or `release` (the same "
+                    "with a backspace for \\b, the text the released checkpoints were trained and evaluated with: "
+                    "use it to evaluate those). Default: the format saved with the model, else `paper`")
+    ev.add_argument("--scoring", choices=("grail", "release"), default="grail",
+                    help="grail: grail's grader, which reads every reference correctly. release: the GRAIL "
+                    "release's scoring reproduced (its box extraction, its $...$ parse without normalisation, "
+                    "OlympiadBench graded against the text of its answer list, so about 29%% of those references "
+                    "cannot match; mean tokens over samples with a box), to put figures next to the paper's. "
+                    "results.md says which one produced it")
     ev.add_argument("--workers", type=int, help="grading processes (default: one per CPU core)")
     ev.add_argument("--output-dir", help="where results go (default runs/eval-<timestamp>); reuse it to resume")
     check = sub.add_parser("grader-check", help="grade every benchmark's own references: a self-test of the "
                            "loaders and the grader on data nobody here wrote")
     check.add_argument("--data-dir", required=True, help="local copy laid out as DIR/<benchmark>/test.jsonl")
-    check.add_argument("--benchmarks", default="math500,aime24,amc23,minerva_math,college_math,olympiadbench")
+    check.add_argument("--benchmarks", default=SIX)
+    check.add_argument("--scoring", choices=("grail", "release"), default="grail",
+                       help="grade with grail's grader, or the release's scoring reproduced (see grail eval --help)")
     check.add_argument("--workers", type=int, help="grading processes (default: one per CPU core)")
     check.add_argument("--show", type=int, default=5, help="disagreements to print per benchmark (default 5)")
 
@@ -66,7 +89,7 @@ def _load_model(name: str):
 def _prompt_format(args, model_path: str, tokenizer):
     from dataclasses import replace
 
-    from grail.prompts import PromptFormat
+    from grail.prompts import PromptFormat, resolve_suffix
 
     saved = PromptFormat.load(model_path) if Path(model_path).is_dir() else None
     fmt = saved or PromptFormat.default_for(tokenizer)
@@ -75,19 +98,22 @@ def _prompt_format(args, model_path: str, tokenizer):
     elif args.prompt_format == "chat":
         fmt = replace(fmt, chat=True, chat_template_kwargs=fmt.chat_template_kwargs or {"enable_thinking": False})
     if args.prompt_suffix is not None:
-        fmt = replace(fmt, suffix=args.prompt_suffix)
+        fmt = replace(fmt, suffix=resolve_suffix(args.prompt_suffix))
     return fmt
 
 
 def run_eval(args) -> int:
-    from grail.benchmarks import parse_benchmark_list
+    from grail.benchmarks import load_benchmarks, parse_benchmark_list
     from grail.eval_harness import EvalSpec, parse_size, run_evaluation
-    from grail.sampling import HFSampler, SamplingParams, VLLMSampler
+    from grail.sampling import HFSampler, VLLMSampler
 
     benchmarks = tuple(parse_benchmark_list(args.benchmarks))
     params = SamplingParams(n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_new_tokens=args.max_new_tokens)
     size = parse_size(args.size)
+    # the data first: a missing file or identity list stops the run before a model is loaded
+    loaded = load_benchmarks(benchmarks, data_dir=args.data_dir, size=size, seed=args.subset_seed,
+                             release_subsets_dir=args.release_subsets_dir)
     model_path, model, tokenizer = _load_model(args.model)
     fmt = _prompt_format(args, model_path, tokenizer)
     if args.backend == "vllm":
@@ -96,11 +122,12 @@ def run_eval(args) -> int:
     else:
         sampler = HFSampler(model, tokenizer, batch_size=args.batch_size)
     spec = EvalSpec(benchmarks=benchmarks, data_dir=args.data_dir, size=size, subset_seed=args.subset_seed,
-                    sampling=params, seed=args.seed, batch_size=args.batch_size, prompt=fmt)
+                    sampling=params, seed=args.seed, batch_size=args.batch_size, prompt=fmt,
+                    release_subsets_dir=args.release_subsets_dir, scoring=args.scoring)
     out_dir = args.output_dir or os.path.join("runs", f"eval-{time.strftime('%Y%m%d-%H%M%S')}")
-    print(f"evaluating {args.model} on {', '.join(benchmarks)} (n={params.n}, T={params.temperature}); "
-          f"output in {out_dir}")
-    report = run_evaluation(sampler, tokenizer, spec, out_dir, workers=args.workers)
+    print(f"evaluating {args.model} on {', '.join(benchmarks)} (n={params.n}, T={params.temperature}, "
+          f"{args.scoring} scoring); output in {out_dir}")
+    report = run_evaluation(sampler, tokenizer, spec, out_dir, workers=args.workers, loaded=loaded)
     print(report.markdown)
     print(f"results: {out_dir}/results.json, {out_dir}/results.md; samples: {out_dir}/samples.jsonl")
     return 0
@@ -111,7 +138,7 @@ def run_grader_check(args) -> int:
     from grail.grader_check import format_grader_check, grader_check
 
     names = parse_benchmark_list(args.benchmarks)
-    result = grader_check(args.data_dir, benchmarks=names, workers=args.workers)
+    result = grader_check(args.data_dir, benchmarks=names, workers=args.workers, scoring=args.scoring)
     print(format_grader_check(result, show=args.show))
     return 0
 

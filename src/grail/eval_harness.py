@@ -5,6 +5,11 @@ benchmark all call `run_evaluation`. Protocol: ../shared/METHODS.md §6 (the pro
 problem, the last `\\boxed{}` graded against the reference with math-verify, acc@n and pass@k per benchmark, the
 unweighted and the size-weighted average), plus 95% bootstrap CIs over problems (`grail.metrics`).
 
+Scoring (`EvalSpec.scoring`, SCORINGS): "grail" grades with grail.grader against `Problem.answer`; "release"
+reproduces the release's scoring (grail.release_scoring: its extraction, its un-normalised parse, its reference
+text `Problem.release_answer`, its mean tokens over samples with a box), for comparison with the paper's table.
+results.json and results.md name the scoring that produced them.
+
 Output directory:
     run.json        the arguments (a rerun with other arguments into the same directory is refused)
     samples.jsonl   one line per sample: benchmark, problem_id, sample_index, completion, extracted, correct,
@@ -24,16 +29,23 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from grail.benchmarks import LoadedBenchmark, Problem, load_benchmarks
 from grail.grader import GradingPool
-from grail.metrics import average_scores, format_markdown, score_benchmark, to_json
+from grail.metrics import BenchmarkScore, average_scores, format_markdown, score_benchmark, to_json
 from grail.prompts import PromptFormat
+from grail.release_scoring import SCORINGS, release_mean_tokens, scoring_reference
 from grail.sampling import Sampler, SamplingParams
 
 Log = Callable[[str], None]
+SCORING_DESCRIPTIONS = {
+    "grail": "grail (grail.grader: the last complete box against the normalised reference, both sides "
+             "normalised alike; mean tokens over all samples)",
+    "release": "release (grail.release_scoring: the GRAIL release's extraction and un-normalised $...$ parse, "
+               "OlympiadBench graded against the text of its answer list, mean tokens over samples with a box)",
+}
 
 
 @dataclass(frozen=True)
@@ -42,12 +54,18 @@ class EvalSpec:
 
     benchmarks: tuple[str, ...]
     data_dir: str | None = None  # local copy laid out as <dir>/<name>/test.jsonl; None = the Hub
-    size: int | str | None = "release"  # "release" (200 of CollegeMath / OlympiadBench), None = all, or an int
+    size: int | str | None = "release"  # "release" (the release's subsets, grail.benchmarks), None = all, or an int
     subset_seed: int = 0
     sampling: SamplingParams = field(default_factory=SamplingParams)
     seed: int = 0
     batch_size: int = 16  # problems per sampling batch (each with its n samples)
     prompt: PromptFormat = field(default_factory=PromptFormat)
+    release_subsets_dir: str | None = None  # folder of the release subsets' identity lists; None = data_dir
+    scoring: str = "grail"  # a key of SCORINGS
+
+    def __post_init__(self):
+        if self.scoring not in SCORINGS:
+            raise ValueError(f"scoring={self.scoring!r}; choose from {', '.join(map(repr, SCORINGS))}.")
 
     def record(self) -> dict:
         return json.loads(json.dumps(asdict(self)))  # plain JSON types (tuples → lists)
@@ -139,7 +157,8 @@ def run_evaluation(sampler: Sampler, tokenizer, spec: EvalSpec, out_dir: str | P
     out_dir.mkdir(parents=True, exist_ok=True)
     _check_run_record(out_dir, spec)
     if loaded is None:
-        loaded = load_benchmarks(spec.benchmarks, data_dir=spec.data_dir, size=spec.size, seed=spec.subset_seed)
+        loaded = load_benchmarks(spec.benchmarks, data_dir=spec.data_dir, size=spec.size, seed=spec.subset_seed,
+                                 release_subsets_dir=spec.release_subsets_dir)
     for bench in loaded:
         if bench.skipped:
             log(f"{bench.name}: {len(bench.skipped)} of {bench.total_rows} rows have no usable reference answer and "
@@ -148,6 +167,8 @@ def run_evaluation(sampler: Sampler, tokenizer, spec: EvalSpec, out_dir: str | P
     recorded = read_samples(samples_path)
     n = spec.sampling.n
     items: list[Problem] = [p for bench in loaded for p in bench.problems]
+    for p in items:
+        scoring_reference(p, spec.scoring)  # a problem the scoring cannot grade stops the run before any sampling
     batches = [items[i : i + spec.batch_size] for i in range(0, len(items), spec.batch_size)]
     done = sum(all(_key(p.source, p.id, j) in recorded for j in range(n)) for p in items)
     bar = _progress_bar(len(items), done, progress)
@@ -155,21 +176,30 @@ def run_evaluation(sampler: Sampler, tokenizer, spec: EvalSpec, out_dir: str | P
         new_samples = _sample_and_grade(sampler, tokenizer, spec, batches, recorded, samples_path, pool, bar)
     if bar is not None:
         bar.close()
-    scores = [score_benchmark(bench.name,
-                              [[recorded[_key(bench.name, p.id, j)]["correct"] for j in range(n)]
-                               for p in bench.problems],
-                              [[recorded[_key(bench.name, p.id, j)]["tokens"] for j in range(n)]
-                               for p in bench.problems], seed=spec.seed)
-              for bench in loaded if bench.problems]
+    scores = [_score(bench, recorded, spec) for bench in loaded if bench.problems]
     averages = list(average_scores(scores, seed=spec.seed)) if scores else []
-    results = {**to_json(scores, averages), "spec": spec.record(),
+    results = {**to_json(scores, averages), "scoring": {"name": spec.scoring,
+                                                        "description": SCORING_DESCRIPTIONS[spec.scoring]},
+               "spec": spec.record(),
                "benchmarks_loaded": [{"name": b.name, "subset": b.subset, "total_rows": b.total_rows,
                                       "evaluated": len(b.problems), "skipped": [list(s) for s in b.skipped]}
                                      for b in loaded]}
-    markdown = format_markdown(scores, averages)
+    markdown = f"Scoring: {SCORING_DESCRIPTIONS[spec.scoring]}.\n\n" + format_markdown(scores, averages)
     _write_atomic(out_dir / "results.json", json.dumps(results, indent=2) + "\n")
     _write_atomic(out_dir / "results.md", markdown + "\n")
     return EvalReport(results, markdown, loaded, new_samples)
+
+
+def _score(bench: LoadedBenchmark, recorded: dict, spec: EvalSpec) -> BenchmarkScore:
+    """One benchmark's metrics from its recorded samples; release scoring takes the release's mean tokens."""
+    records_PN = [[recorded[_key(bench.name, p.id, j)] for j in range(spec.sampling.n)] for p in bench.problems]
+    tokens_PN = [[r["tokens"] for r in records_N] for records_N in records_PN]
+    score = score_benchmark(bench.name, [[r["correct"] for r in records_N] for records_N in records_PN], tokens_PN,
+                            seed=spec.seed)
+    if spec.scoring == "release":
+        extracted_PN = [[r["extracted"] for r in records_N] for records_N in records_PN]
+        score = replace(score, mean_completion_tokens=release_mean_tokens(tokens_PN, extracted_PN))
+    return score
 
 
 def _sample_and_grade(sampler: Sampler, tokenizer, spec: EvalSpec, batches: list[list[Problem]],
@@ -184,7 +214,8 @@ def _sample_and_grade(sampler: Sampler, tokenizer, spec: EvalSpec, batches: list
         samples = sampler.generate(prompts, spec.sampling, seed=spec.seed + b)  # the whole batch: same samples
         row = {(p.source, p.id): i for i, p in enumerate(batch)}
         chosen = [(p, j, samples[row[p.source, p.id]][j]) for p, j in missing]
-        grades = pool.grade_many([s.text for _, _, s in chosen], [p.answer for p, _, _ in chosen])
+        references = [scoring_reference(p, spec.scoring) for p, _, _ in chosen]
+        grades = pool.grade_many([s.text for _, _, s in chosen], references, scoring=SCORINGS[spec.scoring])
         records = [{"benchmark": p.source, "problem_id": p.id, "sample_index": j, "completion": s.text,
                     "extracted": g.extracted, "correct": bool(g.correct), "reason": g.reason, "tokens": s.num_tokens}
                    for (p, j, s), g in zip(chosen, grades, strict=True)]

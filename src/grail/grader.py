@@ -40,6 +40,10 @@ Timeouts and where the work runs
   over the remaining items: one stuck item never hangs the evaluation.
 Worker processes are spawned, so a script that calls these off the main thread or with workers > 1 must keep
 its entry point under `if __name__ == "__main__":`, as for any multiprocessing use.
+
+Other scorings. `Scoring` pairs an extraction with a content grader; `grade_many(..., scoring=...)` and
+`GradingPool.grade_many` run any such pair under the same bounds (grail.release_scoring is the release's).
+GRAIL_SCORING, the default, is everything above.
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -179,9 +183,24 @@ def _grade_content(content: str | None, reference: Any, timeout_s: float) -> Gra
     return GradeResult(False, content, "ok")
 
 
+@dataclass(frozen=True)
+class Scoring:
+    """How a completion is graded. `extract(completion)`: the answer text (None: no answer), taken in the calling
+    process; `grade_content(text, reference, timeout_s)`: its GradeResult, run on a main thread (this one or a
+    worker's) where math-verify's alarms work. Both must be module-level functions: workers receive them by name."""
+
+    name: str
+    extract: Callable[[str], str | None]
+    grade_content: Callable[[str | None, Any, float], GradeResult]
+
+
+GRAIL_SCORING = Scoring("grail", last_boxed_content, _grade_content)
+
+
 # ---- worker processes -----------------------------------------------------------------------------------------
 def _worker_main(conn: Connection) -> None:
-    """A worker process: grade (content, reference, timeout_s) items on this main thread until told to stop."""
+    """A worker process: grade (grade_content, content, reference, timeout_s) items on this main thread until told
+    to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it then stops the workers
     conn.send("ready")
     while True:
@@ -192,7 +211,8 @@ def _worker_main(conn: Connection) -> None:
         if item is None:
             return
         try:
-            conn.send(_grade_content(*item))
+            grade_content, *arguments = item
+            conn.send(grade_content(*arguments))
         except Exception as err:  # a bug, not a bad answer: the parent re-raises it
             conn.send(RuntimeError(f"grader worker failed: {type(err).__name__}: {err}"))
 
@@ -232,7 +252,7 @@ class _Pool:
         self.slots: list[_Worker | None] = [None] * size
 
     def grade(self, contents: Sequence[str | None], references: Sequence[Any], timeout_s: float,
-              item_deadline_s: float) -> list[GradeResult]:
+              item_deadline_s: float, scoring: Scoring = GRAIL_SCORING) -> list[GradeResult]:
         results: list[GradeResult | None] = [None] * len(contents)
         queue = deque(range(len(contents)))
         while queue or any(w is not None and w.index is not None for w in self.slots):
@@ -242,7 +262,7 @@ class _Pool:
                 if worker is not None and worker.ready and worker.index is None and queue:
                     index = queue.popleft()
                     try:
-                        worker.conn.send((contents[index], references[index], timeout_s))
+                        worker.conn.send((scoring.grade_content, contents[index], references[index], timeout_s))
                     except OSError:  # it died while idle: not this item's doing, so the item goes back
                         queue.appendleft(index)
                         self._drop(worker)
@@ -330,13 +350,13 @@ class GradingPool:
         self._pool = _Pool(self.workers) if self.workers > 1 else None
 
     def grade_many(self, completions: Sequence[str], references: Sequence[Any], *, timeout_s: float = TIMEOUT_S,
-                   item_deadline_s: float | None = None) -> list[GradeResult]:
+                   item_deadline_s: float | None = None, scoring: Scoring = GRAIL_SCORING) -> list[GradeResult]:
         if self._pool is None or len(completions) <= 1:
             return grade_many(completions, references, workers=1, timeout_s=timeout_s,
-                              item_deadline_s=item_deadline_s)
+                              item_deadline_s=item_deadline_s, scoring=scoring)
         _check_inputs(completions, references)
         deadline = 4 * timeout_s if item_deadline_s is None else item_deadline_s
-        return self._pool.grade([last_boxed_content(c) for c in completions], references, timeout_s, deadline)
+        return self._pool.grade([scoring.extract(c) for c in completions], references, timeout_s, deadline, scoring)
 
     def close(self) -> None:
         if self._pool is not None:
@@ -358,7 +378,8 @@ def _check_inputs(completions: Sequence[str], references: Sequence[Any]) -> None
 
 
 def grade_many(completions: Sequence[str], references: Sequence[Any], *, workers: int | None = None,
-               timeout_s: float = TIMEOUT_S, item_deadline_s: float | None = None) -> list[GradeResult]:
+               timeout_s: float = TIMEOUT_S, item_deadline_s: float | None = None,
+               scoring: Scoring = GRAIL_SCORING) -> list[GradeResult]:
     """`grade` over pairs, in parallel over `workers` processes (default os.cpu_count()); results in input order.
 
     workers=1 (or a single item) grades one item after another: in this process on the main thread, in the
@@ -366,29 +387,29 @@ def grade_many(completions: Sequence[str], references: Sequence[Any], *, workers
     (about 0.6 s on 2 cores, in parallel) and shut down at the end: for a few thousand cheap items in a warm
     process, workers=1 can be as fast (benchmarks/grader_throughput.py). timeout_s bounds each math-verify
     call; item_deadline_s (default 4 * timeout_s) bounds each item's wall time in a worker process (module
-    docstring).
+    docstring). scoring: what is extracted and how it is graded (default GRAIL_SCORING, this module's grader).
     """
     global _off_main
     if workers is not None and workers < 1:
         raise ValueError(f"grade_many: workers={workers}; use an int >= 1 or None for os.cpu_count().")
     _check_inputs(completions, references)
-    contents = [last_boxed_content(c) for c in completions]  # here: the workers get only the box contents
+    contents = [scoring.extract(c) for c in completions]  # here: the workers get only the box contents
     workers = min(workers or os.cpu_count() or 1, len(completions))
     deadline = 4 * timeout_s if item_deadline_s is None else item_deadline_s
     if workers <= 1:
         if threading.current_thread() is threading.main_thread():
-            return [_grade_content(c, r, timeout_s) for c, r in zip(contents, references, strict=True)]
+            return [scoring.grade_content(c, r, timeout_s) for c, r in zip(contents, references, strict=True)]
         with _off_main_lock:
             if _off_main is None:
                 _off_main = _Pool(1)
             try:
-                return _off_main.grade(contents, references, timeout_s, deadline)
+                return _off_main.grade(contents, references, timeout_s, deadline, scoring)
             except BaseException:  # its state is unknown: the next call starts afresh
                 _off_main.close()
                 _off_main = None
                 raise
     pool = _Pool(workers)
     try:
-        return pool.grade(contents, references, timeout_s, deadline)
+        return pool.grade(contents, references, timeout_s, deadline, scoring)
     finally:
         pool.close()

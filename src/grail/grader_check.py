@@ -5,6 +5,9 @@ Per benchmark, with `grail.grader.grade` (the function training and evaluation u
   round_trip  the reference answer put in a box, extracted and graded against itself;
   neighbour   (optional, slow) each answer in a box against the NEXT row's reference: should be rejected, so
               it catches a grader that accepts too much (the round trip cannot).
+With scoring="release" the same checks run under the release's scoring (grail.release_scoring): the references
+are then `Problem.release_answer`, the text the release grades against, while the boxed answers stay the same.
+On OlympiadBench that makes most of the round-trip failures the release's list-as-string reference causes.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 
 from grail.benchmarks import BENCHMARK_NAMES, load_benchmark
 from grail.grader import gold_latex, grade_many
+from grail.release_scoring import SCORINGS, scoring_reference
 
 # ---- grader check on the benchmark data -----------------------------------------------------------------------
 SOLUTION_FIELDS = {"math500": ("unique_id", "solution"), "aime24": ("id", "solution")}  # (id field, solution)
@@ -38,8 +42,13 @@ def _solutions(data_dir: str | Path, name: str) -> dict[str, str]:
     return {str(row[id_field]): row[solution_field] for row in rows if isinstance(row.get(solution_field), str)}
 
 
+def _same_reference(a: str, b: str, scoring: str) -> bool:
+    """Two references that read the same (grail: after normalisation; release: as text) make no neighbour pair."""
+    return gold_latex(a) == gold_latex(b) if scoring == "grail" else a == b
+
+
 def grader_check(data_dir: str | Path, benchmarks: Sequence[str] | None = None, workers: int | None = None, *,
-                 neighbour: bool = False) -> dict:
+                 neighbour: bool = False, scoring: str = "grail") -> dict:
     r"""How far the grader agrees with the benchmark data itself, on every row (`grail grader-check`).
 
     References are the answers of `grail.benchmarks.load_benchmark(name, data_dir=data_dir, size=None)`.
@@ -54,11 +63,15 @@ def grader_check(data_dir: str | Path, benchmarks: Sequence[str] | None = None, 
       lenient grader, except where two different texts are the same answer ("5" and "x=5"): read its
       disagreements before calling any of them a grader fault. Slow: sympy often times out comparing two
       unrelated equations (CollegeMath's ODE solutions), about 5 minutes for all six sets on 2 cores.
-    Returns {"data_dir", "benchmarks": {name: {"n", "solution_note", "solution", "round_trip", "neighbour"}},
+    scoring: "grail" (grail.grader) or "release" (grail.release_scoring, against Problem.release_answer).
+    Returns {"data_dir", "scoring", "benchmarks": {name: {"n", "solution_note", "solution", "round_trip",
+    "neighbour"}},
     "targets": [{"benchmark", "check", "threshold", "fraction", "met"}]}, a check being {"n", "agree",
     "fraction", "disagreements": [{"id", "reference", "extracted", "reason"}]} (or None when not run).
     """
 
+    if scoring not in SCORINGS:
+        raise ValueError(f"grader_check: scoring={scoring!r}; choose from {', '.join(map(repr, SCORINGS))}.")
     names = list(BENCHMARK_NAMES if benchmarks is None else benchmarks)
     jobs: list[tuple[str, str, str, str, str, bool]] = []  # (benchmark, check, id, completion, reference, expected)
     sizes = {}
@@ -67,15 +80,16 @@ def grader_check(data_dir: str | Path, benchmarks: Sequence[str] | None = None, 
         sizes[name] = len(problems)
         solutions = _solutions(data_dir, name) if name in SOLUTION_FIELDS else {}
         for i, p in enumerate(problems):
-            box = "\\boxed{" + p.answer + "}"
+            box, reference = "\\boxed{" + p.answer + "}", scoring_reference(p, scoring)
             if p.id in solutions:
-                jobs.append((name, "solution", p.id, solutions[p.id], p.answer, True))
-            jobs.append((name, "round_trip", p.id, box, p.answer, True))
-            following = problems[(i + 1) % len(problems)].answer
-            if neighbour and gold_latex(following) != gold_latex(p.answer):
+                jobs.append((name, "solution", p.id, solutions[p.id], reference, True))
+            jobs.append((name, "round_trip", p.id, box, reference, True))
+            following = scoring_reference(problems[(i + 1) % len(problems)], scoring)
+            if neighbour and not _same_reference(following, reference, scoring):
                 jobs.append((name, "neighbour", p.id, box, following, False))
-    results = grade_many([j[3] for j in jobs], [j[4] for j in jobs], workers=workers)
-    out: dict[str, Any] = {"data_dir": str(data_dir), "benchmarks": {}, "targets": []}
+    results = grade_many([j[3] for j in jobs], [j[4] for j in jobs], workers=workers,
+                         scoring=SCORINGS[scoring])
+    out: dict[str, Any] = {"data_dir": str(data_dir), "scoring": scoring, "benchmarks": {}, "targets": []}
     for name in names:
         entry: dict[str, Any] = {"n": sizes[name], "solution_note": SOLUTION_NOTES.get(name)}
         for check in CHECKS:
@@ -110,7 +124,8 @@ def _short(text: str | None, limit: int = 70) -> str:
 def format_grader_check(result: dict, show: int | None = None) -> str:
     """`grader_check`'s result as markdown: the agreement table, the targets, then the disagreements of each
     check (the first `show` of them; None: all)."""
-    lines = ["| benchmark | n | solution vs answer | round trip | neighbour rejected |", "|---|---|---|---|---|"]
+    lines = [f"Scoring: {result.get('scoring', 'grail')}", "",
+             "| benchmark | n | solution vs answer | round trip | neighbour rejected |", "|---|---|---|---|---|"]
     for name, entry in result["benchmarks"].items():
         lines.append(f"| {name} | {entry['n']} | {_cell(entry['solution'], entry['solution_note'])} "
                      f"| {_cell(entry['round_trip'])} | {_cell(entry['neighbour'], 'not run')} |")

@@ -6,6 +6,15 @@ e.g. `enable_thinking: false` for Qwen3). Training hands TRL `training_prompt(..
 prompts with the same template and kwargs); evaluation renders `render(tokenizer, ...)` itself, exactly as
 TRL does (`apply_chat_template(..., add_generation_prompt=True)`). A training run saves its format next to
 the model (`grail_prompt.json`), so `grail eval` on a trained model reads problems the way it was trained.
+
+Named suffixes (`resolve_suffix`, the one place where names become text; training's prompt_suffix and
+`grail eval --prompt-suffix` both go through it):
+  paper    PAPER_PROMPT_SUFFIX, the instruction as the paper prints it, with a literal `\boxed{}`.
+  release  RELEASE_PROMPT_SUFFIX, the text the released models were trained and evaluated with. The release
+           writes the instruction in a non-raw Python string (src/train/grpo.py `add_boxed_prompt`,
+           src/eval/run_eval.py `process_item`: the same text, leading space included), so its `\b` is a
+           backspace, chr(8): the models read "\x08oxed{}", not "\boxed{}".
+Any other text is used as it is.
 """
 
 from __future__ import annotations
@@ -16,7 +25,14 @@ from pathlib import Path
 from typing import Any
 
 PAPER_PROMPT_SUFFIX = " Please reason step by step, and put your final answer within \\boxed{}."
+RELEASE_PROMPT_SUFFIX = " Please reason step by step, and put your final answer within \x08oxed{}."
+NAMED_SUFFIXES = {"paper": PAPER_PROMPT_SUFFIX, "release": RELEASE_PROMPT_SUFFIX}
 FORMAT_FILE = "grail_prompt.json"
+
+
+def resolve_suffix(text: str) -> str:
+    """A suffix name from NAMED_SUFFIXES ("paper", "release") as its text; any other text unchanged."""
+    return NAMED_SUFFIXES.get(text, text)
 
 
 @dataclass(frozen=True)
@@ -27,8 +43,9 @@ class PromptFormat:
 
     @classmethod
     def from_config(cls, cfg) -> PromptFormat:
-        """The format a training config uses (GRAILConfig: prompt_suffix, conversational, chat_template_kwargs)."""
-        return cls(cfg.prompt_suffix, bool(cfg.conversational), dict(cfg.chat_template_kwargs or {}))
+        """The format a training config uses (GRAILConfig: prompt_suffix, a name resolved by `resolve_suffix`,
+        conversational, chat_template_kwargs)."""
+        return cls(resolve_suffix(cfg.prompt_suffix), bool(cfg.conversational), dict(cfg.chat_template_kwargs or {}))
 
     @classmethod
     def default_for(cls, tokenizer) -> PromptFormat:

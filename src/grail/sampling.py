@@ -5,7 +5,12 @@
 including the end-of-sequence token). The same `seed` and prompts give the same samples on the same machine
 and backend, which is what makes an interrupted evaluation resumable batch by batch.
 
-Release defaults (METHODS.md 6): n = 3, temperature 0.6, top-p 0.95, top-k 20, 8192 new tokens.
+SamplingParams' defaults are the release's evaluation settings (METHODS.md 6), the one home of those numbers
+(`grail eval`'s flags and training's checkpoint evaluation read them from here). The HF backend generates at most
+what the model can hold: max_new_tokens is capped per batch at max_position_embeddings minus the batch's longest
+prompt (`new_token_limit`); the embedded tiny model holds 512 positions, a Qwen3-4B 40960.
+
+torch is imported where it is used, so that the CLI can read the defaults without loading it.
 """
 
 from __future__ import annotations
@@ -14,11 +19,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-import torch
-
 
 @dataclass(frozen=True)
 class SamplingParams:
+    """Sampling settings; the defaults are the release's evaluation protocol (METHODS.md 6)."""
+
     n: int = 3
     temperature: float = 0.6  # 0 = greedy
     top_p: float = 0.95
@@ -56,15 +61,33 @@ def hf_generation_kwargs(tokenizer, params: SamplingParams) -> dict:
     return kwargs
 
 
-@torch.no_grad()
+def new_token_limit(model, prompt_tokens: int, requested: int) -> int:
+    """`requested` capped so that prompt + completion fit the model's positions (config.max_position_embeddings;
+    no cap when the config has none). ValueError when the prompt alone fills them."""
+    positions = getattr(model.config, "max_position_embeddings", None)
+    if positions is None:
+        return requested
+    if prompt_tokens >= positions:
+        raise ValueError(f"a prompt of {prompt_tokens} tokens leaves no room to generate in a model of "
+                         f"{positions} positions (max_position_embeddings); shorten the prompts (a shorter "
+                         f"--prompt-suffix, fewer benchmarks with long problems) or use a model with a longer context.")
+    return min(requested, positions - prompt_tokens)
+
+
 def generate_batch(model, tokenizer, prompts: Sequence[str], *, n: int, gen_kwargs: dict) -> list[list[Sample]]:
     """One `model.generate` call: `n` samples per prompt, prompts tokenised as is (left-padded, no special tokens
-    added: the rendered prompt already holds the template's tokens). The caller owns the RNG state."""
+    added: the rendered prompt already holds the template's tokens). The caller owns the RNG state.
+    gen_kwargs["max_new_tokens"] is capped by `new_token_limit` for the batch's longest prompt."""
+    import torch
+
     device = next(model.parameters()).device
     batch = tokenizer(list(prompts), return_tensors="pt", padding=True, padding_side="left",
                       add_special_tokens=False).to(device)
-    ids_BL = model.generate(**batch, **gen_kwargs, num_return_sequences=n)
-    new_BT = ids_BL[:, batch["input_ids"].shape[1] :]
+    prompt_tokens = batch["input_ids"].shape[1]
+    gen_kwargs = {**gen_kwargs, "max_new_tokens": new_token_limit(model, prompt_tokens, gen_kwargs["max_new_tokens"])}
+    with torch.no_grad():
+        ids_BL = model.generate(**batch, **gen_kwargs, num_return_sequences=n)
+    new_BT = ids_BL[:, prompt_tokens:]
     eos = set(_eos_ids(model, tokenizer))
     texts = tokenizer.batch_decode(new_BT, skip_special_tokens=True)
     samples = []
@@ -90,6 +113,8 @@ class HFSampler:
         self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
 
     def generate(self, prompts: Sequence[str], params: SamplingParams, seed: int) -> list[list[Sample]]:
+        import torch
+
         was_training = self.model.training
         self.model.eval()
         out: list[list[Sample]] = []
