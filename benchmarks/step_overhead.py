@@ -15,7 +15,8 @@ Setup (one trainer per method, identical except for the method):
   * every completion exactly `--completion-tokens` long (default 128): generation_kwargs min_new_tokens = N
     and max_completion_length = N;
   * methods (`--methods`): none (GRPO, the baseline every ratio divides by), grail (saliency_path fused),
-    grail_separate (grail, saliency_path separate), oar_g, oar_p, random, entropy (controls; saliency_path auto,
+    grail_separate (grail, saliency_path separate), oar_g, oar_g_release (oar_variant grail_release), oar_p,
+    random, entropy (controls; saliency_path auto,
     which is fused here). OAR's scored tokens: `--oar-scope` (default completion, see departure 2).
   * CPU in fp32, or the CUDA device (`--device`), in bf16 with `--bf16`.
 
@@ -89,6 +90,7 @@ METHODS = {  # benchmark name → config fields that differ from GRPO's
     "grail": {"token_weighting": "grail", "saliency_path": "fused"},
     "grail_separate": {"token_weighting": "grail", "saliency_path": "separate"},
     "oar_g": {"token_weighting": "oar_g"},
+    "oar_g_release": {"token_weighting": "oar_g", "oar_variant": "grail_release"},
     "oar_p": {"token_weighting": "oar_p"},
     "random": {"token_weighting": "random"},
     "entropy": {"token_weighting": "entropy"},
