@@ -55,13 +55,16 @@ def test_two_step_grpo_run_writes_run_dir_and_changes_parameters(tmp_path, warm_
     assert len(changed) > len(before) // 2, f"only {len(changed)} of {len(before)} tensors changed"
 
 
-def test_the_written_config_reruns(tmp_path, warm_cache):
+def test_the_written_config_reruns_into_a_new_directory(tmp_path, warm_cache, monkeypatch):
     cache, _ = warm_cache
     first = tmp_path / "first"
     assert main(["train", "--preset", "tiny-cpu", *FAST, "--max_steps", "1", "--cache_dir", str(cache),
                  "--output_dir", str(first)]) == 0
-    second = tmp_path / "second"
-    assert main(["train", "--config", str(first / "config.yaml"), "--output_dir", str(second)]) == 0
+    metrics = (first / "metrics.jsonl").read_text()
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--config", str(first / "config.yaml")]) == 0  # no --output_dir: a fresh default one
+    (second,) = (tmp_path / "runs").iterdir()
+    assert second.name.startswith("train-") and (first / "metrics.jsonl").read_text() == metrics
     a = json.loads((first / "resolved_config.json").read_text())
     b = json.loads((second / "resolved_config.json").read_text())
     differing = {k for k in a if a[k] != b[k]}

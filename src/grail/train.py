@@ -139,9 +139,13 @@ class CheckpointEval(TrainerCallback):
 
 
 def write_run_config(cfg: GRAILConfig, overrides: dict, run_dir: Path) -> None:
+    """config.yaml: the values the user set, without `output_dir`, so that `grail train --config run/config.yaml`
+    starts a new run directory instead of appending to this one (and evaluating against its samples);
+    resolved_config.json: every field, the run directory included."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump({**overrides, "output_dir": str(run_dir)},
-                                                        sort_keys=True))
+    values = {k: v for k, v in overrides.items() if k != "output_dir"}
+    header = f"# grail train values of the run in {run_dir}; rerunning with --config starts a new run directory\n"
+    (run_dir / "config.yaml").write_text(header + yaml.safe_dump(values, sort_keys=True))
     (run_dir / "resolved_config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=str,
                                                              sort_keys=True))
 
