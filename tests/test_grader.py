@@ -386,3 +386,14 @@ def test_a_grading_pool_is_reused_across_calls_and_agrees_with_grade_many():
         assert [w.process.pid for w in pool._pool.slots if w is not None] == processes  # the same workers
     assert first == expected and second == expected[::-1]
     assert [r.correct for r in expected] == [True, True, False, False, True]
+
+
+def test_grader_check_exit_status_says_whether_its_targets_are_met(tiny_data, capsys):
+    from grail.cli import main
+
+    # amc23 and minerva_math round-trip every reference: targets met, exit 0
+    assert main(["grader-check", "--data-dir", str(tiny_data), "--benchmarks", "amc23,minerva_math",
+                 "--workers", "1"]) == 0
+    # math500's second worked solution boxes 1/3 against the answer 1/2: 50% < the 99% target, exit 1
+    assert main(["grader-check", "--data-dir", str(tiny_data), "--benchmarks", "math500", "--workers", "1"]) == 1
+    assert "targets NOT MET (math500 solution)" in capsys.readouterr().err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -140,6 +141,11 @@ def run_grader_check(args) -> int:
     names = parse_benchmark_list(args.benchmarks)
     result = grader_check(args.data_dir, benchmarks=names, workers=args.workers, scoring=args.scoring)
     print(format_grader_check(result, show=args.show))
+    missed = [t for t in result["targets"] if not t["met"]]
+    if missed:  # a self-test that misses its targets must not look like a pass to a script or CI
+        print(f"grail grader-check: {len(missed)} of {len(result['targets'])} targets NOT MET ("
+              + ", ".join(f"{t['benchmark']} {t['check']}" for t in missed) + "); exit status 1", file=sys.stderr)
+        return 1
     return 0
 
 
