@@ -210,3 +210,18 @@ def test_help_of_every_command_exits_0_through_the_real_entry_point(command):
     out = subprocess.run([sys.executable, "-m", "grail", *command, "--help"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "usage:" in out.stdout
+
+
+def test_a_bad_dataset_stops_the_run_before_the_model_is_resolved(tmp_path, capsys, monkeypatch):
+    """Cheap checks first: no warm start (a minute) or model download before the dataset is known to be usable."""
+    import grail.train
+
+    def resolve(*args, **kwargs):
+        raise AssertionError("the model was resolved before the dataset was validated")
+
+    monkeypatch.setattr(grail.train, "resolve_model_path", resolve)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"question": "1+1", "answer": "2"}) + "\n")  # no `prompt` column
+    rc = main(["train", "--dataset", str(bad), "--max_steps", "1", "--output_dir", str(tmp_path / "run")])
+    assert rc == 2 and "prompt_column" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()  # nothing written for a run that never started

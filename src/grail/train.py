@@ -157,8 +157,7 @@ def train(cfg: GRAILConfig, overrides: dict | None = None, log: Log = print,
     `model_path`: an already resolved `resolve_model_path(cfg)`, to skip resolving it again.
     """
     run_dir = Path(cfg.output_dir)
-    write_run_config(cfg, overrides or {}, run_dir)
-    model_path = model_path or resolve_model_path(cfg, log)
+    # Cheap checks first: a bad dataset or benchmark list must stop the run before a warm start or a download.
     dataset = load_train_dataset(cfg)
     if cfg.dataset_shuffle_seed is not None:  # the release's one-off shuffle before TRL's sampler
         dataset = dataset.shuffle(seed=cfg.dataset_shuffle_seed)
@@ -166,6 +165,8 @@ def train(cfg: GRAILConfig, overrides: dict | None = None, log: Log = print,
     callbacks = [MetricsJsonl(run_dir / "metrics.jsonl"), progress]
     if cfg.eval_benchmarks:
         callbacks.append(CheckpointEval(cfg, run_dir, log))
+    write_run_config(cfg, overrides or {}, run_dir)
+    model_path = model_path or resolve_model_path(cfg, log)
     trainer = GRAILTrainer(model=model_path, reward_funcs=[reward_function(cfg)], args=cfg,
                            train_dataset=dataset, callbacks=callbacks)
     for noisy in (PrinterCallback, ProgressCallback):  # our Progress line replaces both
