@@ -228,3 +228,17 @@ def test_checkpoint_evaluation_defaults_to_the_protocols_token_limit(tmp_path):
 
     cfg = GRAILConfig(output_dir=str(tmp_path))
     assert cfg.eval_max_new_tokens == SamplingParams().max_new_tokens != cfg.max_completion_length
+
+
+def test_checkpoint_evaluation_of_synthetic_uses_the_runs_task(tmp_path):
+    from grail.config import GRAILConfig
+    from grail.data import synthetic_rows
+    from grail.train import CheckpointEval
+
+    cfg = GRAILConfig(output_dir=str(tmp_path), eval_benchmarks="synthetic", eval_size="all", task_num_steps=3,
+                      task_num_heldout=7, task_seed=5, task_operand_max=7)
+    (loaded,) = CheckpointEval(cfg, tmp_path, log=lambda _: None).loaded
+    expected = synthetic_rows(cfg, "heldout")
+    assert [p.problem for p in loaded.problems] == [r["prompt"] for r in expected]
+    assert [p.answer for p in loaded.problems] == [str(r["answer"]) for r in expected]
+    assert len(loaded.problems) == 7 and "the run's task settings" in loaded.origin

@@ -278,20 +278,24 @@ def _hub_rows(name: str) -> tuple[list[tuple[int, dict]], str]:
     return list(enumerate(splits[split])), f"hub:{hub_id} (split {split})"
 
 
-def _synthetic_rows() -> tuple[list[tuple[int, dict]], str]:
-    """The held-out rows grail.data.synthetic_rows gives for GRAILConfig's default task_* settings."""
+def _synthetic_rows(task_source=None) -> tuple[list[tuple[int, dict]], str]:
+    """The held-out rows grail.data.synthetic_rows gives for `task_source`'s task_* settings (a training run's
+    GRAILConfig), or for GRAILConfig's defaults when it is None."""
     from dataclasses import fields
     from types import SimpleNamespace
 
     from grail.config import GRAILConfig  # imports TRL (seconds): only paid when the synthetic task is asked for
     from grail.data import synthetic_rows
 
-    defaults = {f.name: f.default for f in fields(GRAILConfig) if f.name.startswith("task_")}
-    cfg = SimpleNamespace(**defaults)
-    cfg.task_config = lambda: GRAILConfig.task_config(cfg)  # the same TaskConfig a default GRAILConfig builds
+    names = [f.name for f in fields(GRAILConfig) if f.name.startswith("task_")]
+    values = {n: getattr(task_source, n) if task_source is not None else GRAILConfig.__dataclass_fields__[n].default
+              for n in names}
+    cfg = SimpleNamespace(**values)
+    cfg.task_config = lambda: GRAILConfig.task_config(cfg)  # the TaskConfig a GRAILConfig with these values builds
     rows = synthetic_rows(cfg, "heldout")
+    which = "the run's task settings" if task_source is not None else "default task settings"
     return list(enumerate(rows)), (f"grail.tasks held-out split ({cfg.task_num_heldout} problems, "
-                                   f"task_seed {cfg.task_seed}, default task settings)")
+                                   f"task_seed {cfg.task_seed}, {which})")
 
 
 # ---- selection and the public loaders ------------------------------------------------------------------------
@@ -379,6 +383,7 @@ def load_benchmark(
     size: int | None | Literal["release"] = "release",
     seed: int = 0,
     release_subsets_dir: str | Path | None = None,
+    synthetic_task=None,
 ) -> LoadedBenchmark:
     """Load one benchmark (see the module docstring for the per-benchmark normalisation).
 
@@ -388,6 +393,8 @@ def load_benchmark(
     seed: chooses a seeded subset (ignored otherwise).
     release_subsets_dir: folder holding the identity lists as ``<name>/<file>``; None = data_dir. Needed only for
         size="release" on CollegeMath or OlympiadBench.
+    synthetic_task: for "synthetic", an object with the task_* fields of GRAILConfig (a training run's config),
+        so that checkpoint evaluation uses the run's own task; None = GRAILConfig's defaults.
     """
     _check_name(name)
     if data_dir is None and name != SYNTHETIC:
@@ -396,7 +403,7 @@ def load_benchmark(
     if size == "release" and name in RELEASE_SUBSET_FILES:
         release_list = _release_list_path(name, release_subsets_dir or data_dir)
     if name == SYNTHETIC:
-        rows, origin = _synthetic_rows()
+        rows, origin = _synthetic_rows(synthetic_task)
     elif data_dir is None:
         rows, origin = _hub_rows(name)
     else:

@@ -119,7 +119,7 @@ class CheckpointEval(TrainerCallback):
                              prompt=PromptFormat.from_config(cfg))
         # load (and check) the benchmarks now: a missing directory should stop the run before training
         self.loaded = load_benchmarks(benchmarks, data_dir=cfg.eval_data_dir, size=self.spec.size,
-                                      seed=self.spec.subset_seed)
+                                      seed=self.spec.subset_seed, synthetic_task=cfg)
 
     def on_save(self, args, state, control, model=None, processing_class=None, **kwargs):
         if not state.is_world_process_zero:
