@@ -8,6 +8,7 @@ from grail.config import GRAILConfig, literal_choices
 from grail.core import ROLLOUT_SYMMETRIES
 from grail.presets import PAPER_NOTES, PRESETS
 from grail.probes import LEAVES
+from grail.release_scoring import SCORINGS
 from grail.spans import BOX_CHOICES
 from grail.train import REWARDS
 from grail.weighting import METHOD_FUNCTIONS, OAR_VARIANT_DEFAULTS, WeightingOptions
@@ -23,6 +24,7 @@ def test_literal_choices_equal_the_dispatch_tables():
     assert set(literal_choices("oar_variant")) == set(OAR_VARIANT_DEFAULTS)
     assert literal_choices("answer_nll_span") == ("box", "content")
     assert literal_choices("oar_scope") == ("reasoning", "completion", None)  # None: the variant's value
+    assert set(literal_choices("eval_scoring")) == set(SCORINGS)
 
 
 def test_weighting_options_mirror_the_config_fields(tmp_path):

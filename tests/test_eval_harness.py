@@ -236,8 +236,10 @@ def test_checkpoint_evaluation_of_synthetic_uses_the_runs_task(tmp_path):
     from grail.train import CheckpointEval
 
     cfg = GRAILConfig(output_dir=str(tmp_path), eval_benchmarks="synthetic", eval_size="all", task_num_steps=3,
-                      task_num_heldout=7, task_seed=5, task_operand_max=7)
-    (loaded,) = CheckpointEval(cfg, tmp_path, log=lambda _: None).loaded
+                      task_num_heldout=7, task_seed=5, task_operand_max=7, eval_scoring="release")
+    checkpoint_eval = CheckpointEval(cfg, tmp_path, log=lambda _: None)
+    assert checkpoint_eval.spec.scoring == "release"  # the same setting as `grail eval --scoring`
+    (loaded,) = checkpoint_eval.loaded
     expected = synthetic_rows(cfg, "heldout")
     assert [p.problem for p in loaded.problems] == [r["prompt"] for r in expected]
     assert [p.answer for p in loaded.problems] == [str(r["answer"]) for r in expected]

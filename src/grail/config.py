@@ -249,6 +249,18 @@ class GRAILConfig(GRPOConfig):
                   "in eval_data_dir, so it needs a local copy for those two; all rows of the others), `all`, or a "
                   "number (a seeded subset, not the release's; small numbers keep checkpoints fast)."},
     )
+    eval_release_subsets_dir: str | None = field(
+        default=None,
+        metadata={"help": "Folder holding the release subsets' identity lists (as `grail eval "
+                  "--release-subsets-dir`), for eval_size release with Hub copies of CollegeMath or "
+                  "OlympiadBench; None = eval_data_dir."},
+    )
+    eval_scoring: Literal["grail", "release"] = field(
+        default="grail",
+        metadata={"help": "How checkpoint samples are graded (as `grail eval --scoring`): `grail` (the grader: "
+                  "every reference read correctly) or `release` (the GRAIL release's own scoring, for figures "
+                  "comparable with the paper's; it cannot match 197 of 675 OlympiadBench references)."},
+    )
     eval_samples: int = field(default=3, metadata={"help": "Samples per problem at checkpoints (release 3), at the "
                               "release's temperature 0.6, top-p 0.95, top-k 20."})
     eval_max_new_tokens: int | None = field(

@@ -116,10 +116,12 @@ class CheckpointEval(TrainerCallback):
                                                      max_new_tokens=cfg.eval_max_new_tokens
                                                      or cfg.max_completion_length),
                              seed=cfg.seed, batch_size=cfg.per_device_train_batch_size,
-                             prompt=PromptFormat.from_config(cfg))
+                             prompt=PromptFormat.from_config(cfg), release_subsets_dir=cfg.eval_release_subsets_dir,
+                             scoring=cfg.eval_scoring)
         # load (and check) the benchmarks now: a missing directory should stop the run before training
         self.loaded = load_benchmarks(benchmarks, data_dir=cfg.eval_data_dir, size=self.spec.size,
-                                      seed=self.spec.subset_seed, synthetic_task=cfg)
+                                      seed=self.spec.subset_seed, synthetic_task=cfg,
+                                      release_subsets_dir=cfg.eval_release_subsets_dir)
 
     def on_save(self, args, state, control, model=None, processing_class=None, **kwargs):
         if not state.is_world_process_zero:
