@@ -142,6 +142,23 @@ def _parse_reference(latex: str, seconds: int) -> tuple:
         return ()
 
 
+
+def verify_pairs(gold: Sequence, pred: Sequence, seconds) -> tuple[bool, bool]:
+    """(any pair equal, some pair timed out). math-verify's verify(gold_list, pred_list) is `any` over the pairs,
+    a pair that raises counting as unequal; this runs the same loop one pair at a time, to tell a timeout apart
+    from a plain mismatch."""
+    timed_out = False
+    for g, p in itertools.product(gold, pred):
+        try:
+            if verify(g, p, timeout_seconds=seconds, raise_on_error=True):
+                return True, timed_out
+        except TimeoutException:
+            timed_out = True
+        except Exception:
+            pass
+    return False, timed_out
+
+
 def _grade_content(content: str | None, reference: Any, timeout_s: float) -> GradeResult:
     """`grade` of a box content (None: no box) in this thread, which must be a main thread."""
     if content is None:
@@ -163,17 +180,9 @@ def _grade_content(content: str | None, reference: Any, timeout_s: float) -> Gra
         return GradeResult(False, content, "parse_error")
     if not pred:
         return GradeResult(False, content, "parse_error")
-    # verify(gold_list, pred_list) is `any` over the pairs, a pair that raises counting as unequal; the same loop
-    # here, one pair at a time, tells a timeout apart from a plain mismatch.
-    timed_out = False
-    for g, p in itertools.product(gold, pred):
-        try:
-            if verify(g, p, timeout_seconds=seconds, raise_on_error=True):
-                return GradeResult(True, content, "ok")
-        except TimeoutException:
-            timed_out = True
-        except Exception:
-            pass
+    matched, timed_out = verify_pairs(gold, pred, seconds)
+    if matched:
+        return GradeResult(True, content, "ok")
     if timed_out:
         return GradeResult(False, content, "timeout")
     if not any(isinstance(g, Basic | MatrixBase) for g in gold):  # text only, and the texts differ

@@ -34,15 +34,14 @@ processes that also bound each item's wall time. Reasons follow grail.grader: "n
 from __future__ import annotations
 
 import functools
-import itertools
 from collections.abc import Sequence
 from typing import Any
 
-from math_verify import parse, verify
+from math_verify import parse
 from math_verify.errors import TimeoutException
 
 from grail.boxed import BOX_MARKER
-from grail.grader import GRAIL_SCORING, GradeResult, Scoring, _alarm_seconds
+from grail.grader import GRAIL_SCORING, GradeResult, Scoring, _alarm_seconds, verify_pairs
 
 RELEASE_ANSWER_FIELDS = {"minerva_math": "solution", "olympiadbench": "final_answer"}  # elsewhere: "answer"
 
@@ -103,17 +102,9 @@ def grade_release_content(content: str | None, reference: Any, timeout_s: float)
         return GradeResult(False, content, "bad_reference")
     if not pred:
         return GradeResult(False, content, "parse_error")
-    # verify(gold, pred) is `any` over the pairs, a pair that raises counting as unequal; one pair at a time here,
-    # to tell a timeout from a plain mismatch.
-    timed_out = False
-    for g, p in itertools.product(gold, pred):
-        try:
-            if verify(g, p, timeout_seconds=seconds, raise_on_error=True):
-                return GradeResult(True, content, "ok")
-        except TimeoutException:
-            timed_out = True
-        except Exception:
-            pass
+    matched, timed_out = verify_pairs(gold, pred, seconds)
+    if matched:
+        return GradeResult(True, content, "ok")
     return GradeResult(False, content, "timeout" if timed_out else "ok")
 
 
