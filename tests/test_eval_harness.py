@@ -244,3 +244,24 @@ def test_checkpoint_evaluation_of_synthetic_uses_the_runs_task(tmp_path):
     assert [p.problem for p in loaded.problems] == [r["prompt"] for r in expected]
     assert [p.answer for p in loaded.problems] == [str(r["answer"]) for r in expected]
     assert len(loaded.problems) == 7 and "the run's task settings" in loaded.origin
+
+
+def test_grail_eval_release_subsets_and_scoring_without_the_shared_data(tmp_path, tiny_dir, capsys):
+    """The CLI on a fresh clone without ../shared: a data dir made here, the release's identity lists included."""
+    data = tmp_path / "data"
+    (data / "olympiadbench").mkdir(parents=True)
+    rows = [{"id": i, "question": f"q{i}", "final_answer": [f"${i}$"], "context": None} for i in (5, 6, 7)]
+    (data / "olympiadbench" / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (data / "olympiadbench" / "release_subset_ids.txt").write_text("7\n5\n")  # the release's order, not the file's
+    out = tmp_path / "eval"
+    argv = ["eval", "--model", str(tiny_dir), "--benchmarks", "olympiadbench", "--data-dir", str(data), "--size",
+            "release", "--scoring", "release", "--n", "1", "--max-new-tokens", "4", "--workers", "1",
+            "--output-dir", str(out)]
+    assert main(argv) == 0, capsys.readouterr().err
+    records = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert [r["problem_id"] for r in records] == ["7", "5"]  # exactly the listed problems
+    assert (out / "results.md").read_text().startswith("Scoring: release")
+    assert json.loads((out / "results.json").read_text())["scoring"]["name"] == "release"
+    (data / "olympiadbench" / "release_subset_ids.txt").write_text("7\n9\n")  # a listed problem the data lacks
+    assert main([*argv[:-1], str(tmp_path / "eval2")]) == 2
+    assert "9" in capsys.readouterr().err
