@@ -227,9 +227,10 @@ class SaliencyWeights(NamedTuple):
     weights_BT: torch.Tensor  # (B, T) float32 token weights, 0 on padding
     normalised_BT: torch.Tensor  # (B, T) bool: weight came from log-z / affine / clip (clip fractions count these)
     fallback_B: torch.Tensor  # (B,) bool: row selected for reweighting but its signal was invalid → uniform
+    reweighted_B: torch.Tensor  # (B,) bool: rows whose weights came from the normalisation (selected, not fallback)
     clip_BT: torch.Tensor  # (B, T) int8: on every real token of a reweighted row, before the answer-span
-    #   overrides: −1 where w_mean + w_std·z ≤ w_min, +1 where ≥ w_max, else 0; 0 on other rows (the tokens the
-    #   GRAIL release's clip fractions count: `reweighted_tokens`)
+    #   overrides: −1 where w_mean + w_std·z ≤ w_min, +1 where ≥ w_max, else 0; 0 on other rows (what the GRAIL
+    #   release's clip fractions count, `release_diagnostics`)
 
 
 def grail_weights_from_saliency(saliency_BT: torch.Tensor, adv_B: torch.Tensor, mask_BT: torch.Tensor,
@@ -258,7 +259,7 @@ def grail_weights_from_saliency(saliency_BT: torch.Tensor, adv_B: torch.Tensor, 
     Returns:
         SaliencyWeights(weights_BT (B, T) float32 detached, 0 on padding, never NaN;
         normalised_BT (B, T) bool = reweighted rows' real tokens outside answer_BT and after_BT;
-        fallback_B (B,) bool; clip_BT (B, T) int8, see `SaliencyWeights`).
+        fallback_B (B,) bool; reweighted_B (B,) bool; clip_BT (B, T) int8, see `SaliencyWeights`).
     """
     mask = mask_BT.bool()
     answer, after = answer_BT.bool() & mask, after_BT.bool() & mask
@@ -276,7 +277,7 @@ def grail_weights_from_saliency(saliency_BT: torch.Tensor, adv_B: torch.Tensor, 
     reweighted_BT = reweighted_B[:, None] & mask
     clip_BT = ((salient >= weight_max) & reweighted_BT).to(torch.int8) - ((salient <= weight_min) & reweighted_BT).to(
         torch.int8)  # clamp returns exactly w_min / w_max, so `<=` / `>=` find the clipped tokens
-    return SaliencyWeights(weights, normalised, fallback_B, clip_BT)
+    return SaliencyWeights(weights, normalised, fallback_B, reweighted_B, clip_BT)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -136,7 +136,7 @@ def _logits(model: nn.Module, hidden_ND: torch.Tensor, temperature: float) -> to
     head = model.get_output_embeddings()
     bias = head.bias.detach() if getattr(head, "bias", None) is not None else None
     logits = F.linear(hidden_ND.to(head.weight.dtype), head.weight.detach(), bias)
-    return logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature  # (N, V)
+    return logits.to(_at_least_float32(logits)) / temperature  # (N, V)
 
 
 def _check(name: str, input_ids_BL: torch.Tensor, attention_mask_BL: torch.Tensor, temperature: float,
@@ -263,15 +263,15 @@ def _answer_pool_BL(attention_mask_BL: torch.Tensor, answer_BT: torch.Tensor,
     return pool_BL, valid_B
 
 
-def _pool_dtype(hidden: torch.Tensor) -> torch.dtype:
-    return torch.promote_types(hidden.dtype, torch.float32)  # pool in float32 at least (float64 stays float64)
+def _at_least_float32(values: torch.Tensor) -> torch.dtype:
+    return torch.promote_types(values.dtype, torch.float32)  # float32 at least (float64 stays float64)
 
 
 def _pooled_logits(model: nn.Module, hidden_BLD: torch.Tensor, pool_BL: torch.Tensor,
                    temperature: float) -> torch.Tensor:
     """P_final's logits (B, V) float32: the output layer on Σ_l pool_l h_l (only positions with weight are read)."""
     rows, cols = pool_BL.nonzero(as_tuple=True)
-    dtype = _pool_dtype(hidden_BLD)
+    dtype = _at_least_float32(hidden_BLD)
     weighted_ND = hidden_BLD[rows, cols].to(dtype) * pool_BL[rows, cols, None].to(dtype)
     pooled_BD = torch.zeros(pool_BL.shape[0], hidden_BLD.shape[-1], dtype=dtype, device=hidden_BLD.device)
     return _logits(model, pooled_BD.index_add(0, rows, weighted_ND), temperature)  # (B, V)
@@ -333,7 +333,7 @@ def oar_g_importance(model: nn.Module, input_ids_BL: torch.Tensor, attention_mas
         kl_B = kl_divergence(clean_BV, _pooled_logits(model, hidden_BLD, pool_BL, temperature))
         (grad_BLD,) = torch.autograd.grad((kl_B * valid_B).sum(), inputs=[embeds_BLD])
     product_BLD = embeds_BLD.detach() + noise_BLD if noisy_product else embeds_BLD.detach()
-    dtype = _pool_dtype(grad_BLD)  # float32 at least; the sum over D cancels, so a float64 model keeps float64
+    dtype = _at_least_float32(grad_BLD)  # the sum over D cancels: a float64 model keeps float64
     importance_BL = (grad_BLD.to(dtype) * product_BLD.to(dtype)).sum(dim=-1).abs()
     return (align_to_completion(importance_BL, T, at=at) * scored_BT).float().detach()  # (B, T)
 
@@ -479,7 +479,7 @@ def _oar_p_prefix_shared(model, input_ids_BL, attention_mask_BL, scored_BT, answ
                 hidden_CSD = backbone(input_ids=ids_CS, attention_mask=ones_1N.expand(C, n), past_key_values=prefix,
                                       use_cache=prefix is not None).last_hidden_state
                 # Σ_l pool_l h_l = (clean prefix part, shared) + (suffix part, per copy)
-                dtype = _pool_dtype(hidden_CSD)
+                dtype = _at_least_float32(hidden_CSD)
                 pooled_CD = (pool_n[:p0, None].to(dtype) * clean_hidden_ND[:p0].to(dtype)).sum(0) + torch.einsum(
                     "s,csd->cd", pool_n[p0:].to(dtype), hidden_CSD.to(dtype))
                 logits_CV = _logits(model, pooled_CD, temperature)

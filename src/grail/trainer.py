@@ -256,9 +256,9 @@ class GRAILTrainer(GRPOTrainer):
         gathered = self.accelerator.gather(local.reshape(1, -1)).cpu()  # (processes, K)
         metrics = self._metrics["train" if self.model.training else "eval"]
         release_values, gathered = gathered[:, : len(RELEASE_KEYS)], gathered[:, len(RELEASE_KEYS):]
-        for i, key in enumerate(RELEASE_KEYS):  # as the release: per-process values, NaN-mean over processes
-            if key.startswith("clip") and options.token_weighting not in SIGNAL_METHODS:
-                continue
+        # As the release: per-process values, NaN-mean over processes. Clip fractions are NaN (not logged) where
+        # no row was normalised, which is always the case outside GRAIL's pipeline.
+        for i, key in enumerate(RELEASE_KEYS):
             if not torch.isnan(release_values[:, i]).all():
                 metrics[f"weights/release/{key}"].append(release_values[:, i].nanmean().item())
         total = gathered.sum(0)

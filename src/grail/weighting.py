@@ -209,7 +209,7 @@ def weights_from_signal(signal_BT: torch.Tensor, adv_B: torch.Tensor, spans: Ans
                         rows_B: torch.Tensor, options: WeightingOptions,
                         generator: torch.Generator | None = None, min_importance: float = 0.0) -> TokenWeights:
     """Turn a probe's signal into weights (pure tensor code; the single branch on the method). `min_importance`:
-    OAR-P's rounding floor in nats (`oar_p_floor`)."""
+    OAR's rounding floor in nats (`oar_p_floor` for OAR-P; the caller passes 0 for OAR-G, which has none)."""
     method = options.token_weighting
     # Rows not probed get a constant signal: the weights the method gives a row with no information.
     signal_BT = torch.where(rows_B[:, None], signal_BT.float(), torch.ones_like(signal_BT, dtype=torch.float32))
@@ -228,15 +228,14 @@ def weights_from_signal(signal_BT: torch.Tensor, adv_B: torch.Tensor, spans: Ans
             weights_BT = core.permuted_weights(weights_BT, spans.reasoning_BT & mask_BT, generator)
         # The release's clip fractions count every real token of the rows it normalised. grail does not compute
         # the saliency of rows with A = 0 (Â = 0 whatever w), so they are left out rather than counted unclipped.
-        reweighted_B = core.reweighted_rows(adv_B, options.rollout_symmetry) & spans.has_box_B & ~out.fallback_B
-        reweighted_BT = (reweighted_B & (adv_B != 0))[:, None] & mask_BT.bool()
+        reweighted_BT = (out.reweighted_B & (adv_B != 0))[:, None] & mask_BT.bool()
         return TokenWeights(weights_BT, spans.reasoning_BT, out.normalised_BT, spans.has_box_B,
                             out.fallback_B & rows_B, rows_B, out.clip_BT, reweighted_BT)
     if method in OAR_METHODS:
         scored_BT = scored_tokens(spans, mask_BT, options)
         out = core.oar_weights_from_importance(
             signal_BT, mask_BT, scored_BT, quantile=options.oar_quantile, beta=options.oar_beta,
-            floor=options.oar_floor, min_importance=min_importance if method == "oar_p" else 0.0,
+            floor=options.oar_floor, min_importance=min_importance,
             tau_rule="sorted_index" if options.oar_variant == "grail_release" else "interpolate")
         return TokenWeights(out.weights_BT, spans.reasoning_BT, torch.zeros_like(mask_BT), spans.has_box_B,
                             out.fallback_B & rows_B, rows_B, no_clip, torch.zeros_like(mask_BT))
