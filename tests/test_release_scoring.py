@@ -10,17 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from grail.boxed import last_boxed_content
+from grail.benchmarks import release_reference
+from grail.boxed import last_boxed_content, release_boxes, release_last_box
 from grail.grader import GradeResult, grade, grade_many
 from grail.grader_check import grader_check
-from grail.release_scoring import (
-    RELEASE_SCORING,
-    grade_release_content,
-    release_boxes,
-    release_last_box,
-    release_mean_tokens,
-    release_reference,
-)
+from grail.release_scoring import RELEASE_SCORING, grade_release_content, release_mean_tokens
 
 SHARED_BENCHMARKS = Path(__file__).resolve().parents[2] / "shared" / "data" / "benchmarks"
 POWER_TOWER = "\\boxed{9^{9^{9^{9}}}}"  # sympy would compute 9^(9^9) exactly: only a bound stops it

@@ -36,10 +36,10 @@ Their schemas differ; each row is normalised to a ``Problem`` as follows (field 
 6. Hub copies are assumed to carry the local copies' fields; the split is "test", or the only split when
    there is no "test" split. A Hub copy with other field names shows up as every row skipped: ValueError.
 7. Each Problem also carries ``release_answer``, the reference as the release's scoring reads the raw row
-   (grail.release_scoring.release_reference), used only by ``grail eval --scoring release``.
-8. "synthetic" is the embedded task's held-out split with the default task settings (grail.data.synthetic_rows
-   with GRAILConfig's task_* defaults). Its problem is the task's prompt ("Q: 7+5*3\nA:"), which already
-   carries the task's format; ``data_dir`` and the Hub play no part.
+   (`release_reference`), used only by ``grail eval --scoring release``.
+8. "synthetic" is the embedded task's held-out split (grail.data.synthetic_rows), with GRAILConfig's task_*
+   defaults or a training run's own (``synthetic_task``). Its problem is the task's prompt ("Q: 7+5*3\nA:"),
+   which already carries the task's format; ``data_dir`` and the Hub play no part.
 """
 
 from __future__ import annotations
@@ -52,8 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from grail.boxed import last_boxed_content
-from grail.release_scoring import release_reference
+from grail.boxed import last_boxed_content, release_last_box
 
 BENCHMARK_NAMES = ("math500", "aime24", "amc23", "minerva_math", "college_math", "olympiadbench")
 SYNTHETIC = "synthetic"
@@ -246,6 +245,17 @@ def _local_rows(name: str, data_dir: str | Path) -> tuple[list[tuple[int, dict]]
     return rows, str(path)
 
 
+# the field the release's evaluation reads the reference from (run_eval.py `ans_key`); elsewhere "answer"
+RELEASE_ANSWER_FIELDS = {"minerva_math": "solution", "olympiadbench": "final_answer"}  # elsewhere: "answer"
+
+
+def release_reference(benchmark: str, row: dict) -> str:
+    """The reference text the release grades `row` of `benchmark` against (grail.release_scoring, rule 2): `str()`
+    of its answer field, "" if missing; MinervaMath's solution reduced to its last box (release_last_box)."""
+    text = str(row.get(RELEASE_ANSWER_FIELDS.get(benchmark, "answer"), ""))
+    return str(release_last_box(text)) if benchmark == "minerva_math" else text
+
+
 def _hub_hint(name: str) -> str:
     return f"pass --data-dir pointing at a local copy laid out as <dir>/{name}/{LOCAL_FILE}"
 
@@ -287,11 +297,10 @@ def _synthetic_rows(task_source=None) -> tuple[list[tuple[int, dict]], str]:
     from grail.config import GRAILConfig  # imports TRL (seconds): only paid when the synthetic task is asked for
     from grail.data import synthetic_rows
 
-    names = [f.name for f in fields(GRAILConfig) if f.name.startswith("task_")]
-    values = {n: getattr(task_source, n) if task_source is not None else GRAILConfig.__dataclass_fields__[n].default
-              for n in names}
-    cfg = SimpleNamespace(**values)
-    cfg.task_config = lambda: GRAILConfig.task_config(cfg)  # the TaskConfig a GRAILConfig with these values builds
+    cfg = task_source
+    if cfg is None:  # GRAILConfig's defaults, without building a GRAILConfig (TRL's post-init)
+        cfg = SimpleNamespace(**{f.name: f.default for f in fields(GRAILConfig) if f.name.startswith("task_")})
+        cfg.task_config = lambda: GRAILConfig.task_config(cfg)  # the same TaskConfig a default GRAILConfig builds
     rows = synthetic_rows(cfg, "heldout")
     which = "the run's task settings" if task_source is not None else "default task settings"
     return list(enumerate(rows)), (f"grail.tasks held-out split ({cfg.task_num_heldout} problems, "

@@ -97,6 +97,32 @@ def last_boxed_content(text: str) -> str | None:
     return None if span is None else span.content(text)
 
 
+# ---- the GRAIL release's evaluation extraction (grail.release_scoring, rule 1) ---------------------------------
+
+
+def release_boxes(text: str) -> list[str]:
+    """The contents of the boxes the release's evaluation finds in `text`, in order (it keeps the last): from each
+    `\\boxed{` marker, every `{` and `}` counts (a backslash escapes nothing) until the depth is 0; the search resumes
+    after that box and stops at the first marker whose braces never close."""
+    boxes, search_from = [], 0
+    while (start := text.find(BOX_MARKER, search_from)) != -1:
+        depth, end = 1, start + len(BOX_MARKER)
+        while end < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[end], 0)
+            end += 1
+        if depth:  # never closed: the release stops looking
+            break
+        boxes.append(text[start + len(BOX_MARKER) : end - 1])
+        search_from = end
+    return boxes
+
+
+def release_last_box(text: str) -> str | None:
+    """The answer rule 1 extracts from a completion: the last box's content, or None."""
+    boxes = release_boxes(text)
+    return boxes[-1] if boxes else None
+
+
 def char_span_to_token_positions(offsets: Sequence[tuple[int, int]], start: int, end: int) -> list[int]:
     """Sorted indices of the tokens whose characters overlap the half-open range [start, end).
 

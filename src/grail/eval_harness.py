@@ -40,12 +40,6 @@ from grail.release_scoring import SCORINGS, release_mean_tokens, scoring_referen
 from grail.sampling import Sampler, SamplingParams
 
 Log = Callable[[str], None]
-SCORING_DESCRIPTIONS = {
-    "grail": "grail (grail.grader: the last complete box against the normalised reference, both sides "
-             "normalised alike; mean tokens over all samples)",
-    "release": "release (grail.release_scoring: the GRAIL release's extraction and un-normalised $...$ parse, "
-               "OlympiadBench graded against the text of its answer list, mean tokens over samples with a box)",
-}
 
 
 @dataclass(frozen=True)
@@ -69,6 +63,12 @@ class EvalSpec:
 
     def record(self) -> dict:
         return json.loads(json.dumps(asdict(self)))  # plain JSON types (tuples → lists)
+
+    def load_benchmarks(self, synthetic_task=None) -> list[LoadedBenchmark]:
+        """The problems this spec names (grail.benchmarks.load_benchmarks with its data, size and subset settings);
+        `synthetic_task`: see grail.benchmarks.load_benchmark."""
+        return load_benchmarks(self.benchmarks, data_dir=self.data_dir, size=self.size, seed=self.subset_seed,
+                               release_subsets_dir=self.release_subsets_dir, synthetic_task=synthetic_task)
 
 
 @dataclass
@@ -157,8 +157,7 @@ def run_evaluation(sampler: Sampler, tokenizer, spec: EvalSpec, out_dir: str | P
     out_dir.mkdir(parents=True, exist_ok=True)
     _check_run_record(out_dir, spec)
     if loaded is None:
-        loaded = load_benchmarks(spec.benchmarks, data_dir=spec.data_dir, size=spec.size, seed=spec.subset_seed,
-                                 release_subsets_dir=spec.release_subsets_dir)
+        loaded = spec.load_benchmarks()
     for bench in loaded:
         if bench.skipped:
             log(f"{bench.name}: {len(bench.skipped)} of {bench.total_rows} rows have no usable reference answer and "
@@ -179,12 +178,12 @@ def run_evaluation(sampler: Sampler, tokenizer, spec: EvalSpec, out_dir: str | P
     scores = [_score(bench, recorded, spec) for bench in loaded if bench.problems]
     averages = list(average_scores(scores, seed=spec.seed)) if scores else []
     results = {**to_json(scores, averages), "scoring": {"name": spec.scoring,
-                                                        "description": SCORING_DESCRIPTIONS[spec.scoring]},
+                                                        "description": SCORINGS[spec.scoring].description},
                "spec": spec.record(),
                "benchmarks_loaded": [{"name": b.name, "subset": b.subset, "total_rows": b.total_rows,
                                       "evaluated": len(b.problems), "skipped": [list(s) for s in b.skipped]}
                                      for b in loaded]}
-    markdown = f"Scoring: {SCORING_DESCRIPTIONS[spec.scoring]}.\n\n" + format_markdown(scores, averages)
+    markdown = f"Scoring: {SCORINGS[spec.scoring].description}.\n\n" + format_markdown(scores, averages)
     _write_atomic(out_dir / "results.json", json.dumps(results, indent=2) + "\n")
     _write_atomic(out_dir / "results.md", markdown + "\n")
     return EvalReport(results, markdown, loaded, new_samples)

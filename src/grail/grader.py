@@ -196,14 +196,18 @@ def _grade_content(content: str | None, reference: Any, timeout_s: float) -> Gra
 class Scoring:
     """How a completion is graded. `extract(completion)`: the answer text (None: no answer), taken in the calling
     process; `grade_content(text, reference, timeout_s)`: its GradeResult, run on a main thread (this one or a
-    worker's) where math-verify's alarms work. Both must be module-level functions: workers receive them by name."""
+    worker's) where math-verify's alarms work. Both must be module-level functions: workers receive them by name.
+    `description`: one line for results files, saying which scoring produced them."""
 
     name: str
     extract: Callable[[str], str | None]
     grade_content: Callable[[str | None, Any, float], GradeResult]
+    description: str = ""
 
 
-GRAIL_SCORING = Scoring("grail", last_boxed_content, _grade_content)
+GRAIL_SCORING = Scoring("grail", last_boxed_content, _grade_content,
+                        "grail (grail.grader: the last complete box against the normalised reference, both sides "
+                        "normalised alike; mean tokens over all samples)")
 
 
 # ---- worker processes -----------------------------------------------------------------------------------------

@@ -8,12 +8,13 @@ figures can be put next to the paper's table:
    right; from each, count every `{` and `}` (a backslash escapes nothing) until the depth is back to 0: the text
    between the braces is a box, and the search resumes after it, so a box inside a box is part of its content.
    At the first marker whose braces never close, the search stops. The answer is the last box found; None if
-   there is none. (grail.boxed skips escaped braces, and an unclosed box does not hide the complete boxes that
-   follow it.)
+   there is none: `grail.boxed.release_boxes`. (grail's own finder skips escaped braces, and an unclosed box
+   does not hide the complete boxes that follow it.)
 2. Reference (`main` in eval_results_base.py, `ans_key` in run_eval.py): Python's `str()` of the row's answer
    field, `""` if the field is missing. The field is `answer`, except MinervaMath (`solution`, reduced by rule 1;
    a solution without a box gives "None") and OlympiadBench (`final_answer`, a list: `["$2n$"]` becomes the text
-   `['$2n$']`, each backslash doubled by the list's repr). AMC23's float 27.0 becomes "27.0".
+   `['$2n$']`, each backslash doubled by the list's repr). AMC23's float 27.0 becomes "27.0". The loaders read it
+   (`grail.benchmarks.release_reference`) into `Problem.release_answer`.
 3. Comparison (`verify_ans` in eval_results_base.py). No answer: incorrect. Otherwise each side is parsed by
    math-verify as `parse("$" + text + "$")` with its default extraction settings, and `verify(gold, answer)`
    decides; any error or timeout counts as incorrect. Neither side is normalised (grail.grader.gold_latex is not
@@ -40,37 +41,8 @@ from typing import Any
 from math_verify import parse
 from math_verify.errors import TimeoutException
 
-from grail.boxed import BOX_MARKER
+from grail.boxed import release_last_box
 from grail.grader import GRAIL_SCORING, GradeResult, Scoring, _alarm_seconds, verify_pairs
-
-RELEASE_ANSWER_FIELDS = {"minerva_math": "solution", "olympiadbench": "final_answer"}  # elsewhere: "answer"
-
-
-def release_boxes(text: str) -> list[str]:
-    """The contents of the boxes rule 1 finds in `text`, in order (the release keeps the last)."""
-    boxes, search_from = [], 0
-    while (start := text.find(BOX_MARKER, search_from)) != -1:
-        depth, end = 1, start + len(BOX_MARKER)
-        while end < len(text) and depth:
-            depth += {"{": 1, "}": -1}.get(text[end], 0)
-            end += 1
-        if depth:  # never closed: the release stops looking
-            break
-        boxes.append(text[start + len(BOX_MARKER) : end - 1])
-        search_from = end
-    return boxes
-
-
-def release_last_box(text: str) -> str | None:
-    """The answer rule 1 extracts from a completion: the last box's content, or None."""
-    boxes = release_boxes(text)
-    return boxes[-1] if boxes else None
-
-
-def release_reference(benchmark: str, row: dict) -> str:
-    """The reference text the release grades `row` of `benchmark` against (rule 2), before the "$" wrapping."""
-    text = str(row.get(RELEASE_ANSWER_FIELDS.get(benchmark, "answer"), ""))
-    return str(release_last_box(text)) if benchmark == "minerva_math" else text
 
 
 @functools.lru_cache(maxsize=4096)
@@ -108,7 +80,10 @@ def grade_release_content(content: str | None, reference: Any, timeout_s: float)
     return GradeResult(False, content, "timeout" if timed_out else "ok")
 
 
-RELEASE_SCORING = Scoring("release", release_last_box, grade_release_content)
+RELEASE_SCORING = Scoring("release", release_last_box, grade_release_content,
+                          "release (grail.release_scoring: the GRAIL release's extraction and un-normalised $...$ "
+                          "parse, OlympiadBench graded against the text of its answer list, mean tokens over samples "
+                          "with a box)")
 SCORINGS = {"grail": GRAIL_SCORING, "release": RELEASE_SCORING}  # the scorings `grail eval --scoring` offers
 
 

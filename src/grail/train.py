@@ -105,7 +105,7 @@ class CheckpointEval(TrainerCallback):
     Runs on the main process only (the others wait for it at their next collective operation)."""
 
     def __init__(self, cfg: GRAILConfig, run_dir: Path, log: Log):
-        from grail.benchmarks import load_benchmarks, parse_benchmark_list
+        from grail.benchmarks import parse_benchmark_list
         from grail.eval_harness import EvalSpec, parse_size
         from grail.sampling import SamplingParams
 
@@ -119,9 +119,7 @@ class CheckpointEval(TrainerCallback):
                              prompt=PromptFormat.from_config(cfg), release_subsets_dir=cfg.eval_release_subsets_dir,
                              scoring=cfg.eval_scoring)
         # load (and check) the benchmarks now: a missing directory should stop the run before training
-        self.loaded = load_benchmarks(benchmarks, data_dir=cfg.eval_data_dir, size=self.spec.size,
-                                      seed=self.spec.subset_seed, synthetic_task=cfg,
-                                      release_subsets_dir=cfg.eval_release_subsets_dir)
+        self.loaded = self.spec.load_benchmarks(synthetic_task=cfg)
 
     def on_save(self, args, state, control, model=None, processing_class=None, **kwargs):
         if not state.is_world_process_zero:
