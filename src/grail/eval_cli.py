@@ -7,10 +7,11 @@ import sys
 import time
 from pathlib import Path
 
+from grail.benchmarks import BENCHMARK_NAMES  # light: no torch, math-verify or sympy
 from grail.sampling import SamplingParams  # light: the release's sampling defaults, without torch
 
 RELEASE = SamplingParams()
-SIX = "math500,aime24,amc23,minerva_math,college_math,olympiadbench"
+SIX = ",".join(BENCHMARK_NAMES)
 
 
 def add_parsers(sub) -> None:
@@ -104,7 +105,9 @@ def _prompt_format(args, model_path: str, tokenizer):
 
 
 def run_eval(args) -> int:
-    from grail.benchmarks import load_benchmarks, parse_benchmark_list
+    from dataclasses import replace
+
+    from grail.benchmarks import parse_benchmark_list
     from grail.eval_harness import EvalSpec, parse_size, run_evaluation
     from grail.sampling import HFSampler, VLLMSampler
 
@@ -112,19 +115,17 @@ def run_eval(args) -> int:
     params = SamplingParams(n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_new_tokens=args.max_new_tokens)
     size = parse_size(args.size)
-    # the data first: a missing file or identity list stops the run before a model is loaded
-    loaded = load_benchmarks(benchmarks, data_dir=args.data_dir, size=size, seed=args.subset_seed,
-                             release_subsets_dir=args.release_subsets_dir)
+    spec = EvalSpec(benchmarks=benchmarks, data_dir=args.data_dir, size=size, subset_seed=args.subset_seed,
+                    sampling=params, seed=args.seed, batch_size=args.batch_size,
+                    release_subsets_dir=args.release_subsets_dir, scoring=args.scoring)
+    loaded = spec.load_benchmarks()  # the data first: a missing file or identity list stops before the model loads
     model_path, model, tokenizer = _load_model(args.model)
-    fmt = _prompt_format(args, model_path, tokenizer)
+    spec = replace(spec, prompt=_prompt_format(args, model_path, tokenizer))
     if args.backend == "vllm":
         del model
         sampler = VLLMSampler(model_path)
     else:
         sampler = HFSampler(model, tokenizer, batch_size=args.batch_size)
-    spec = EvalSpec(benchmarks=benchmarks, data_dir=args.data_dir, size=size, subset_seed=args.subset_seed,
-                    sampling=params, seed=args.seed, batch_size=args.batch_size, prompt=fmt,
-                    release_subsets_dir=args.release_subsets_dir, scoring=args.scoring)
     out_dir = args.output_dir or os.path.join("runs", f"eval-{time.strftime('%Y%m%d-%H%M%S')}")
     print(f"evaluating {args.model} on {', '.join(benchmarks)} (n={params.n}, T={params.temperature}, "
           f"{args.scoring} scoring); output in {out_dir}")
