@@ -5,15 +5,17 @@ import dataclasses
 import pytest
 
 from grail.config import GRAILConfig, literal_choices
+from grail.config_fields import GRAILFields
 from grail.core import ROLLOUT_SYMMETRIES
+from grail.options import OAR_VARIANT_DEFAULTS, WeightingOptions
 from grail.presets import PAPER_NOTES, PRESETS
 from grail.probes import LEAVES
 from grail.release_scoring import SCORINGS
 from grail.spans import BOX_CHOICES
 from grail.train import REWARDS
-from grail.weighting import METHOD_FUNCTIONS, OAR_VARIANT_DEFAULTS, WeightingOptions
+from grail.weighting import METHOD_FUNCTIONS
 
-OWN_FIELDS = [f for f in dataclasses.fields(GRAILConfig) if f.name in GRAILConfig.__annotations__]
+OWN_FIELDS = [*dataclasses.fields(GRAILFields), *(f for f in dataclasses.fields(GRAILConfig) if f.name in GRAILConfig.__annotations__)]
 
 
 def test_literal_choices_equal_the_dispatch_tables():

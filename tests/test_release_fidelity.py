@@ -13,8 +13,9 @@ import torch
 import torch.nn.functional as F
 
 from grail import core
+from grail.options import WeightingOptions
 from grail.tiny import build_tiny_model
-from grail.weighting import WeightingOptions, grail_weights, oar_g_weights
+from grail.weighting import grail_weights, oar_g_weights
 
 MARKER = "\\boxed{"
 

@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from grail import weighting
+from grail.options import WeightingOptions
 from grail.tiny import build_tiny_model
-from grail.weighting import METHOD_FUNCTIONS, WeightingOptions, probe_rows, run_probe, token_weights
+from grail.weighting import METHOD_FUNCTIONS, probe_rows, run_probe, token_weights
 
 
 @pytest.fixture(scope="module")

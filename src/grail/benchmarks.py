@@ -37,8 +37,8 @@ Their schemas differ; each row is normalised to a ``Problem`` as follows (field 
    there is no "test" split. A Hub copy with other field names shows up as every row skipped: ValueError.
 7. Each Problem also carries ``release_answer``, the reference as the release's scoring reads the raw row
    (`release_reference`), used only by ``grail eval --scoring release``.
-8. "synthetic" is the embedded task's held-out split (grail.data.synthetic_rows), with GRAILConfig's task_*
-   defaults or a training run's own (``synthetic_task``). Its problem is the task's prompt ("Q: 7+5*3\nA:"),
+8. "synthetic" is the embedded task's held-out split (grail.tasks.SyntheticSet), with the default task settings
+   or a training run's own (``synthetic_set``). Its problem is the task's prompt ("Q: 7+5*3\nA:"),
    which already carries the task's format; ``data_dir`` and the Hub play no part.
 """
 
@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Literal
 
 from grail.boxed import last_boxed_content, release_last_box
+from grail.tasks import SyntheticSet
 
 BENCHMARK_NAMES = ("math500", "aime24", "amc23", "minerva_math", "college_math", "olympiadbench")
 SYNTHETIC = "synthetic"
@@ -288,23 +289,13 @@ def _hub_rows(name: str) -> tuple[list[tuple[int, dict]], str]:
     return list(enumerate(splits[split])), f"hub:{hub_id} (split {split})"
 
 
-def _synthetic_rows(task_source=None) -> tuple[list[tuple[int, dict]], str]:
-    """The held-out rows grail.data.synthetic_rows gives for `task_source`'s task_* settings (a training run's
-    GRAILConfig), or for GRAILConfig's defaults when it is None."""
-    from dataclasses import fields
-    from types import SimpleNamespace
-
-    from grail.config import GRAILConfig  # imports TRL (seconds): only paid when the synthetic task is asked for
-    from grail.data import synthetic_rows
-
-    cfg = task_source
-    if cfg is None:  # GRAILConfig's defaults, without building a GRAILConfig (TRL's post-init)
-        cfg = SimpleNamespace(**{f.name: f.default for f in fields(GRAILConfig) if f.name.startswith("task_")})
-        cfg.task_config = lambda: GRAILConfig.task_config(cfg)  # the same TaskConfig a default GRAILConfig builds
-    rows = synthetic_rows(cfg, "heldout")
-    which = "the run's task settings" if task_source is not None else "default task settings"
-    return list(enumerate(rows)), (f"grail.tasks held-out split ({cfg.task_num_heldout} problems, "
-                                   f"task_seed {cfg.task_seed}, {which})")
+def _synthetic_rows(synthetic_set: SyntheticSet | None = None) -> tuple[list[tuple[int, dict]], str]:
+    """The held-out rows of `synthetic_set` (a training run's `GRAILConfig.synthetic_set()`), or of the default
+    `SyntheticSet` when it is None."""
+    which = "the run's task settings" if synthetic_set is not None else "default task settings"
+    synthetic_set = synthetic_set or SyntheticSet()
+    return list(enumerate(synthetic_set.rows("heldout"))), (
+        f"grail.tasks held-out split ({synthetic_set.num_heldout} problems, task_seed {synthetic_set.seed}, {which})")
 
 
 # ---- selection and the public loaders ------------------------------------------------------------------------
@@ -392,7 +383,7 @@ def load_benchmark(
     size: int | None | Literal["release"] = "release",
     seed: int = 0,
     release_subsets_dir: str | Path | None = None,
-    synthetic_task=None,
+    synthetic_set: SyntheticSet | None = None,
 ) -> LoadedBenchmark:
     """Load one benchmark (see the module docstring for the per-benchmark normalisation).
 
@@ -402,8 +393,8 @@ def load_benchmark(
     seed: chooses a seeded subset (ignored otherwise).
     release_subsets_dir: folder holding the identity lists as ``<name>/<file>``; None = data_dir. Needed only for
         size="release" on CollegeMath or OlympiadBench.
-    synthetic_task: for "synthetic", an object with the task_* fields of GRAILConfig (a training run's config),
-        so that checkpoint evaluation uses the run's own task; None = GRAILConfig's defaults.
+    synthetic_set: for "synthetic", the problems a training run uses (`GRAILConfig.synthetic_set()`), so that
+        checkpoint evaluation uses the run's own task; None = the default `SyntheticSet`.
     """
     _check_name(name)
     if data_dir is None and name != SYNTHETIC:
@@ -412,7 +403,7 @@ def load_benchmark(
     if size == "release" and name in RELEASE_SUBSET_FILES:
         release_list = _release_list_path(name, release_subsets_dir or data_dir)
     if name == SYNTHETIC:
-        rows, origin = _synthetic_rows(synthetic_task)
+        rows, origin = _synthetic_rows(synthetic_set)
     elif data_dir is None:
         rows, origin = _hub_rows(name)
     else:

@@ -1,6 +1,7 @@
 """Command line: `grail train`, `grail demo`, `grail eval`, `grail grader-check`, `grail presets`.
 
-`main(argv) -> exit code`, testable in process.
+`main(argv) -> exit code`, testable in process. Only the training commands (`train`, `demo`) import the
+training layer (TRL, transformers); `--help`, `presets`, `eval` and `grader-check` start without it.
 
 Exit codes: 0 done; 2 a configuration or input problem (the message says what to fix).
 Set GRAIL_DEBUG=1 to get the traceback instead of the one-line message.
@@ -16,16 +17,16 @@ import time
 from dataclasses import fields
 
 from grail import __version__, eval_cli, presets
-from grail.config import GRAILConfig
-from grail.overrides import ConfigError, build_config, merge, parse_flags
+from grail.config_fields import GRAILFields
 from grail.presets import PRESETS, TINY_CPU
 
-_BY_NAME = {f.name: f for f in fields(GRAILConfig)}
-GRAIL_FIELDS = [_BY_NAME[name] for name in GRAILConfig.__annotations__]  # declaration order
+GRAIL_FIELDS = fields(GRAILFields)  # declaration order
 
 
 def _fields_help() -> str:
-    lines = ["grail fields (every TRL GRPOConfig / TrainingArguments field is accepted too):"]
+    lines = ["grail fields (every TRL GRPOConfig / TrainingArguments field is accepted too; grail resolves "
+             "activation_checkpointing per device when it is unset: on for GPU training of real models, off on CPU "
+             "and for the tiny model):"]
     for f in GRAIL_FIELDS:
         lines.append(f"  --{f.name} (default {f.default!r})")
         lines += textwrap.wrap(f.metadata.get("help", ""), 96, initial_indent="      ", subsequent_indent="      ")
@@ -58,7 +59,8 @@ def _default_run_dir(command: str) -> str:
 
 
 def _train(args, rest: list[str]) -> int:
-    from grail.train import train  # heavy imports (TRL) only when training
+    from grail.overrides import build_config, merge, parse_flags  # the training layer (TRL) only when training
+    from grail.train import train
 
     flags = parse_flags(rest)
     if args.preset:
@@ -87,6 +89,7 @@ def _quiet_libraries() -> None:
 
 def _demo(args, rest: list[str]) -> int:
     from grail.demo import parse_methods, run_demo
+    from grail.overrides import build_config, merge, parse_flags
 
     methods = parse_methods(args.method)
     _quiet_libraries()
@@ -111,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             eval_cli.check_no_extra(args.command, rest)
             return eval_cli.run_eval(args) if args.command == "eval" else eval_cli.run_grader_check(args)
         return _demo(args, rest)
-    except (ConfigError, ValueError, OSError) as err:  # OSError: missing files, unreachable Hub ids
+    except (ValueError, OSError) as err:  # grail.overrides.ConfigError is a ValueError  # OSError: missing files, unreachable Hub ids
         if os.environ.get("GRAIL_DEBUG"):
             raise
         print(f"grail: error: {err}", file=sys.stderr)

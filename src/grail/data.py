@@ -8,17 +8,11 @@ from pathlib import Path
 
 from datasets import Dataset, load_dataset
 
-from grail.config import SYNTHETIC_DATASET, GRAILConfig
+from grail.config import GRAILConfig
+from grail.config_fields import SYNTHETIC_DATASET
 from grail.prompts import PromptFormat
-from grail.tasks import generate
 
 LOCAL_SUFFIXES = (".jsonl", ".json")
-
-
-def synthetic_rows(cfg: GRAILConfig, split: str) -> list[dict]:
-    """`task_num_train` (train) or `task_num_heldout` (heldout) problems as {prompt, answer} rows."""
-    n = cfg.task_num_train if split == "train" else cfg.task_num_heldout
-    return [{"prompt": e.prompt, "answer": e.answer} for e in generate(cfg.task_config(), n, split, cfg.task_seed)]
 
 
 def _load_raw(cfg: GRAILConfig) -> Dataset:
@@ -40,7 +34,7 @@ def load_train_dataset(cfg: GRAILConfig) -> Dataset:
     """The training prompts as a Dataset with columns `prompt` and `answer` (other columns dropped)."""
     fmt = PromptFormat.from_config(cfg)
     if cfg.dataset == SYNTHETIC_DATASET:
-        rows = synthetic_rows(cfg, "train")
+        rows = cfg.synthetic_set().rows("train")
         return Dataset.from_list([{**r, "prompt": fmt.training_prompt(r["prompt"])} for r in rows])
     raw = _load_raw(cfg)
     missing = [c for c in (cfg.prompt_column, cfg.answer_column) if c not in raw.column_names]

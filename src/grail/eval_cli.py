@@ -75,13 +75,9 @@ def _load_model(name: str):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if name == "tiny":
-        from grail.warmstart import WarmStartConfig, warm_start
+    from grail.warmstart import resolve_model
 
-        name = str(warm_start(WarmStartConfig(), None))
-    elif name.startswith((".", "/", "~")) and not Path(name).expanduser().is_dir():
-        raise FileNotFoundError(f"--model {name!r}: no such directory; give a save_pretrained directory, a Hub id, "
-                                f"or `tiny`.")
+    name = resolve_model(name)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype).to(device)

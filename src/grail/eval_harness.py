@@ -38,6 +38,7 @@ from grail.metrics import BenchmarkScore, average_scores, format_markdown, score
 from grail.prompts import PromptFormat
 from grail.release_scoring import SCORINGS, release_mean_tokens, scoring_reference
 from grail.sampling import Sampler, SamplingParams
+from grail.tasks import SyntheticSet
 
 Log = Callable[[str], None]
 
@@ -64,11 +65,11 @@ class EvalSpec:
     def record(self) -> dict:
         return json.loads(json.dumps(asdict(self)))  # plain JSON types (tuples → lists)
 
-    def load_benchmarks(self, synthetic_task=None) -> list[LoadedBenchmark]:
+    def load_benchmarks(self, synthetic_set: SyntheticSet | None = None) -> list[LoadedBenchmark]:
         """The problems this spec names (grail.benchmarks.load_benchmarks with its data, size and subset settings);
-        `synthetic_task`: see grail.benchmarks.load_benchmark."""
+        `synthetic_set`: see grail.benchmarks.load_benchmark."""
         return load_benchmarks(self.benchmarks, data_dir=self.data_dir, size=self.size, seed=self.subset_seed,
-                               release_subsets_dir=self.release_subsets_dir, synthetic_task=synthetic_task)
+                               release_subsets_dir=self.release_subsets_dir, synthetic_set=synthetic_set)
 
 
 @dataclass

@@ -37,19 +37,18 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from grail.core import entropy_from_logits, gradient_activation_saliency, kl_divergence
+from grail.options import Distribution, Leaf
 from grail.spans import align_to_completion
 
-Leaf = Literal["embeddings", "first", "middle", "last"]
-LEAVES: tuple[Leaf, ...] = ("embeddings", "first", "middle", "last")
-Distribution = Literal["last_position", "answer_mean"]
-DISTRIBUTIONS: tuple[Distribution, ...] = ("last_position", "answer_mean")
+LEAVES: tuple[Leaf, ...] = get_args(Leaf)
+DISTRIBUTIONS: tuple[Distribution, ...] = get_args(Distribution)
 
 
 # ---------------------------------------------------------------------------------------------------------------

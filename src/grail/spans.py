@@ -31,9 +31,8 @@ from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
 from grail.boxed import BoxSpan, first_boxed, last_boxed
+from grail.options import AnswerBox
 
-AnswerBox = Literal["first", "last"]
-"""Which complete box is the answer span: `first` (the GRAIL release) or `last` (what the reward reads)."""
 BOX_CHOICES: tuple[str, ...] = get_args(AnswerBox)
 _PICK_BOX = {"first": first_boxed, "last": last_boxed}
 _START, _END = itemgetter(0), itemgetter(1)

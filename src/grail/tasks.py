@@ -39,7 +39,7 @@ characters the final answer depends on (operators and intermediate results).
 import hashlib
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 FILLER_WORDS = ("so", "well", "okay", "hmm", "now", "then", "right", "next")
 OPERATORS = ("+", "-", "*")
@@ -86,6 +86,27 @@ class TaskConfig:
                 f"max_value={self.max_value} is below operand_max={self.operand_max}; "
                 "set max_value >= operand_max so the start number fits."
             )
+
+
+@dataclass(frozen=True)
+class SyntheticSet:
+    """The problems of the embedded task a run uses: `num_train` training and `num_heldout` held-out problems of
+    `task`, drawn with `seed` (the held-out split never overlaps the training split). Training
+    (`grail.data`), the `synthetic` benchmark (`grail.benchmarks`) and the demo read their rows from here."""
+
+    task: TaskConfig = field(default_factory=TaskConfig)
+    num_train: int = 2000
+    num_heldout: int = 200
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.num_train < 1 or self.num_heldout < 1:
+            raise ValueError(f"num_train={self.num_train} and num_heldout={self.num_heldout} must both be >= 1.")
+
+    def rows(self, split: str) -> list[dict]:
+        """`split`'s problems ("train" or "heldout") as {prompt, answer} rows, in generation order."""
+        n = self.num_train if split == "train" else self.num_heldout
+        return [{"prompt": e.prompt, "answer": e.answer} for e in generate(self.task, n, split, self.seed)]
 
 
 @dataclass(frozen=True)

@@ -22,12 +22,13 @@ import yaml
 from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-from grail.config import SYNTHETIC_DATASET, TINY_MODEL, GRAILConfig
+from grail.config import GRAILConfig
+from grail.config_fields import SYNTHETIC_DATASET
 from grail.data import load_train_dataset
 from grail.prompts import PromptFormat
 from grail.rewards import exact_int_reward, math_verify_reward
 from grail.trainer import GRAILTrainer
-from grail.warmstart import WarmStartConfig, warm_start
+from grail.warmstart import resolve_model
 
 Log = Callable[[str], None]
 REWARDS = {"exact_int": exact_int_reward, "math_verify": math_verify_reward}
@@ -49,20 +50,9 @@ def reward_function(cfg: GRAILConfig):
     return REWARDS[name]
 
 
-def warm_start_config(cfg: GRAILConfig) -> WarmStartConfig:
-    return WarmStartConfig(task=cfg.task_config(), steps=cfg.warmstart_steps, lr=cfg.warmstart_lr,
-                           hidden_size=cfg.tiny_hidden_size, num_layers=cfg.tiny_num_layers)
-
-
 def resolve_model_path(cfg: GRAILConfig, log: Log = print) -> str:
-    """`tiny` → the cached warm-started checkpoint (trained on a miss); anything else as given."""
-    if cfg.model_name_or_path == TINY_MODEL:
-        return str(warm_start(warm_start_config(cfg), cfg.cache_dir, log))
-    name = cfg.model_name_or_path
-    if name.startswith((".", "/", "~")) and not Path(name).expanduser().is_dir():
-        raise FileNotFoundError(f"model directory {name!r} does not exist; give model_name_or_path an existing "
-                                f"save_pretrained directory, a Hub id such as Qwen/Qwen3-4B, or `tiny`.")
-    return name
+    """`grail.warmstart.resolve_model` for a run's model_name_or_path, warm-start settings and cache."""
+    return resolve_model(cfg.model_name_or_path, cfg.warm_start_config(), cfg.cache_dir, log)
 
 
 class MetricsJsonl(TrainerCallback):
@@ -119,7 +109,7 @@ class CheckpointEval(TrainerCallback):
                              prompt=PromptFormat.from_config(cfg), release_subsets_dir=cfg.eval_release_subsets_dir,
                              scoring=cfg.eval_scoring)
         # load (and check) the benchmarks now: a missing directory should stop the run before training
-        self.loaded = self.spec.load_benchmarks(synthetic_task=cfg)
+        self.loaded = self.spec.load_benchmarks(synthetic_set=cfg.synthetic_set())
 
     def on_save(self, args, state, control, model=None, processing_class=None, **kwargs):
         if not state.is_world_process_zero:

@@ -9,52 +9,25 @@ The cached directory is a normal `save_pretrained` checkpoint (model + tokenizer
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
 import shutil
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from grail.tasks import TaskConfig, generate
+from grail.config_fields import TINY_MODEL
+from grail.options import WarmStartConfig
+from grail.tasks import generate
 from grail.tiny import build_tiny_model, build_tokenizer
-
-RECIPE_VERSION = 1  # bump when the training loop below changes, so old caches are not reused
 
 
 def default_cache_dir() -> Path:
     """`$GRAIL_CACHE` if set, else `~/.cache/grail-rl`."""
     return Path(os.environ.get("GRAIL_CACHE") or Path.home() / ".cache" / "grail-rl")
-
-
-@dataclass(frozen=True)
-class WarmStartConfig:
-    # Default 2-step problems + 300 steps: 50.1% sampled acc@4 (T=1) / 61.0% greedy on 200 held-out problems,
-    # ~60 s on 2 cores (450 steps overshoot to ~81%; 3-step problems reach ~13% in 300 steps).
-    task: TaskConfig = field(default_factory=TaskConfig)
-    steps: int = 300
-    batch_size: int = 64
-    lr: float = 3e-3
-    warmup_steps: int = 30
-    num_examples: int = 4000  # distinct train-split traces drawn for SFT (held-out split is never seen)
-    seed: int = 0
-    hidden_size: int = 192
-    num_layers: int = 4
-
-    def __post_init__(self):
-        for name in ("steps", "batch_size", "num_examples", "hidden_size", "num_layers"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"warm start: {name}={getattr(self, name)} must be >= 1.")
-        if not self.lr > 0:
-            raise ValueError(f"warm start: lr={self.lr} must be > 0.")
-
-    def cache_key(self) -> str:
-        payload = json.dumps({"recipe": RECIPE_VERSION, **asdict(self)}, sort_keys=True)
-        return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
 def _batches(tokenizer, examples, batch_size: int, generator: torch.Generator):
@@ -139,3 +112,16 @@ def warm_start(
     except OSError:  # another process finished first: keep theirs
         shutil.rmtree(staging, ignore_errors=True)
     return final
+
+
+def resolve_model(name: str, warm: WarmStartConfig | None = None, cache_dir: str | Path | None = None,
+                  log: Callable[[str], None] = print) -> str:
+    """The one place a model name becomes something `from_pretrained` loads: `tiny` → the cached warm-started
+    checkpoint for `warm` (trained on a miss; default settings when None); a local path → itself, if it is a
+    directory; anything else → as given (a Hub id)."""
+    if name == TINY_MODEL:
+        return str(warm_start(warm or WarmStartConfig(), cache_dir, log))
+    if name.startswith((".", "/", "~")) and not Path(name).expanduser().is_dir():
+        raise FileNotFoundError(f"model directory {name!r} does not exist; give an existing save_pretrained "
+                                f"directory, a Hub id such as Qwen/Qwen3-4B, or `tiny`.")
+    return name

@@ -19,98 +19,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
-from typing import Literal
 
 import torch
 
 from grail import core, probes
-from grail.spans import AnswerBox, AnswerSpans, answer_spans
+from grail.options import Method, WeightingOptions
+from grail.spans import AnswerSpans, answer_spans
 
-Method = Literal["none", "grail", "oar_g", "oar_p", "random", "entropy"]
-SaliencyLeaf = probes.Leaf
-RolloutSymmetry = Literal["wrong", "correct", "both"]
-OarScope = Literal["reasoning", "completion"]
-OarDistribution = probes.Distribution
-OarVariant = Literal["oar_excerpt", "grail_release"]
-AnswerNllSpan = Literal["box", "content"]
 SALIENCY_METHODS = ("grail", "random")  # the answer-NLL saliency probe (fusable with the training forward)
 SIGNAL_METHODS = ("grail", "random", "entropy")  # signal → log-z-score → affine → clip, GRAIL's pipeline
 OAR_METHODS = ("oar_g", "oar_p")  # importance → bi-level reshaping
-
-# Per OAR variant, the values that `None` in the scope / quantile / beta fields stands for (METHODS.md 3):
-# the OAR release's excerpt, and the GRAIL release's own OAR-G baseline (`qwen3_oar_g.yaml`).
-OAR_VARIANT_DEFAULTS: dict[str, dict[str, object]] = {
-    "oar_excerpt": {"oar_scope": "reasoning", "oar_quantile": 0.25, "oar_beta": 1.0},
-    "grail_release": {"oar_scope": "completion", "oar_quantile": 0.4, "oar_beta": 2.0},
-}
-
-
-@dataclass(frozen=True)
-class WeightingOptions:
-    """Every option of the token-weighting methods, with the released defaults (METHODS.md 2–4).
-
-    Field names, defaults and meanings are those of the same-named `GRAILConfig` fields, whose help texts
-    document them (`grail train --help`, README "Token weighting"). `temperature` is TRL's sampling
-    temperature: every distribution a probe forms divides the logits by it (except the GRAIL release's OAR-G,
-    which does not). `oar_scope`, `oar_quantile` and `oar_beta` left at None take `oar_variant`'s values
-    (`OAR_VARIANT_DEFAULTS`); an explicit value wins.
-    """
-
-    token_weighting: Method = "none"
-    answer_box: AnswerBox = "first"
-    answer_nll_span: AnswerNllSpan = "box"
-    saliency_leaf: SaliencyLeaf = "embeddings"
-    rollout_symmetry: RolloutSymmetry = "wrong"
-    weight_mean: float = 1.0
-    weight_std: float = 0.5
-    weight_min: float = 0.5
-    weight_max: float = 5.0
-    oar_variant: OarVariant = "oar_excerpt"
-    oar_scope: OarScope | None = None
-    oar_distribution: OarDistribution = "answer_mean"
-    oar_quantile: float | None = None
-    oar_beta: float | None = None
-    oar_floor: float = 0.1
-    oar_noise_std: float = 1e-3
-    oar_min_importance: float | None = None
-    perturbation_chunk_tokens: int = 32768
-    temperature: float = 1.0
-
-    def __post_init__(self):
-        if self.oar_variant not in OAR_VARIANT_DEFAULTS:
-            raise ValueError(f"oar_variant={self.oar_variant!r}: choose one of {', '.join(OAR_VARIANT_DEFAULTS)}.")
-        for name, value in OAR_VARIANT_DEFAULTS[self.oar_variant].items():
-            if getattr(self, name) is None:
-                object.__setattr__(self, name, value)
-        release = self.oar_variant == "grail_release"
-        checks = [
-            (self.weight_std >= 0, "weight_std", "must be >= 0"),
-            (0 <= self.weight_min <= self.weight_mean <= self.weight_max, "weight_min/weight_mean/weight_max",
-             "must satisfy 0 <= weight_min <= weight_mean <= weight_max (release: 0.5, 1.0, 5.0)"),
-            (0 < self.oar_quantile < 1, "oar_quantile", "must be in (0, 1) (OAR release 0.25)"),
-            (self.oar_beta >= 0, "oar_beta", "must be >= 0 (OAR release 1.0)"),
-            (0 <= self.oar_floor <= 1, "oar_floor", "must be in [0, 1] (OAR release 0.1)"),
-            (self.oar_noise_std > 0, "oar_noise_std", "must be > 0: at zero noise the KL has zero gradient "
-             "(OAR release 1e-3)"),
-            (self.oar_min_importance is None or self.oar_min_importance >= 0, "oar_min_importance",
-             "must be >= 0 (0 turns the rounding floor off; None picks it by the model's dtype)"),
-            (not (release and self.token_weighting == "oar_p"), "oar_variant/token_weighting",
-             "the GRAIL release has no OAR-P; use oar_variant='oar_excerpt' with token_weighting='oar_p'"),
-            (not (release and self.oar_distribution != "answer_mean"), "oar_variant/oar_distribution",
-             "the GRAIL release's OAR-G reads the mean logits over the answer box; use "
-             "oar_distribution='answer_mean' or oar_variant='oar_excerpt'"),
-            (self.perturbation_chunk_tokens >= 1, "perturbation_chunk_tokens", "must be >= 1"),
-            (self.temperature > 0, "temperature", "must be > 0"),
-        ]
-        for ok, name, why in checks:
-            if not ok:
-                values = ", ".join(f"{n}={getattr(self, n)!r}" for n in name.split("/"))
-                raise ValueError(f"{values}: {why}.")
-
-    @classmethod
-    def from_config(cls, config) -> WeightingOptions:
-        """The options held by a config object with same-named attributes (GRAILConfig)."""
-        return cls(**{f.name: getattr(config, f.name) for f in fields(cls)})
 
 
 @dataclass
