@@ -36,3 +36,16 @@ def _never_the_users_cache(monkeypatch, tmp_path_factory):
     """No test writes a warm start into the user's cache ($HOME/.cache/grail-rl or their $GRAIL_CACHE): by default
     every test shares one cache under the session's temporary directory; `cache_dir` gives a test its own."""
     monkeypatch.setenv("GRAIL_CACHE", str(tmp_path_factory.getbasetemp() / "grail-cache"))
+
+
+WARM_STEPS = 200  # a warm start short enough for tests whose policy still closes boxes and earns rewards
+
+
+@pytest.fixture(scope="session")
+def warm_cache(tmp_path_factory):
+    """(cache directory, checkpoint path) of the tiny model warm-started for WARM_STEPS steps, once per session."""
+    from grail.options import WarmStartConfig
+    from grail.warmstart import warm_start
+
+    cache = tmp_path_factory.mktemp("warm")
+    return cache, warm_start(WarmStartConfig(steps=WARM_STEPS), cache, log=lambda s: None)

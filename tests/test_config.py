@@ -15,7 +15,8 @@ from grail.spans import BOX_CHOICES
 from grail.train import REWARDS
 from grail.weighting import METHOD_FUNCTIONS
 
-OWN_FIELDS = [*dataclasses.fields(GRAILFields), *(f for f in dataclasses.fields(GRAILConfig) if f.name in GRAILConfig.__annotations__)]
+OWN_FIELDS = [*dataclasses.fields(GRAILFields),
+              *(f for f in dataclasses.fields(GRAILConfig) if f.name in GRAILConfig.__annotations__)]
 
 
 def test_literal_choices_equal_the_dispatch_tables():

@@ -8,12 +8,10 @@ import torch
 
 from grail.core import (
     ROLLOUT_SYMMETRIES,
-    advantage_scale_ratio,
     answer_span_overrides,
     bilevel_weights,
     grail_weights_from_saliency,
     log_zscore,
-    masked_mean,
     oar_weights_from_importance,
     permuted_weights,
     reweighted_rows,
@@ -21,7 +19,6 @@ from grail.core import (
     token_advantages,
     uniform_weights,
     valid_signal_rows,
-    weight_diagnostics,
 )
 
 RELEASE = {"weight_mean": 1.0, "weight_std": 0.5, "weight_min": 0.5, "weight_max": 5.0}  # METHODS.md 2.5
@@ -55,24 +52,6 @@ def test_weights_are_constants_in_the_loss():
 def test_token_advantages_reject_wrong_shapes():
     with pytest.raises(ValueError, match=r"\(B,\) and weights \(B, T\)"):
         token_advantages(torch.zeros(3), torch.ones(2, 4))
-
-
-def test_uniform_weights_give_scale_ratio_one_and_weighted_ones_the_ratio_of_means():
-    mask, adv_B = _mask(), torch.tensor([1.0, -3.0])
-    uniform = token_advantages(adv_B, uniform_weights(mask))
-    assert advantage_scale_ratio(adv_B, uniform, mask).item() == pytest.approx(1.0)
-    weights = torch.tensor([[2.0, 2.0, 2.0, 9.0], [1.0, 9.0, 9.0, 9.0]])
-    # sum|Â| over real tokens = 3*2*1 + 1*1*3 = 9; sum|A| over the same tokens = 3*1 + 1*3 = 6.
-    ratio = advantage_scale_ratio(adv_B, token_advantages(adv_B, weights), mask)
-    assert ratio.item() == pytest.approx(9 / 6)
-
-
-def test_scale_ratio_is_one_without_signal_and_masked_mean_of_empty_is_zero():
-    mask = _mask()
-    zero = torch.zeros(2)
-    assert advantage_scale_ratio(zero, token_advantages(zero, uniform_weights(mask)), mask).item() == 1.0
-    assert masked_mean(torch.ones(2, 4), torch.zeros(2, 4, dtype=torch.bool)).item() == 0.0
-    assert masked_mean(torch.arange(8.0).reshape(2, 4), mask).item() == pytest.approx((0 + 1 + 2 + 4) / 4)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -126,32 +105,6 @@ def _ref_bilevel(importance, scored, mask, quantile, beta, floor):
         for t, o in zip(idx, omega, strict=True):
             out[i, t] = o * scale
     return out
-
-
-def _ref_diagnostics(weights, adv, mask, reasoning, num_bins):
-    """ess_ratio, top10_mass and the position profile, one row and one token at a time."""
-    ess, top, sums, counts = [], [], [0.0] * num_bins, [0] * num_bins
-    for i in range(weights.shape[0]):
-        a = float(adv[i])
-        idx = [t for t in range(weights.shape[1]) if mask[i, t]]
-        if a == 0 or not idx:
-            continue
-        w = [float(weights[i, t]) for t in idx]
-        if sum(v * v for v in w) > 0:
-            ess.append(sum(w) ** 2 / (len(w) * sum(v * v for v in w)))
-        mags = sorted((abs(v * a) for v in w), reverse=True)
-        if sum(mags) > 0:
-            k = 0.1 * len(mags)
-            whole = math.floor(k)
-            head = sum(mags[:whole]) + (k - whole) * (mags[whole] if whole < len(mags) else 0.0)
-            top.append(head / sum(mags))
-        reason = [t for t in idx if reasoning[i, t]]
-        for j, t in enumerate(reason):
-            b = num_bins * j // len(reason)
-            sums[b] += float(weights[i, t])
-            counts[b] += 1
-    profile = [s / c if c else 0.0 for s, c in zip(sums, counts, strict=True)]
-    return (sum(ess) / len(ess) if ess else 1.0, sum(top) / len(top) if top else 0.1, profile, counts)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -227,7 +180,6 @@ def test_weights_do_not_require_grad_even_if_the_signal_does():
         answer_span_overrides(signal, spans, spans, weight_mean=1.0, weight_max=5.0),
     ]
     assert not any(o.requires_grad for o in outputs)
-    assert not weight_diagnostics(signal, adv, mask, mask, mask, weight_min=0.5, weight_max=5.0)["mean"].requires_grad
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -523,76 +475,3 @@ def test_permuted_weights_draw_every_permutation_uniformly():
     for value in (1.0, 2.0, 3.0, 4.0):
         freq = (perms == value).float().mean(0)
         assert ((freq - 0.25).abs() < 0.02).all()
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Weight diagnostics (METHODS.md 5)
-# ---------------------------------------------------------------------------------------------------------------
-
-def _diag_batch():
-    """row 0: A = 1, 4 real tokens w = [.5, .5, 1, 5], all normalised, reasoning t0..t2.
-    row 1: A = −2, 2 real tokens w = [1, 5], normalised t0 only (t1 is an answer token at w_max: not clipped),
-           reasoning t0.
-    row 2: A = 0 (no policy gradient), w = 9 everywhere: excluded from every statistic."""
-    w = torch.tensor([[0.5, 0.5, 1.0, 5.0], [1.0, 5.0, 0.0, 0.0], [9.0] * 4])
-    adv = torch.tensor([1.0, -2.0, 0.0])
-    mask = torch.tensor([[True] * 4, [True, True, False, False], [True] * 4])
-    reasoning = torch.tensor([[True, True, True, False], [True, False, False, False], [True] * 4])
-    normalised = torch.tensor([[True] * 4, [True, False, False, False], [True] * 4])
-    return w, adv, mask, reasoning, normalised
-
-
-def test_weight_diagnostics_hand_case():
-    w, adv, mask, reasoning, normalised = _diag_batch()
-    d = weight_diagnostics(w, adv, mask, reasoning, normalised, weight_min=0.5, weight_max=5.0, num_bins=4)
-    # mean (.5 + .5 + 1 + 5 + 1 + 5)/6 = 13/6; max 5 (row 2's 9 excluded).
-    # clip: 5 normalised tokens; ≤ .5: two; ≥ 5: one (row 1's answer token at 5 is not normalised).
-    # scale ratio: Σ|Â| = 1·7 + 2·6 = 19, Σ|A| = 1·4 + 2·2 = 8.
-    # ess: row 0 7²/(4 · 26.5) = 49/106; row 1 6²/(2 · 26) = 9/13.
-    # top10: row 0 k = .4 → .4 · 5 / 7 = 2/7; row 1 |Â| = [2, 10], k = .2 → .2 · 10 / 12 = 1/6.
-    # profile (4 bins): row 0 R = 3: j = 0, 1, 2 → bins 0, floor(4/3) = 1, floor(8/3) = 2; row 1 R = 1: bin 0.
-    # bin 0: (.5 + 1)/2 = .75; bin 1: .5; bin 2: 1; bin 3: empty → 0.
-    expected = {"mean": 13 / 6, "max": 5.0, "clip_low_frac": 0.4, "clip_high_frac": 0.2, "adv_scale_ratio": 19 / 8,
-                "ess_ratio": (49 / 106 + 9 / 13) / 2, "top10_mass": (2 / 7 + 1 / 6) / 2}
-    assert set(d) == set(expected) | {"position_profile", "position_count"}
-    for key, value in expected.items():
-        assert d[key].shape == () and d[key].dtype == torch.float32, key
-        assert d[key].item() == pytest.approx(value, abs=1e-6), key
-    torch.testing.assert_close(d["position_profile"], torch.tensor([0.75, 0.5, 1.0, 0.0]))
-    torch.testing.assert_close(d["position_count"], torch.tensor([2.0, 1.0, 1.0, 0.0]))
-
-
-def test_weight_diagnostics_defaults_when_no_row_carries_a_gradient():
-    w, _, mask, reasoning, normalised = _diag_batch()
-    d = weight_diagnostics(w, torch.zeros(3), mask, reasoning, normalised, weight_min=0.5, weight_max=5.0)
-    assert {k: v.tolist() for k, v in d.items()} == {
-        "mean": 0.0, "max": 0.0, "clip_low_frac": 0.0, "clip_high_frac": 0.0, "adv_scale_ratio": 1.0,
-        "ess_ratio": 1.0, "top10_mass": pytest.approx(0.1), "position_profile": [0.0] * 10,
-        "position_count": [0.0] * 10}
-
-
-@pytest.mark.parametrize("T", [1, 3, 7, 10, 13, 40])
-def test_uniform_weights_give_ess_one_and_top10_mass_one_tenth_for_any_length(T):
-    mask = torch.ones(2, T, dtype=torch.bool)
-    d = weight_diagnostics(uniform_weights(mask), torch.tensor([0.5, -1.0]), mask, mask, torch.zeros_like(mask),
-                           weight_min=0.5, weight_max=5.0)
-    assert d["ess_ratio"].item() == pytest.approx(1.0, abs=1e-6)
-    assert d["top10_mass"].item() == pytest.approx(0.1, abs=1e-6)
-    assert d["adv_scale_ratio"].item() == pytest.approx(1.0, abs=1e-6)
-    assert d["clip_low_frac"].item() == 0.0
-
-
-@pytest.mark.parametrize("seed", [0, 1, 2, 3])
-def test_weight_diagnostics_match_the_loop_reference(seed):
-    signal, mask, g = _random_batch(seed, B=9, T=23)
-    w = saliency_weights(signal, mask, **{**RELEASE, "weight_std": 1.5})
-    adv = torch.randint(-2, 3, (9,), generator=g).float()  # some rows A = 0
-    adv[1] = 1.0  # the single-token row carries a gradient
-    reasoning = mask & (torch.arange(23)[None, :] < torch.randint(0, 24, (9, 1), generator=g))
-    ess, top, profile, counts = _ref_diagnostics(w, adv, mask, reasoning, 10)
-    d = weight_diagnostics(w, adv, mask, reasoning, mask, weight_min=0.5, weight_max=5.0)
-    assert d["ess_ratio"].item() == pytest.approx(ess, abs=1e-6)
-    assert d["top10_mass"].item() == pytest.approx(top, abs=1e-6)
-    torch.testing.assert_close(d["position_profile"].double(), torch.tensor(profile, dtype=torch.float64),
-                               atol=1e-6, rtol=0)
-    assert d["position_count"].tolist() == [float(c) for c in counts]

@@ -230,22 +230,6 @@ def test_rounding_floor_makes_rows_uninformative_and_zeroes_rounding():
     assert without.fallback_B.tolist() == [False, False]
 
 
-def test_release_diagnostics_by_hand():
-    # Two rows, 3 real tokens each (row 1: 2 real + padding). Row 0 reweighted, its raw clips: low, none, high.
-    weights = torch.tensor([[0.5, 1.0, 5.0], [1.0, 1.0, 0.0]])
-    adv = torch.tensor([-1.0, 0.5])
-    mask = torch.tensor([[True, True, True], [True, True, False]])
-    clip = torch.tensor([[-1, 0, 1], [0, 0, 0]], dtype=torch.int8)
-    reweighted = torch.tensor([[True, True, True], [False, False, False]])
-    out = core.release_diagnostics(weights, adv, mask, clip, reweighted)
-    assert out["clip_low_frac"].item() == pytest.approx(1 / 3)
-    assert out["clip_high_frac"].item() == pytest.approx(1 / 3)
-    # Σ|Â| over real tokens = 0.5 + 1 + 5 + 0.5 + 0.5 = 7.5 over 5 tokens = 1.5; mean |A| over rows = 0.75
-    assert out["adv_scale_ratio"].item() == pytest.approx(1.5 / (0.75 + 1e-8))
-    none = core.release_diagnostics(weights, adv, mask, clip, torch.zeros_like(reweighted))
-    assert torch.isnan(none["clip_low_frac"]) and torch.isnan(none["clip_high_frac"])
-
-
 def test_oar_variant_resolves_its_defaults_and_rejects_what_the_release_lacks():
     excerpt, release = WeightingOptions(), WeightingOptions(oar_variant="grail_release")
     assert (excerpt.oar_scope, excerpt.oar_quantile, excerpt.oar_beta) == ("reasoning", 0.25, 1.0)

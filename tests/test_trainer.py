@@ -32,6 +32,8 @@ def _loss_and_grads(trainer, inputs):
     trainer.model.zero_grad(set_to_none=True)
     loss = trainer._compute_loss(trainer.model, inputs)
     loss.backward()
+    if isinstance(trainer, GRAILTrainer):  # what log() does once per logging step
+        trainer.reduce_weight_metrics("train")
     return loss.detach(), [p.grad.clone() for p in trainer.model.parameters() if p.grad is not None]
 
 

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from grail import weighting
+from grail import probes
 from grail.options import WeightingOptions
 from grail.tiny import build_tiny_model
 from grail.weighting import METHOD_FUNCTIONS, probe_rows, run_probe, token_weights
@@ -95,8 +96,8 @@ def test_a_process_with_nothing_to_probe_still_runs_the_probe_when_another_needs
     prompt_ids, prompt_mask, completion_ids, completion_mask, _ = _batch(tokenizer)
     ids, attn = torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1)
     calls = []
-    real = weighting.probes.answer_nll_saliency
-    monkeypatch.setattr(weighting.probes, "answer_nll_saliency", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = probes.answer_nll_saliency
+    monkeypatch.setattr(probes, "answer_nll_saliency", lambda *a, **k: calls.append(1) or real(*a, **k))
     result = token_weights(model, tokenizer, ids, attn, completion_mask.bool(), torch.zeros(5),
                            WeightingOptions(token_weighting="grail"), any_process=lambda local: True)
     assert calls == [1] and result.path == "separate"

@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             eval_cli.check_no_extra(args.command, rest)
             return eval_cli.run_eval(args) if args.command == "eval" else eval_cli.run_grader_check(args)
         return _demo(args, rest)
-    except (ValueError, OSError) as err:  # grail.overrides.ConfigError is a ValueError  # OSError: missing files, unreachable Hub ids
+    except (ValueError, OSError) as err:  # ConfigError is a ValueError; OSError: missing files, unreachable Hub ids
         if os.environ.get("GRAIL_DEBUG"):
             raise
         print(f"grail: error: {err}", file=sys.stderr)

@@ -44,23 +44,6 @@ def token_advantages(adv_B: torch.Tensor, weights_BT: torch.Tensor) -> torch.Ten
     return weights_BT.detach().to(adv_B.dtype) * adv_B.unsqueeze(1)  # (B, T)
 
 
-def advantage_scale_ratio(adv_B: torch.Tensor, adv_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
-    """mean |Â| over real tokens / mean |A| over the same tokens (1 for GRPO); 0-dim tensor.
-
-    Returns 1 when every advantage is zero (a batch of all-equal groups carries no signal to rescale).
-    """
-    mask = mask_BT.to(adv_BT.dtype)
-    num = (adv_BT.abs() * mask).sum()
-    den = (adv_B.abs().unsqueeze(1) * mask).sum()
-    return torch.where(den > 0, num / den.clamp(min=torch.finfo(adv_BT.dtype).tiny), torch.ones_like(num))
-
-
-def masked_mean(values_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
-    """Mean of `values_BT` over True entries of `mask_BT`; 0 when the mask is empty. 0-dim tensor."""
-    mask = mask_BT.to(values_BT.dtype)
-    return (values_BT * mask).sum() / mask.sum().clamp(min=1.0)
-
-
 def gradient_activation_saliency(grad_BLD: torch.Tensor, hidden_BLD: torch.Tensor) -> torch.Tensor:
     """GRAIL's per-position saliency s = ‖ ∂ℓ/∂h ⊙ h ‖₂ over the hidden dimension (METHODS.md 2.4).
 
@@ -111,7 +94,6 @@ def kl_divergence(p_logits_NV: torch.Tensor, q_logits_NV: torch.Tensor) -> torch
 
 _LOG_EPS = 1e-8  # log(s + 1e-8), as in the GRAIL release
 _VAR_EPS = 1e-8  # z = (x − mean) / sqrt(var + 1e-8), as in the GRAIL release
-_CLIP_TOL = 1e-6  # a weight within this of w_min / w_max counts as clipped
 
 
 def log_zscore(signal_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
@@ -430,115 +412,3 @@ def permuted_weights(weights_BT: torch.Tensor, permute_BT: torch.Tensor,
     src = torch.argsort(torch.where(permute, keys, 2.0 + t), dim=1, stable=True)  # random order, then the rest
     dst = torch.argsort(torch.where(permute, t, T + t), dim=1, stable=True)  # permuted in order, then the rest
     return torch.empty_like(w).scatter_(1, dst, w.gather(1, src))
-
-
-def weight_diagnostics(weights_BT: torch.Tensor, adv_B: torch.Tensor, mask_BT: torch.Tensor,
-                       reasoning_BT: torch.Tensor, normalised_BT: torch.Tensor, *, weight_min: float,
-                       weight_max: float, num_bins: int = 10) -> dict[str, torch.Tensor]:
-    """Statistics of the weights themselves (METHODS.md 5), over the rows that carry a policy gradient:
-    A_i ≠ 0 and ≥ 1 real token (a row with A = 0 has Â = 0 whatever its weights). Â = w · A.
-
-    Keys (0-dim float32 unless stated):
-        mean, max: mean / max weight over those rows' real tokens (0 if none).
-        clip_low_frac, clip_high_frac: fraction of normalised_BT tokens (in those rows) with
-            w ≤ w_min + 1e-6 (resp. w ≥ w_max − 1e-6); 0 if there is no normalised token.
-        adv_scale_ratio: mean |Â| / mean |A| over those rows' real tokens (`advantage_scale_ratio`); 1 if none.
-        ess_ratio: row mean of (Σw)² / (T_i · Σw²) over the row's T_i real tokens (1 = uniform, lower =
-            concentrated); rows with Σw² = 0 skipped; 1 if no row is left.
-        top10_mass: row mean of the share of Σ|Â| held by the 10% largest |Â|, with k = 0.1 · T_i tokens
-            counted fractionally: the floor(k) largest plus (k − floor(k)) × the next, over the total (so
-            uniform weights give 0.10 for every T_i); rows with Σ|Â| = 0 skipped; 0.1 (uniform) if no row.
-        position_profile: (num_bins,) token-pooled mean weight of reasoning tokens (reasoning_BT & mask, in
-            those rows); the j-th (0-based) of a row's R reasoning tokens goes to bin floor(num_bins · j / R).
-            0 for a bin with no token.
-        position_count: (num_bins,) float32 token counts per bin, to pool profiles across batches.
-
-    Args:
-        weights_BT: (B, T) weights ≥ 0. adv_B: (B,) advantages. mask_BT: (B, T) bool real tokens.
-        reasoning_BT: (B, T) bool, the reasoning tokens (before `\\boxed{`). normalised_BT: (B, T) bool, the
-            tokens whose weight came from normalisation (`SaliencyWeights.normalised_BT`).
-    """
-    w = weights_BT.detach().float()
-    mask = mask_BT.bool()
-    adv = adv_B.detach().float()
-    rows_B = (adv != 0) & mask.any(dim=1)
-    tok = mask & rows_B[:, None]  # (B, T)
-    tokf = tok.to(torch.float32)
-    zero, one = torch.zeros((), device=w.device), torch.ones((), device=w.device)
-    out: dict[str, torch.Tensor] = {}
-
-    out["mean"] = masked_mean(w, tok)
-    out["max"] = torch.cat([torch.where(tok, w, 0.0).flatten(), zero[None]]).max()
-
-    norm = normalised_BT.bool() & tok
-    n_norm = norm.to(torch.float32).sum().clamp(min=1.0)
-    out["clip_low_frac"] = ((w <= weight_min + _CLIP_TOL) & norm).to(torch.float32).sum() / n_norm
-    out["clip_high_frac"] = ((w >= weight_max - _CLIP_TOL) & norm).to(torch.float32).sum() / n_norm
-
-    adv_BT = token_advantages(adv, w)
-    out["adv_scale_ratio"] = advantage_scale_ratio(adv, adv_BT, tok).float()
-
-    s1, s2, n = (w * tokf).sum(dim=1), (w.square() * tokf).sum(dim=1), tokf.sum(dim=1)  # (B,)
-    ess_ok = rows_B & (s2 > 0)
-    ess = s1.square() / (n * s2).clamp(min=torch.finfo(torch.float32).tiny)
-    out["ess_ratio"] = _mean_or(ess, ess_ok, one)
-
-    mag = torch.where(tok, adv_BT.abs(), -1.0)  # padding sorts last
-    ordered = mag.sort(dim=1, descending=True).values.clamp(min=0.0)  # (B, T)
-    k_B1 = 0.1 * n[:, None]
-    rank = torch.arange(w.shape[1], device=w.device, dtype=torch.float32)
-    share_of_token = (k_B1 - rank).clamp(0.0, 1.0)  # 1 for the floor(k) largest, k − floor(k) for the next
-    top, total = (ordered * share_of_token).sum(dim=1), ordered.sum(dim=1)
-    top_ok = rows_B & (total > 0)
-    out["top10_mass"] = _mean_or(top / torch.where(total > 0, total, 1.0), top_ok, 0.1 * one)
-
-    reason = reasoning_BT.bool() & tok
-    j = reason.long().cumsum(dim=1) - 1  # index among the row's reasoning tokens
-    r = reason.long().sum(dim=1, keepdim=True).clamp(min=1)
-    bins = torch.where(reason, (num_bins * j).div(r, rounding_mode="floor"), num_bins)  # overflow bin for others
-    sums = torch.zeros(num_bins + 1, device=w.device).scatter_add_(0, bins.flatten(), torch.where(reason, w, 0.0)
-                                                                   .flatten())
-    counts = torch.zeros(num_bins + 1, device=w.device).scatter_add_(0, bins.flatten(), reason.float().flatten())
-    out["position_profile"] = (sums / counts.clamp(min=1.0))[:num_bins]
-    out["position_count"] = counts[:num_bins]
-    return out
-
-
-def release_diagnostics(weights_BT: torch.Tensor, adv_B: torch.Tensor, mask_BT: torch.Tensor,
-                        clip_BT: torch.Tensor, reweighted_BT: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The GRAIL release's own definitions of three logged statistics, for comparison with its logs. They differ
-    from `weight_diagnostics`' on purpose; both are logged (README "Metrics").
-
-    Keys (0-dim float32; per micro-batch and process; the release averages them over processes):
-        clip_low_frac, clip_high_frac: fraction of the reweighted rows' real tokens whose affine weight was clipped
-            at w_min (resp. w_max), counted BEFORE the answer-span overrides, so box and post-box tokens count;
-            NaN when no token is reweighted (the release then logs nothing).
-        adv_scale_ratio: (Σ |Â| over real tokens / number of real tokens) / (mean over ALL rows of |A| + 1e-8);
-            every row counts, A = 0 and fully masked rows included.
-
-    Args:
-        weights_BT: (B, T) weights. adv_B: (B,) advantages. mask_BT: (B, T) bool real tokens.
-        clip_BT: (B, T) int8 from `SaliencyWeights.clip_BT`. reweighted_BT: (B, T) bool, the tokens it describes
-            (real tokens of the rows the normalisation ran on).
-    """
-    mask = mask_BT.bool()
-    active = reweighted_BT.bool() & mask
-    n_active = active.to(torch.float32).sum()
-    nan = torch.full((), float("nan"), device=weights_BT.device)
-    low = ((clip_BT < 0) & active).to(torch.float32).sum()
-    high = ((clip_BT > 0) & active).to(torch.float32).sum()
-    adv = adv_B.detach().float()
-    weighted = (weights_BT.detach().float() * adv[:, None]).abs() * mask
-    per_token = weighted.sum() / mask.to(torch.float32).sum().clamp(min=1.0)
-    return {
-        "clip_low_frac": torch.where(n_active > 0, low / n_active.clamp(min=1.0), nan),
-        "clip_high_frac": torch.where(n_active > 0, high / n_active.clamp(min=1.0), nan),
-        "adv_scale_ratio": per_token / (adv.abs().mean() + 1e-8),
-    }
-
-
-def _mean_or(values_B: torch.Tensor, ok_B: torch.Tensor, default: torch.Tensor) -> torch.Tensor:
-    """Mean of values_B over ok_B, or `default` when no entry is ok (0-dim float32)."""
-    okf = ok_B.to(torch.float32)
-    total = torch.where(ok_B, values_B, 0.0).sum()
-    return torch.where(okf.sum() > 0, total / okf.sum().clamp(min=1.0), default)

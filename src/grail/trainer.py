@@ -1,59 +1,73 @@
 """`GRAILTrainer`: TRL's `GRPOTrainer` handed a (B, T) token advantage Â = w · A.
 
-The subclass only chooses weights. TRL 1.16's `_compute_loss` accepts a (B, T) `advantages` tensor (it
-unsqueezes (B,) ones), so we compute weights for the micro-batch, replace `inputs["advantages"]`, and call
-the parent: clipping, loss aggregation (`loss_type`), KL, masking of truncated completions and every other
-TRL option stay TRL's. Weights come from `grail.weighting.token_weights`, the same function the functional API
-exposes, in one of three ways:
+The subclass only chooses weights: it computes them for each micro-batch (`grail.weighting.token_weights`, the
+functional API's own function), replaces `inputs["advantages"]` and calls the parent's loss, so clipping, loss
+aggregation (`loss_type`), KL, masking and every other TRL option stay TRL's. Weights come in one of three ways:
 
-1. `weights_from="rollout_policy"`: once per rollout batch, right after generation
-   (`_generate_and_score_completions`); stored in the batch dict, split and shuffled with it by TRL.
-2. `weights_from="current_policy"`, separate path: before each micro-batch's loss, with the current policy
-   (every reuse pass sees the policy being trained, as in the GRAIL release).
-3. `weights_from="current_policy"`, fused path (`saliency_path`): inside TRL's own forward of the micro-batch.
-   `_compute_loss` hands TRL a batch dict whose `advantages` are still (B,); our override of
-   `_get_per_token_logps_and_entropies` captures the leaf h with a forward hook, takes the answer NLL as the sum
-   of TRL's per-token log-probs over the answer span, gets ∂ℓ/∂h from that graph with `torch.autograd.grad`
-   (no parameter `.grad` is written; the graph is retained for the loss), and writes Â into the dict before TRL
-   reads `advantages` (TRL 1.16 reads it after the forward). The entropy control reads TRL's entropies.
-The answer spans are found once per rollout batch (they depend on the completion ids only).
+1. `weights_from="rollout_policy"`: once per rollout batch, right after generation; stored in the batch dict and
+   split and shuffled with it by TRL.
+2. `weights_from="current_policy"`, separate path: before each micro-batch's loss, with the current policy (every
+   reuse pass sees the policy being trained, as in the GRAIL release).
+3. `weights_from="current_policy"`, fused path (`saliency_path`): inside TRL's own forward of the micro-batch. For
+   the duration of one `super()._compute_loss` call (`_fused_forward`), TRL's log-prob method is wrapped: it
+   captures the leaf h with a forward hook, takes the answer NLL as the sum of TRL's per-token log-probs over the
+   answer span, gets ∂ℓ/∂h from that graph with `torch.autograd.grad` (no parameter `.grad` is written; the graph
+   is retained for the loss), and writes Â into the batch dict TRL is reading. The entropy control reads TRL's
+   entropies.
+
+The seam to TRL. Everything this module relies on that TRL does not document, in one list; the contract test
+(tests/test_trl_contract.py) drives TRL's real `_prepare_inputs` and `compute_loss` and fails if any breaks:
+  S1. `_generate_and_score_completions(inputs) -> dict` is overridable; its dict's extra (B, ...) tensors survive
+      `_prepare_inputs`' shuffle and split into micro-batches, row-aligned with `completion_ids`.
+  S2. `_compute_loss(model, inputs)` is overridable and reads `inputs["advantages"]`, unsqueezing (B,) to (B, 1)
+      and taking (B, T) as is.
+  S3. Within `_compute_loss`, `self._get_per_token_logps_and_entropies(model, input_ids, attention_mask,
+      logits_to_keep, ...)` is called exactly once, with the micro-batch's prompt ⊕ completion, before
+      `advantages` is read, and returns (logps_BT, entropies_BT, aux_loss).
+  S4. `self._metrics[mode]` maps metric names to lists that `log()` averages and clears.
+The fused path checks S3 at run time too (a wrong count or an early read of `advantages` stops the step).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from contextlib import contextmanager
 
 import torch
 from accelerate.utils import is_peft_model
 from trl import GRPOTrainer
 
-from grail import core, probes
+from grail import core, diagnostics, probes
+from grail.methods import TokenWeights, method_spec
 from grail.spans import AnswerSpans, align_to_completion
-from grail.weighting import (
-    SALIENCY_METHODS,
-    SIGNAL_METHODS,
-    TokenWeights,
-    batch_spans,
-    probe_rows,
-    token_weights,
-)
+from grail.weighting import batch_spans, probe_rows, token_weights
 
-SPAN_KEYS = tuple(f"spans_{name}" for name in AnswerSpans._fields)
-# Metric keys, logged under `weights/`. README "Metrics" explains each.
+__all__ = ["GRAILTrainer"]
+
+SPAN_KEYS = tuple(f"grail_spans_{name}" for name in AnswerSpans._fields)  # the spans in TRL's batch dict
+NUM_BINS = 10  # weights/position_0..9
+# Additive statistics accumulated per micro-batch (grail.diagnostics.weight_sums plus row counts and the release
+# values' sums), in the order they are packed into one device tensor for the one gather per logging step.
+SUM_KEYS = ("tokens", "weight_sum", "normalised", "clip_low", "clip_high", "abs_token_adv", "abs_adv", "rows",
+            "ess_sum", "ess_rows", "top10_sum", "top10_rows", "real_rows", "rows_without_box", "fallback_rows",
+            "probed_rows", "micro_batches",
+            *(f"release_{k}_{part}" for k in diagnostics.RELEASE_KEYS for part in ("sum", "count")))
 DIAGNOSTIC_KEYS = ("mean", "max", "clip_low_frac", "clip_high_frac", "adv_scale_ratio", "ess_ratio", "top10_mass")
-RELEASE_KEYS = ("clip_low_frac", "clip_high_frac", "adv_scale_ratio")  # weights/release/*: the GRAIL release's own
 
 
-@dataclass
-class _FusedRequest:
-    """What `_compute_loss` hands to the forward override for one micro-batch."""
+class _AdvantagesWatch(dict):
+    """The batch dict handed to TRL's `_compute_loss` on the fused path: records reads of `advantages` before and
+    after the fused forward writes them (S3)."""
 
-    call_inputs: dict  # the dict TRL's _compute_loss is reading; we write `advantages` into it
-    adv_B: torch.Tensor
-    mask_BT: torch.Tensor
-    spans: AnswerSpans
-    done: bool = False
+    def __init__(self, inputs: dict):
+        super().__init__(inputs)
+        self.written = self.read_before = self.read_after = False
+
+    def __getitem__(self, key):
+        if key == "advantages":
+            self.read_after |= self.written
+            self.read_before |= not self.written
+        return super().__getitem__(key)
 
 
 class GRAILTrainer(GRPOTrainer):
@@ -65,9 +79,10 @@ class GRAILTrainer(GRPOTrainer):
             raise TypeError(f"GRAILTrainer needs a grail.config.GRAILConfig as args (it carries the token-weighting "
                             f"fields), got {type(self.args).__name__}; build one with GRAILConfig(...).")
         self.weighting = self.args.weighting_options()
+        self.method = method_spec(self.weighting.token_weighting)
         device = self.accelerator.device
         self._generator = torch.Generator(device=device).manual_seed(self.args.seed + self.accelerator.process_index)
-        self._fused_request: _FusedRequest | None = None
+        self._weight_sums: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # mode → (sums (K,), max ()) on device
         self.fused_unavailable = self._fused_unavailable_reason()
         if self.args.saliency_path == "fused" and self.fused_unavailable:
             raise ValueError(f"saliency_path='fused' cannot work here: {self.fused_unavailable}. Use "
@@ -77,14 +92,13 @@ class GRAILTrainer(GRPOTrainer):
     # ---- which path ---------------------------------------------------------------------------------------
     def _fused_unavailable_reason(self) -> str | None:
         """None if the fused path can run for this method and setup, else why not."""
-        method = self.weighting.token_weighting
-        if method not in SIGNAL_METHODS:
-            return f"token_weighting={method!r} has no saliency or entropy signal to fuse"
+        if self.method.fuse is None:
+            return f"token_weighting={self.method.name!r} has no saliency or entropy signal to fuse"
         if self.args.saliency_path == "separate":
             return "saliency_path='separate'"
         if self.args.weights_from != "current_policy":
             return "weights_from='rollout_policy' computes weights at generation time, outside the training forward"
-        if method == "entropy":
+        if self.method.fuse == "entropy":
             return None  # TRL's forward computes the entropies anyway
         model = self.accelerator.unwrap_model(self.model)
         if is_peft_model(model):
@@ -101,9 +115,6 @@ class GRAILTrainer(GRPOTrainer):
         if not any(p.requires_grad for module in upstream for p in module.parameters()):
             return "frozen embeddings (the leaf is not part of the training graph)"
         return None
-
-    def _use_fused(self) -> bool:
-        return self.fused_unavailable is None
 
     # ---- masks and spans ------------------------------------------------------------------------------------
     @staticmethod
@@ -129,8 +140,11 @@ class GRAILTrainer(GRPOTrainer):
         flag = torch.tensor([local], device=self.accelerator.device)
         return bool(self.accelerator.gather(flag).any())
 
-    # ---- rollout time ---------------------------------------------------------------------------------------
-    def _generate_and_score_completions(self, inputs):
+    def _mode(self) -> str:
+        return "train" if self.model.training else "eval"
+
+    # ---- the seam to TRL (module docstring, S1-S4) ---------------------------------------------------------------
+    def _generate_and_score_completions(self, inputs):  # S1
         output = super()._generate_and_score_completions(inputs)
         mask_BT = self.real_token_mask(output)
         spans = batch_spans(self.tokenizer, output["completion_ids"], mask_BT, self.weighting)
@@ -139,6 +153,107 @@ class GRAILTrainer(GRPOTrainer):
             output.update(self._rollout_weights(output, mask_BT, spans).as_batch_entries())
         return output
 
+    def _compute_loss(self, model, inputs):  # S2
+        adv_B = inputs["advantages"]
+        if adv_B.dim() != 1:
+            raise RuntimeError("GRAILTrainer expects TRL's (B,) advantages; another subclass already made "
+                               "them per token.")
+        mask_BT = self.real_token_mask(inputs)
+        spans = self._spans(inputs, mask_BT)
+        if TokenWeights.in_batch(inputs):  # weights_from="rollout_policy"
+            weights = TokenWeights.from_batch(inputs, path="rollout")
+        elif self.fused_unavailable is None and torch.is_grad_enabled():  # evaluation runs under no_grad: no graph
+            call_inputs = _AdvantagesWatch(inputs)
+            with self._fused_forward(call_inputs, adv_B, mask_BT, spans):
+                loss = super()._compute_loss(model, call_inputs)
+            if call_inputs.read_before or not call_inputs.read_after:
+                raise RuntimeError("fused saliency: TRL's _compute_loss did not read the advantages from the batch "
+                                   "dict after its forward (a TRL change); set saliency_path='separate'.")
+            return loss
+        else:
+            input_ids_BL = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+            attention_mask_BL = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+            weights = token_weights(self.accelerator.unwrap_model(model), self.tokenizer, input_ids_BL,
+                                    attention_mask_BL, mask_BT, adv_B, self.weighting, spans=spans,
+                                    generator=self._generator, any_process=self._any_process)
+        return super()._compute_loss(model, {**inputs, "advantages": self._token_advantages(adv_B, mask_BT, weights)})
+
+    @contextmanager
+    def _fused_forward(self, call_inputs: _AdvantagesWatch, adv_B: torch.Tensor, mask_BT: torch.Tensor,
+                       spans: AnswerSpans):  # S3
+        """For one `super()._compute_loss` call: TRL's log-prob method, wrapped to compute the weights from its
+        forward and write Â into `call_inputs`. It must run exactly once."""
+        trl_forward = self._get_per_token_logps_and_entropies
+        calls = []
+
+        def forward(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+            calls.append(logits_to_keep)
+            if len(calls) > 1:
+                raise RuntimeError("fused saliency: TRL's _compute_loss ran its log-prob forward more than once "
+                                   "(a TRL change); set saliency_path='separate'.")
+            return self._fused_weights(trl_forward, call_inputs, adv_B, mask_BT, spans, model, input_ids,
+                                       attention_mask, logits_to_keep, *args, **kwargs)
+
+        self._get_per_token_logps_and_entropies = forward  # an instance attribute: shadows the method, this call only
+        try:
+            yield
+        finally:
+            del self._get_per_token_logps_and_entropies
+        if not calls:
+            raise RuntimeError("fused saliency: TRL's _compute_loss did not call _get_per_token_logps_and_entropies "
+                               "(a TRL change); set saliency_path='separate'.")
+
+    def _fused_weights(self, trl_forward, call_inputs, adv_B, mask_BT, spans, model, input_ids, attention_mask,
+                       logits_to_keep, *args, **kwargs):
+        options = self.weighting
+        rows_B = probe_rows(adv_B, spans, mask_BT, options)
+        need_grad = self.method.fuse == "saliency" and bool(rows_B.any())
+        captured: list[torch.Tensor] = []
+        handle = None
+        if need_grad:
+            leaf = probes.leaf_module(self.accelerator.unwrap_model(model), options.saliency_leaf)
+            handle = leaf.register_forward_hook(
+                lambda module, args, out: captured.append(probes.leaf_output_tensor(out)))
+        try:
+            result = trl_forward(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
+        finally:
+            if handle is not None:
+                handle.remove()
+        if not (isinstance(result, tuple) and len(result) == 3):
+            raise RuntimeError(f"fused saliency: TRL's _get_per_token_logps_and_entropies returned "
+                               f"{type(result).__name__}, not (logps, entropies, aux_loss) (a TRL change); set "
+                               f"saliency_path='separate'.")
+        logps_BT, entropies_BT, _ = result
+        start = time.perf_counter()
+        if self.method.fuse == "entropy":
+            signal_BT = entropies_BT.detach().float()
+        elif need_grad:
+            if len(captured) != 1:
+                raise RuntimeError(f"fused saliency: the leaf module ran {len(captured)} times in one forward "
+                                   f"(expected 1); set saliency_path='separate'.")
+            hidden_BLD = captured[0]
+            answer_BT = spans.probe_span(options.answer_nll_span) & rows_B[:, None]
+            nll = -(logps_BT * answer_BT).sum()  # the answer NLL: a sum of the log-probs TRL computed
+            (grad_BLD,) = torch.autograd.grad(nll, hidden_BLD, retain_graph=True)
+            saliency_BL = core.gradient_activation_saliency(grad_BLD, hidden_BLD)
+            signal_BT = align_to_completion(saliency_BL, logits_to_keep, at="predicting")
+        else:
+            signal_BT = torch.zeros_like(logps_BT, dtype=torch.float32)
+        weights = token_weights(None, self.tokenizer, input_ids, attention_mask, mask_BT, adv_B, options,
+                                spans=spans, signal_BT=signal_BT, generator=self._generator)
+        weights.seconds += time.perf_counter() - start
+        call_inputs["advantages"] = self._token_advantages(adv_B, mask_BT, weights)
+        call_inputs.written = True
+        return result
+
+    def _metric_lists(self, mode: str) -> dict[str, list[float]]:  # S4
+        return self._metrics[mode]
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:  # S4
+        self.reduce_weight_metrics(self._mode())
+        super().log(logs, start_time)
+
+    # ---- rollout time ---------------------------------------------------------------------------------------
     def _rollout_weights(self, batch: dict, mask_BT: torch.Tensor, spans: AnswerSpans) -> TokenWeights:
         """Weights for a whole generation batch, with the rollout policy, in micro-batch-sized chunks."""
         input_ids_BL = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
@@ -153,133 +268,71 @@ class GRAILTrainer(GRPOTrainer):
                 batch["advantages"][rows], self.weighting, spans=AnswerSpans(*(s[rows] for s in spans)),
                 generator=self._generator, any_process=self._any_process))
         merged = TokenWeights.concat(parts, path="rollout")
-        self._metrics["train" if self.model.training else "eval"]["weights/seconds"].append(merged.seconds)
+        self._metric_lists(self._mode())["weights/seconds"].append(merged.seconds)
         return merged
 
-    # ---- loss time ------------------------------------------------------------------------------------------
-    def _compute_loss(self, model, inputs):
-        adv_B = inputs["advantages"]
-        if adv_B.dim() != 1:
-            raise RuntimeError("GRAILTrainer expects TRL's (B,) advantages; another subclass already made "
-                               "them per token.")
-        mask_BT = self.real_token_mask(inputs)
-        spans = self._spans(inputs, mask_BT)
-        if "weights_weights_BT" in inputs:  # weights_from="rollout_policy"
-            weights = TokenWeights.from_batch(inputs, path="rollout")
-        elif self._use_fused() and torch.is_grad_enabled():  # evaluation runs the loss under no_grad: no graph
-            call_inputs = dict(inputs)
-            self._fused_request = _FusedRequest(call_inputs, adv_B, mask_BT, spans)
-            try:
-                loss = super()._compute_loss(model, call_inputs)
-                if not self._fused_request.done:
-                    raise RuntimeError("fused saliency: TRL's _compute_loss did not call "
-                                       "_get_per_token_logps_and_entropies; set saliency_path='separate'.")
-            finally:
-                self._fused_request = None
-            return loss
-        else:
-            input_ids_BL = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
-            attention_mask_BL = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-            weights = token_weights(self.accelerator.unwrap_model(model), self.tokenizer, input_ids_BL,
-                                    attention_mask_BL, mask_BT, adv_B, self.weighting, spans=spans,
-                                    generator=self._generator, any_process=self._any_process)
-        adv_BT = self._token_advantages(adv_B, mask_BT, weights)
-        return super()._compute_loss(model, {**inputs, "advantages": adv_BT})
-
-    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args,
-                                           **kwargs):
-        request = self._fused_request
-        if request is None or request.done:
-            return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
-                                                               *args, **kwargs)
-        request.done = True
-        options = self.weighting
-        rows_B = probe_rows(request.adv_B, request.spans, request.mask_BT, options)
-        need_grad = options.token_weighting in SALIENCY_METHODS and bool(rows_B.any())
-        captured: list[torch.Tensor] = []
-        handle = None
-        if need_grad:
-            leaf = probes.leaf_module(self.accelerator.unwrap_model(model), options.saliency_leaf)
-            handle = leaf.register_forward_hook(
-                lambda module, args, out: captured.append(probes.leaf_output_tensor(out)))
-        try:
-            logps_BT, entropies_BT, aux_loss = super()._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
-        finally:
-            if handle is not None:
-                handle.remove()
-        start = time.perf_counter()
-        if options.token_weighting == "entropy":
-            signal_BT = entropies_BT.detach().float()
-        elif need_grad:
-            if len(captured) != 1:
-                raise RuntimeError(f"fused saliency: the leaf module ran {len(captured)} times in one forward "
-                                   f"(expected 1); set saliency_path='separate'.")
-            hidden_BLD = captured[0]
-            answer_BT = request.spans.probe_span(options.answer_nll_span) & rows_B[:, None]
-            nll = -(logps_BT * answer_BT).sum()  # the answer NLL: a sum of the log-probs TRL computed
-            (grad_BLD,) = torch.autograd.grad(nll, hidden_BLD, retain_graph=True)
-            saliency_BL = core.gradient_activation_saliency(grad_BLD, hidden_BLD)
-            signal_BT = align_to_completion(saliency_BL, logits_to_keep, at="predicting")
-        else:
-            signal_BT = torch.zeros_like(logps_BT, dtype=torch.float32)
-        weights = token_weights(None, self.tokenizer, input_ids, attention_mask, request.mask_BT, request.adv_B,
-                                options, spans=request.spans, signal_BT=signal_BT, generator=self._generator)
-        weights.seconds += time.perf_counter() - start
-        request.call_inputs["advantages"] = self._token_advantages(request.adv_B, request.mask_BT, weights)
-        return logps_BT, entropies_BT, aux_loss
-
+    # ---- Â and its statistics ---------------------------------------------------------------------------------
     def _token_advantages(self, adv_B, mask_BT, weights: TokenWeights) -> torch.Tensor:
+        """Â = w · A (B, T), computed once per micro-batch; its statistics are accumulated on the device."""
         self.last_token_weights = weights
-        adv_BT = core.token_advantages(adv_B, weights.weights_BT)  # (B, T)
-        self._log_weights(adv_B, mask_BT, weights)
+        adv_BT = core.token_advantages(adv_B, weights.weights_BT)
+        self._accumulate(adv_B, adv_BT, mask_BT, weights)
         return adv_BT
 
-    # ---- metrics --------------------------------------------------------------------------------------------
-    def _log_weights(self, adv_B: torch.Tensor, mask_BT: torch.Tensor, weights: TokenWeights) -> None:
-        """Append the `weights/*` metrics (README "Metrics"); one gather per micro-batch."""
+    def _accumulate(self, adv_B, adv_BT, mask_BT, weights: TokenWeights) -> None:
+        """Add this micro-batch's weight statistics to the mode's device sums (no host synchronisation)."""
         options = self.weighting
-        diag = core.weight_diagnostics(weights.weights_BT, adv_B, mask_BT, weights.reasoning_BT & mask_BT,
-                                       weights.normalised_BT, weight_min=options.weight_min,
-                                       weight_max=options.weight_max)
-        rows_B = mask_BT.any(1)
-        grad_rows = (rows_B & (adv_B != 0)).sum()  # the rows the diagnostics describe (A = 0 rows carry no signal)
-        release = core.release_diagnostics(weights.weights_BT, adv_B, mask_BT, weights.clip_BT, weights.reweighted_BT)
-        local = torch.cat([
-            torch.stack([release[key].float() for key in RELEASE_KEYS]),
-            torch.stack([diag[key].float() for key in DIAGNOSTIC_KEYS]) * grad_rows,
-            torch.stack([(rows_B & ~weights.has_box_B).sum(), rows_B.sum(), weights.fallback_B.sum(),
-                         weights.probed_B.sum(), grad_rows]).float(),
-            diag["position_profile"].float() * diag["position_count"].float(),
-            diag["position_count"].float(),
-        ]).to(self.accelerator.device)
-        gathered = self.accelerator.gather(local.reshape(1, -1)).cpu()  # (processes, K)
-        metrics = self._metrics["train" if self.model.training else "eval"]
-        release_values, gathered = gathered[:, : len(RELEASE_KEYS)], gathered[:, len(RELEASE_KEYS):]
-        # As the release: per-process values, NaN-mean over processes. Clip fractions are NaN (not logged) where
-        # no row was normalised, which is always the case outside GRAIL's pipeline.
-        for i, key in enumerate(RELEASE_KEYS):
-            if not torch.isnan(release_values[:, i]).all():
-                metrics[f"weights/release/{key}"].append(release_values[:, i].nanmean().item())
-        total = gathered.sum(0)
-        k = len(DIAGNOSTIC_KEYS)
-        without_box, rows, fallback, probed, described = total[k : k + 5].tolist()
-        if described > 0:  # a micro-batch whose advantages are all 0 has nothing to describe: log nothing
-            for i, key in enumerate(DIAGNOSTIC_KEYS):
-                if key == "max":
-                    value = max((gathered[j, i] / gathered[j, k + 4]).item() for j in range(len(gathered))
-                                if gathered[j, k + 4] > 0)
-                else:
-                    value = (total[i] / described).item()  # mean over processes, weighted by rows described
-                metrics[f"weights/{key}"].append(value)
-        metrics["weights/rows_without_box"].append(without_box / max(rows, 1.0))
-        metrics["weights/fallback_rows"].append(fallback)
-        metrics["weights/probed_rows"].append(probed / max(rows, 1.0))
+        stats = diagnostics.weight_sums(weights.weights_BT, adv_B, adv_BT, mask_BT, weights.reasoning_BT & mask_BT,
+                                        weights.normalised_BT, weight_min=options.weight_min,
+                                        weight_max=options.weight_max, num_bins=NUM_BINS)
+        real_B = mask_BT.any(1)
+        stats.update(real_rows=real_B.sum(), rows_without_box=(real_B & ~weights.has_box_B).sum(),
+                     fallback_rows=weights.fallback_B.sum(), probed_rows=weights.probed_B.sum(),
+                     micro_batches=torch.ones((), device=adv_BT.device))
+        release = diagnostics.release_diagnostics(adv_B, adv_BT, mask_BT, weights.clip_BT, weights.reweighted_BT)
+        for key, value in release.items():  # per micro-batch values, averaged as the release does (NaN: none)
+            stats[f"release_{key}_sum"] = torch.nan_to_num(value, nan=0.0)
+            stats[f"release_{key}_count"] = (~value.isnan()).float()
+        sums = torch.cat([*(stats[k].float().reshape(1) for k in SUM_KEYS), stats["position_sum"].float(),
+                          stats["position_count"].float()])
+        previous = self._weight_sums.get(self._mode())
+        if previous is not None:
+            sums, peak = previous[0] + sums, torch.maximum(previous[1], stats["max"].float())
+        else:
+            peak = stats["max"].float()
+        self._weight_sums[self._mode()] = (sums, peak)
+        metrics = self._metric_lists(self._mode())
         if weights.path != "rollout":  # rollout weights log their seconds once per rollout batch
             metrics["weights/seconds"].append(weights.seconds)
         metrics["weights/fused"].append(1.0 if weights.path == "fused" else 0.0)
-        bins = diag["position_count"].numel()
-        sums, counts = total[k + 5 : k + 5 + bins], total[k + 5 + bins :]
-        for b in range(bins):
-            if counts[b] > 0:
-                metrics[f"weights/position_{b}"].append(float(sums[b] / counts[b]))
+
+    def reduce_weight_metrics(self, mode: str) -> dict[str, float]:
+        """Pool the mode's accumulated statistics over processes (one gather) and append the `weights/*` metrics
+        (README "Metrics") to TRL's lists; called by `log` once per logging step, on every process."""
+        K = len(SUM_KEYS) + 2 * NUM_BINS
+        device = self.accelerator.device
+        sums, peak = self._weight_sums.pop(mode, (torch.zeros(K, device=device), torch.zeros((), device=device)))
+        local = torch.cat([sums, peak.reshape(1)]).reshape(1, -1)
+        gathered = (self.accelerator.gather(local) if self.accelerator.num_processes > 1 else local).cpu()
+        total = dict(zip(SUM_KEYS, gathered[:, : len(SUM_KEYS)].sum(0), strict=True))
+        if total["micro_batches"] == 0:
+            return {}
+        bins = gathered[:, len(SUM_KEYS) : K].sum(0)
+        total.update(max=gathered[:, K].max(), position_sum=bins[:NUM_BINS], position_count=bins[NUM_BINS:])
+        out: dict[str, float] = {}
+        if total["rows"] > 0:  # micro-batches whose advantages are all 0 have nothing to describe
+            values = diagnostics.finish(total)
+            out.update({f"weights/{key}": float(values[key]) for key in DIAGNOSTIC_KEYS})
+            out.update({f"weights/position_{b}": float(values["position_profile"][b]) for b in range(NUM_BINS)
+                        if values["position_count"][b] > 0})
+        for key in diagnostics.RELEASE_KEYS:
+            if total[f"release_{key}_count"] > 0:
+                out[f"weights/release/{key}"] = float(total[f"release_{key}_sum"] / total[f"release_{key}_count"])
+        real, micro = float(total["real_rows"]), float(total["micro_batches"]) / gathered.shape[0]
+        out["weights/rows_without_box"] = float(total["rows_without_box"]) / max(real, 1.0)
+        out["weights/probed_rows"] = float(total["probed_rows"]) / max(real, 1.0)
+        out["weights/fallback_rows"] = float(total["fallback_rows"]) / micro  # per micro-batch, all processes
+        metrics = self._metric_lists(mode)
+        for key, value in out.items():
+            metrics[key].append(value)
+        return out
