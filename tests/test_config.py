@@ -7,12 +7,13 @@ import pytest
 from grail.config import GRAILConfig, literal_choices
 from grail.config_fields import GRAILFields
 from grail.core import ROLLOUT_SYMMETRIES
+from grail.methods import METHODS, method_spec
 from grail.options import OAR_VARIANT_DEFAULTS, WeightingOptions
 from grail.presets import PAPER_NOTES, PRESETS
 from grail.probes import LEAVES
 from grail.release_scoring import SCORINGS
+from grail.rewards import REWARDS
 from grail.spans import BOX_CHOICES
-from grail.train import REWARDS
 from grail.weighting import METHOD_FUNCTIONS
 
 OWN_FIELDS = [*dataclasses.fields(GRAILFields),
@@ -20,7 +21,8 @@ OWN_FIELDS = [*dataclasses.fields(GRAILFields),
 
 
 def test_literal_choices_equal_the_dispatch_tables():
-    assert set(literal_choices("token_weighting")) == set(METHOD_FUNCTIONS) | {"none"}
+    assert literal_choices("token_weighting") == tuple(METHODS)  # the method table, in the same order
+    assert set(METHOD_FUNCTIONS) == {name for name, spec in METHODS.items() if spec.probe is not None}
     assert literal_choices("saliency_leaf") == tuple(LEAVES)
     assert literal_choices("answer_box") == BOX_CHOICES
     assert literal_choices("rollout_symmetry") == ROLLOUT_SYMMETRIES
@@ -28,6 +30,11 @@ def test_literal_choices_equal_the_dispatch_tables():
     assert literal_choices("answer_nll_span") == ("box", "content")
     assert literal_choices("oar_scope") == ("reasoning", "completion", None)  # None: the variant's value
     assert set(literal_choices("eval_scoring")) == set(SCORINGS)
+
+
+def test_an_unknown_method_is_named_with_the_choices():
+    with pytest.raises(ValueError, match="token_weighting='magic'.*none, grail, oar_g, oar_p, random, entropy"):
+        method_spec("magic")
 
 
 def test_weighting_options_mirror_the_config_fields(tmp_path):

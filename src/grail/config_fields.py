@@ -263,8 +263,11 @@ class GRAILFields:
                   "every reference read correctly) or `release` (the GRAIL release's own scoring, for figures "
                   "comparable with the paper's; it cannot match 197 of 675 OlympiadBench references)."},
     )
-    eval_samples: int = field(default=3, metadata={"help": "Samples per problem at checkpoints (release 3), at the "
-                              "release's temperature 0.6, top-p 0.95, top-k 20."})
+    eval_samples: int = field(
+        default=SamplingParams.n,
+        metadata={"help": f"Samples per problem at checkpoints (as `grail eval --samples`; release "
+                  f"{SamplingParams.n}), at the release's temperature {SamplingParams.temperature}, "
+                  f"top-p {SamplingParams.top_p}, top-k {SamplingParams.top_k} (grail.sampling.SamplingParams)."})
     eval_max_new_tokens: int | None = field(
         default=SamplingParams.max_new_tokens,
         metadata={"help": "New-token limit at checkpoints. Default: the release's evaluation limit "

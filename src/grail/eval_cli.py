@@ -5,13 +5,16 @@ from __future__ import annotations
 import os
 import sys
 import time
+import typing
 from pathlib import Path
 
 from grail.benchmarks import BENCHMARK_NAMES  # light: no torch, math-verify or sympy
+from grail.options import ScoringName
 from grail.sampling import SamplingParams  # light: the release's sampling defaults, without torch
 
 RELEASE = SamplingParams()
 SIX = ",".join(BENCHMARK_NAMES)
+SCORING_NAMES = typing.get_args(ScoringName)
 
 
 def add_parsers(sub) -> None:
@@ -34,9 +37,10 @@ def add_parsers(sub) -> None:
                     "--data-dir). Needed with --size release when the benchmarks come from the Hub: the lists are "
                     "in the shared data, not in grail-rl or on the Hub")
     ev.add_argument("--subset-seed", type=int, default=0, help="seed of the seeded subsets (--size N; default 0)")
-    ev.add_argument("--n", type=int, default=RELEASE.n, help=f"samples per problem (release {RELEASE.n})")
+    ev.add_argument("--samples", "--n", dest="n", type=int, default=RELEASE.n,
+                    help=f"samples per problem (release {RELEASE.n}; `grail train --eval_samples`)")
     ev.add_argument("--temperature", type=float, default=RELEASE.temperature,
-                    help=f"release {RELEASE.temperature}; 0 = greedy (needs --n 1)")
+                    help=f"release {RELEASE.temperature}; 0 = greedy (needs --samples 1)")
     ev.add_argument("--top-p", type=float, default=RELEASE.top_p, help=f"release {RELEASE.top_p}")
     ev.add_argument("--top-k", type=int, default=RELEASE.top_k, help=f"release {RELEASE.top_k}; 0 = off")
     ev.add_argument("--max-new-tokens", type=int, default=RELEASE.max_new_tokens,
@@ -53,7 +57,7 @@ def add_parsers(sub) -> None:
                     "step, and put your final answer within \\boxed{}.', the literal text) or `release` (the same "
                     "with a backspace for \\b, the text the released checkpoints were trained and evaluated with: "
                     "use it to evaluate those). Default: the format saved with the model, else `paper`")
-    ev.add_argument("--scoring", choices=("grail", "release"), default="grail",
+    ev.add_argument("--scoring", choices=SCORING_NAMES, default="grail",
                     help="grail: grail's grader, which reads every reference correctly. release: the GRAIL "
                     "release's scoring reproduced (its box extraction, its $...$ parse without normalisation, "
                     "OlympiadBench graded against the text of its answer list, so about 29%% of those references "
@@ -65,7 +69,7 @@ def add_parsers(sub) -> None:
                            "loaders and the grader on data nobody here wrote")
     check.add_argument("--data-dir", required=True, help="local copy laid out as DIR/<benchmark>/test.jsonl")
     check.add_argument("--benchmarks", default=SIX)
-    check.add_argument("--scoring", choices=("grail", "release"), default="grail",
+    check.add_argument("--scoring", choices=SCORING_NAMES, default="grail",
                        help="grade with grail's grader, or the release's scoring reproduced (see grail eval --help)")
     check.add_argument("--workers", type=int, help="grading processes (default: one per CPU core)")
     check.add_argument("--show", type=int, default=5, help="disagreements to print per benchmark (default 5)")

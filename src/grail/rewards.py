@@ -19,7 +19,7 @@ must keep its entry point under `if __name__ == "__main__":`, as for any multipr
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from grail import grader
@@ -110,3 +110,15 @@ def exact_int_reward(
                 correct = False
         rewards.append(1.0 if correct else 0.0)
     return rewards
+
+
+REWARDS = {"exact_int": exact_int_reward, "math_verify": math_verify_reward}  # grail.options.RewardName, less auto
+
+
+def reward_named(name: str, *, synthetic: bool) -> Callable[..., list[float]]:
+    """The reward function called `name`; `auto` = exact_int on the synthetic task, math_verify elsewhere."""
+    if name == "auto":
+        name = "exact_int" if synthetic else "math_verify"
+    if name not in REWARDS:
+        raise ValueError(f"reward={name!r}: choose auto or one of {', '.join(REWARDS)}.")
+    return REWARDS[name]

@@ -26,12 +26,11 @@ from grail.config import GRAILConfig
 from grail.config_fields import SYNTHETIC_DATASET
 from grail.data import load_train_dataset
 from grail.prompts import PromptFormat
-from grail.rewards import exact_int_reward, math_verify_reward
+from grail.rewards import reward_named
 from grail.trainer import GRAILTrainer
 from grail.warmstart import resolve_model
 
 Log = Callable[[str], None]
-REWARDS = {"exact_int": exact_int_reward, "math_verify": math_verify_reward}
 
 
 @dataclass(frozen=True)
@@ -44,10 +43,8 @@ class TrainResult:
 
 
 def reward_function(cfg: GRAILConfig):
-    name = cfg.reward
-    if name == "auto":
-        name = "exact_int" if cfg.dataset == SYNTHETIC_DATASET else "math_verify"
-    return REWARDS[name]
+    """The run's reward (`reward`; `auto` = exact_int on the synthetic task, else math_verify)."""
+    return reward_named(cfg.reward, synthetic=cfg.dataset == SYNTHETIC_DATASET)
 
 
 def resolve_model_path(cfg: GRAILConfig, log: Log = print) -> str:
