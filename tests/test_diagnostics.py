@@ -1,12 +1,12 @@
 """grail.diagnostics: the weight statistics, one batch by hand and against loop references, and their pooling."""
 
-import math
 
 import pytest
 import torch
 
 from grail.core import saliency_weights, token_advantages, uniform_weights
 from grail.diagnostics import finish, release_diagnostics, weight_diagnostics, weight_sums
+from references import random_batch, ref_diagnostics
 
 RELEASE = {"weight_mean": 1.0, "weight_std": 0.5, "weight_min": 0.5, "weight_max": 5.0}  # METHODS.md 2.5
 
@@ -14,43 +14,6 @@ RELEASE = {"weight_mean": 1.0, "weight_std": 0.5, "weight_min": 0.5, "weight_max
 def _mask():
     return torch.tensor([[True, True, True, False], [True, False, False, False]])
 
-
-def _random_batch(seed, B=7, T=13):
-    """Positive log-normal signal, a random right-padded mask (row 0 empty, row 1 a single token), NaN padding."""
-    g = torch.Generator().manual_seed(seed)
-    signal = torch.exp(2.0 * torch.randn(B, T, generator=g))
-    lengths = torch.randint(0, T + 1, (B,), generator=g)
-    lengths[0], lengths[1] = 0, 1
-    mask = torch.arange(T)[None, :] < lengths[:, None]
-    signal = torch.where(mask, signal, torch.nan)  # padding values must be ignored
-    return signal, mask, g
-
-
-
-def _ref_diagnostics(weights, adv, mask, reasoning, num_bins):
-    """ess_ratio, top10_mass and the position profile, one row and one token at a time."""
-    ess, top, sums, counts = [], [], [0.0] * num_bins, [0] * num_bins
-    for i in range(weights.shape[0]):
-        a = float(adv[i])
-        idx = [t for t in range(weights.shape[1]) if mask[i, t]]
-        if a == 0 or not idx:
-            continue
-        w = [float(weights[i, t]) for t in idx]
-        if sum(v * v for v in w) > 0:
-            ess.append(sum(w) ** 2 / (len(w) * sum(v * v for v in w)))
-        mags = sorted((abs(v * a) for v in w), reverse=True)
-        if sum(mags) > 0:
-            k = 0.1 * len(mags)
-            whole = math.floor(k)
-            head = sum(mags[:whole]) + (k - whole) * (mags[whole] if whole < len(mags) else 0.0)
-            top.append(head / sum(mags))
-        reason = [t for t in idx if reasoning[i, t]]
-        for j, t in enumerate(reason):
-            b = num_bins * j // len(reason)
-            sums[b] += float(weights[i, t])
-            counts[b] += 1
-    profile = [s / c if c else 0.0 for s, c in zip(sums, counts, strict=True)]
-    return (sum(ess) / len(ess) if ess else 1.0, sum(top) / len(top) if top else 0.1, profile, counts)
 
 
 
@@ -131,12 +94,12 @@ def test_uniform_weights_give_ess_one_and_top10_mass_one_tenth_for_any_length(T)
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_weight_diagnostics_match_the_loop_reference(seed):
-    signal, mask, g = _random_batch(seed, B=9, T=23)
+    signal, mask, g = random_batch(seed, B=9, T=23)
     w = saliency_weights(signal, mask, **{**RELEASE, "weight_std": 1.5})
     adv = torch.randint(-2, 3, (9,), generator=g).float()  # some rows A = 0
     adv[1] = 1.0  # the single-token row carries a gradient
     reasoning = mask & (torch.arange(23)[None, :] < torch.randint(0, 24, (9, 1), generator=g))
-    ess, top, profile, counts = _ref_diagnostics(w, adv, mask, reasoning, 10)
+    ess, top, profile, counts = ref_diagnostics(w, adv, mask, reasoning, 10)
     d = weight_diagnostics(w, adv, mask, reasoning, mask, weight_min=0.5, weight_max=5.0)
     assert d["ess_ratio"].item() == pytest.approx(ess, abs=1e-6)
     assert d["top10_mass"].item() == pytest.approx(top, abs=1e-6)
@@ -148,7 +111,7 @@ def test_weight_diagnostics_match_the_loop_reference(seed):
 def test_sums_pool_over_batches_like_one_batch():
     """Two micro-batches (or processes) pooled by adding their sums (max by max) describe the concatenated batch:
     token statistics weighted by tokens and row statistics by rows, not the mean of the two batches' values."""
-    signal, mask, g = _random_batch(5, B=10, T=17)
+    signal, mask, g = random_batch(5, B=10, T=17)
     w = saliency_weights(signal, mask, **{**RELEASE, "weight_std": 1.5})
     adv = torch.randint(-2, 3, (10,), generator=g).float()
     reasoning = mask & (torch.arange(17)[None, :] < torch.randint(0, 18, (10, 1), generator=g))
@@ -184,7 +147,7 @@ def test_release_diagnostics_by_hand():
 
 
 def test_diagnostics_do_not_require_grad_even_if_the_weights_do():
-    signal, mask, _ = _random_batch(1)
+    signal, mask, _ = random_batch(1)
     w = signal.clone().requires_grad_(True)
     d = weight_diagnostics(w, torch.ones(signal.shape[0]), mask, mask, mask, weight_min=0.5, weight_max=5.0)
     assert not any(v.requires_grad for v in d.values())

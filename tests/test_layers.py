@@ -14,8 +14,8 @@ PACKAGE = Path(grail.__file__).parent
 # Bottom to top. A module may import modules of its own layer or below, never above.
 LAYERS = {
     "options": ["options", "config_fields", "tasks", "boxed", "prompts", "sampling", "presets"],  # no torch
-    "core": ["core", "diagnostics", "spans", "metrics"],  # pure tensor functions
-    "model": ["probes", "tiny", "warmstart"],  # functions of a Hugging Face model
+    "core": ["core", "bilevel", "diagnostics", "spans", "metrics"],  # pure tensor functions
+    "model": ["probes", "oar_probes", "tiny", "warmstart"],  # functions of a Hugging Face model
     "methods": ["methods", "weighting"],  # the method table and the functional API (no TRL)
     "evaluation": ["grader", "release_scoring", "rewards", "benchmarks", "grader_check", "eval_harness"],  # no TRL
     "training": ["config", "data", "trainer", "overrides", "train", "demo"],  # TRL

@@ -5,7 +5,7 @@ keeps (no parameter .grad, requires_grad unchanged, detached float32, 0 on paddi
 import pytest
 import torch
 
-from grail import probes
+from grail import oar_probes, probes
 from grail.core import kl_divergence
 from grail.tiny import build_tiny_model
 
@@ -94,10 +94,10 @@ def _all_probes(model, ids, attn, answer, scored):
     yield probes.answer_nll_saliency(model, ids, attn, answer, temperature=0.7)
     yield probes.answer_nll_saliency(model, ids, attn, answer, temperature=0.7, leaf="last")
     yield probes.token_entropies(model, ids, attn, T, temperature=0.7)
-    for distribution in probes.DISTRIBUTIONS:
-        yield probes.oar_g_importance(model, ids, attn, scored, answer, distribution=distribution, noise_std=1e-2,
+    for distribution in oar_probes.DISTRIBUTIONS:
+        yield oar_probes.oar_g_importance(model, ids, attn, scored, answer, distribution=distribution, noise_std=1e-2,
                                       temperature=0.7, generator=torch.Generator().manual_seed(1))
-        yield probes.oar_p_importance(model, ids, attn, scored, answer, distribution=distribution, pad_token_id=PAD,
+        yield oar_probes.oar_p_importance(model, ids, attn, scored, answer, distribution=distribution, pad_token_id=PAD,
                                       temperature=0.7, chunk_tokens=64)
 
 
@@ -140,8 +140,8 @@ def test_probes_under_gradient_checkpointing_in_training_mode(tokenizer, monkeyp
     ids, attn, answer = _batch()
     expected = list(_all_probes(model, ids, attn, answer, _completion_mask(attn)))
     batched_calls = []
-    plain = probes._oar_p_batched
-    monkeypatch.setattr(probes, "_oar_p_batched", lambda *a, **k: batched_calls.append(1) or plain(*a, **k))
+    plain = oar_probes._oar_p_batched
+    monkeypatch.setattr(oar_probes, "_oar_p_batched", lambda *a, **k: batched_calls.append(1) or plain(*a, **k))
     model.activation_checkpointing_enable()  # use_reentrant=False (TRL's default; reentrant forbids autograd.grad)
     model.train()
     got = list(_all_probes(model, ids, attn, answer, _completion_mask(attn)))
@@ -172,9 +172,9 @@ def test_nothing_to_explain_returns_zeros_without_running_the_model(model):
     none = torch.zeros_like(answer)
     try:
         results = [probes.answer_nll_saliency(model, ids, attn, none, temperature=1.0),
-                   probes.oar_g_importance(model, ids, attn, none, answer, distribution="last_position",
+                   oar_probes.oar_g_importance(model, ids, attn, none, answer, distribution="last_position",
                                            noise_std=1e-3, temperature=1.0),
-                   probes.oar_p_importance(model, ids, attn, none, answer, distribution="last_position",
+                   oar_probes.oar_p_importance(model, ids, attn, none, answer, distribution="last_position",
                                            pad_token_id=PAD, temperature=1.0, chunk_tokens=64)]
     finally:
         handle.remove()
@@ -291,7 +291,7 @@ def _reference_oar_g(model, ids, attn, scored, answer, distribution, noise_std, 
 @pytest.mark.parametrize("distribution", ["last_position", "answer_mean"])
 def test_oar_g_matches_reference_with_the_same_noise(model64, distribution):
     ids, attn, answer, scored = _scored()
-    got = probes.oar_g_importance(model64, ids, attn, scored, answer, distribution=distribution, noise_std=1e-2,
+    got = oar_probes.oar_g_importance(model64, ids, attn, scored, answer, distribution=distribution, noise_std=1e-2,
                                   temperature=0.7, generator=torch.Generator().manual_seed(3))
     expected = _reference_oar_g(model64, ids, attn, scored, answer, distribution, 1e-2, 0.7, seed=3).float()
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5 * expected.max().item())
@@ -303,8 +303,8 @@ def test_oar_g_matches_reference_with_the_same_noise(model64, distribution):
 def test_oar_g_without_noise_is_near_zero(model):
     ids, attn, answer, scored = _scored()
     kwargs = dict(distribution="last_position", temperature=1.0, generator=torch.Generator().manual_seed(0))
-    noisy = probes.oar_g_importance(model, ids, attn, scored, answer, noise_std=1e-2, **kwargs)
-    clean = probes.oar_g_importance(model, ids, attn, scored, answer, noise_std=0.0, **kwargs)
+    noisy = oar_probes.oar_g_importance(model, ids, attn, scored, answer, noise_std=1e-2, **kwargs)
+    clean = oar_probes.oar_g_importance(model, ids, attn, scored, answer, noise_std=0.0, **kwargs)
     assert clean.max() < 1e-3 * noisy.max()  # the KL at its minimum has zero gradient
 
 
@@ -337,18 +337,18 @@ def test_oar_p_batched_and_prefix_shared_match_the_loop(model64, distribution):
     # chunk_tokens: 1 → one copy per chunk; 40 → 2–3 copies, a row's copies split across chunks; 10_000 → one chunk
     for chunk_tokens in (1, 40, 10_000):
         for name in ("_oar_p_batched", "_oar_p_prefix_shared"):
-            got = getattr(probes, name)(model64, ids, attn, scored, answer, chunk_tokens=chunk_tokens, **kwargs)
+            got = getattr(oar_probes, name)(model64, ids, attn, scored, answer, chunk_tokens=chunk_tokens, **kwargs)
             scale = expected.amax(1, keepdim=True).clamp(min=1e-30)
             assert ((got - expected).abs() / scale).max() < 1e-5, (name, chunk_tokens)
             assert got[0, 2] == 0 and (got[2] == 0).all() and (got[~_completion_mask(attn)] == 0).all()
-    assert torch.equal(probes.oar_p_importance(model64, ids, attn, scored, answer, chunk_tokens=40, **kwargs),
-                       probes._oar_p_prefix_shared(model64, ids, attn, scored, answer, chunk_tokens=40, **kwargs))
+    assert torch.equal(oar_probes.oar_p_importance(model64, ids, attn, scored, answer, chunk_tokens=40, **kwargs),
+                       oar_probes._oar_p_prefix_shared(model64, ids, attn, scored, answer, chunk_tokens=40, **kwargs))
 
 
 def test_oar_p_answer_mean_row_without_answer_is_zero(model64):
     ids, attn, answer, _ = _scored()
     scored = _completion_mask(attn)  # row 2 scored, but it has no answer tokens
-    got = probes.oar_p_importance(model64, ids, attn, scored, answer, distribution="answer_mean", pad_token_id=PAD,
+    got = oar_probes.oar_p_importance(model64, ids, attn, scored, answer, distribution="answer_mean", pad_token_id=PAD,
                                   temperature=1.0, chunk_tokens=64)
     influencing = _influencing(scored, answer, "answer_mean")
     assert (got[2] == 0).all() and (got[influencing] > 0).all() and (got[~influencing] == 0).all()
@@ -357,9 +357,9 @@ def test_oar_p_answer_mean_row_without_answer_is_zero(model64):
 def test_prefix_chunks_respect_the_memory_bound_and_cover_every_copy():
     positions = list(range(20, 60))
     for chunk_tokens in (1, 100, 300, 10_000):
-        chunks = probes._prefix_chunks(positions, 60, chunk_tokens)
+        chunks = oar_probes._prefix_chunks(positions, 60, chunk_tokens)
         assert [i for a, b in chunks for i in range(a, b)] == list(range(len(positions)))
         assert all(b - a == 1 or (b - a) * 60 <= chunk_tokens for a, b in chunks)
     # Unbounded memory: chunks shrink towards the end of the row, where recomputing the gap costs most.
-    sizes = [b - a for a, b in probes._prefix_chunks(positions, 60, 10_000)]
+    sizes = [b - a for a, b in oar_probes._prefix_chunks(positions, 60, 10_000)]
     assert sizes == sorted(sizes, reverse=True) and sizes[0] > sizes[-1]

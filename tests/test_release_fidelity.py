@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grail import core
+from grail import bilevel
 from grail.options import WeightingOptions
 from grail.tiny import build_tiny_model
 from grail.weighting import grail_weights, oar_g_weights
@@ -206,27 +206,27 @@ def test_sorted_index_tau_by_hand():
     #                                   = [0.1, 1, 1.75, 3], sum 5.85 → × 4 / 5.85.
     importance = torch.expm1(torch.tensor([[0.0, 0.2, 0.5, 1.0]], dtype=torch.float64))
     mask = torch.ones(1, 4, dtype=torch.bool)
-    w = core.bilevel_weights(importance, mask, mask, quantile=0.4, beta=2.0, floor=0.1, tau_rule="sorted_index")
+    w = bilevel.bilevel_weights(importance, mask, mask, quantile=0.4, beta=2.0, floor=0.1, tau_rule="sorted_index")
     expected = torch.tensor([[0.1, 1.0, 1.75, 3.0]]) * 4 / 5.85
     torch.testing.assert_close(w, expected.float(), rtol=0, atol=1e-6)
     # interpolate: τ = 0.26 → [0.1, max(0.2/0.26, 0.1), 1 + 2·0.24/0.74, 1 + 2·0.74/0.74]
-    wi = core.bilevel_weights(importance, mask, mask, quantile=0.4, beta=2.0, floor=0.1)
+    wi = bilevel.bilevel_weights(importance, mask, mask, quantile=0.4, beta=2.0, floor=0.1)
     raw = torch.tensor([[0.1, 0.2 / 0.26, 1 + 2 * 0.24 / 0.74, 3.0]])
     torch.testing.assert_close(wi, (raw * 4 / raw.sum()).float(), rtol=0, atol=1e-6)
     with pytest.raises(ValueError, match="tau_rule"):
-        core.bilevel_weights(importance, mask, mask, quantile=0.4, beta=2.0, floor=0.1, tau_rule="median")
+        bilevel.bilevel_weights(importance, mask, mask, quantile=0.4, beta=2.0, floor=0.1, tau_rule="median")
 
 
 def test_rounding_floor_makes_rows_uninformative_and_zeroes_rounding():
     mask = torch.ones(2, 4, dtype=torch.bool)
     importance = torch.tensor([[3e-9, 1e-9, 2e-9, 5e-10],  # all below the floor: uninformative
                                [3e-9, 0.5, 2e-9, 1.0]])  # rounding-level entries tie at 0
-    out = core.oar_weights_from_importance(importance, mask, mask, quantile=0.25, beta=1.0, floor=0.1,
+    out = bilevel.oar_weights_from_importance(importance, mask, mask, quantile=0.25, beta=1.0, floor=0.1,
                                            min_importance=1e-8)
     assert out.fallback_B.tolist() == [True, False]
     assert torch.equal(out.weights_BT[0], torch.ones(4))
     assert out.weights_BT[1, 0] == out.weights_BT[1, 2]  # 3e-9 and 2e-9 are both rounding: same weight
-    without = core.oar_weights_from_importance(importance, mask, mask, quantile=0.25, beta=1.0, floor=0.1)
+    without = bilevel.oar_weights_from_importance(importance, mask, mask, quantile=0.25, beta=1.0, floor=0.1)
     assert without.fallback_B.tolist() == [False, False]
 
 

@@ -18,7 +18,7 @@ from typing import Literal, NamedTuple
 
 import torch
 
-from grail import core, probes
+from grail import bilevel, core, oar_probes, probes
 from grail.options import WeightingOptions
 from grail.spans import AnswerSpans
 
@@ -126,14 +126,14 @@ def _entropy_probe(model, rows: ProbeBatch, options: WeightingOptions, generator
 
 def _oar_g_probe(model, rows: ProbeBatch, options: WeightingOptions, generator) -> torch.Tensor:
     release = options.oar_variant == "grail_release"  # the GRAIL release's own OAR-G (METHODS.md 3)
-    return probes.oar_g_importance(model, rows.input_ids_BL, rows.attention_mask_BL, rows.scored_BT, rows.answer_BT,
+    return oar_probes.oar_g_importance(model, rows.input_ids_BL, rows.attention_mask_BL, rows.scored_BT, rows.answer_BT,
                                    distribution=options.oar_distribution, noise_std=options.oar_noise_std,
                                    temperature=1.0 if release else options.temperature, generator=generator,
                                    at="predicting" if release else "token", noisy_product=release)
 
 
 def _oar_p_probe(model, rows: ProbeBatch, options: WeightingOptions, generator) -> torch.Tensor:
-    return probes.oar_p_importance(model, rows.input_ids_BL, rows.attention_mask_BL, rows.scored_BT, rows.answer_BT,
+    return oar_probes.oar_p_importance(model, rows.input_ids_BL, rows.attention_mask_BL, rows.scored_BT, rows.answer_BT,
                                    distribution=options.oar_distribution, pad_token_id=_pad_token_id(model),
                                    temperature=options.temperature, chunk_tokens=options.perturbation_chunk_tokens)
 
@@ -188,7 +188,7 @@ def saliency_pipeline(spec, signal_BT, adv_B, spans, mask_BT, rows_B, options, g
 
 def bilevel_pipeline(spec, signal_BT, adv_B, spans, mask_BT, rows_B, options, generator, min_importance):
     """OAR's: normalised importance → bi-level reshaping with a mass-preserving rescale (METHODS.md 3)."""
-    out = core.oar_weights_from_importance(
+    out = bilevel.oar_weights_from_importance(
         signal_BT, mask_BT, scored_tokens(spans, mask_BT, options), quantile=options.oar_quantile,
         beta=options.oar_beta, floor=options.oar_floor, min_importance=min_importance,
         tau_rule="sorted_index" if options.oar_variant == "grail_release" else "interpolate")
