@@ -3,8 +3,7 @@
 import pytest
 import torch
 
-from grail import weighting
-from grail import probes
+from grail import probes, weighting
 from grail.options import WeightingOptions
 from grail.tiny import build_tiny_model
 from grail.weighting import METHOD_FUNCTIONS, probe_rows, run_probe, token_weights
