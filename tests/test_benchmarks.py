@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from grail.benchmark_sources import HUB_IDS
 from grail.benchmarks import (
     BENCHMARK_NAMES,
-    HUB_IDS,
     RELEASE_SUBSET_FILES,
     Problem,
     load_benchmark,

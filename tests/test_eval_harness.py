@@ -232,7 +232,7 @@ def test_checkpoint_evaluation_defaults_to_the_protocols_token_limit(tmp_path):
 
 def test_checkpoint_evaluation_of_synthetic_uses_the_runs_task(tmp_path):
     from grail.config import GRAILConfig
-    from grail.data import synthetic_rows
+    from grail.tasks import SyntheticSet, TaskConfig
     from grail.train import CheckpointEval
 
     cfg = GRAILConfig(output_dir=str(tmp_path), eval_benchmarks="synthetic", eval_size="all", task_num_steps=3,
@@ -240,7 +240,8 @@ def test_checkpoint_evaluation_of_synthetic_uses_the_runs_task(tmp_path):
     checkpoint_eval = CheckpointEval(cfg, tmp_path, log=lambda _: None)
     assert checkpoint_eval.spec.scoring == "release"  # the same setting as `grail eval --scoring`
     (loaded,) = checkpoint_eval.loaded
-    expected = synthetic_rows(cfg, "heldout")
+    task = TaskConfig(num_steps=3, operand_max=7)
+    expected = SyntheticSet(task=task, num_heldout=7, seed=5).rows("heldout")
     assert [p.problem for p in loaded.problems] == [r["prompt"] for r in expected]
     assert [p.answer for p in loaded.problems] == [str(r["answer"]) for r in expected]
     assert len(loaded.problems) == 7 and "the run's task settings" in loaded.origin

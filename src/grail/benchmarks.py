@@ -1,7 +1,8 @@
 r"""Evaluation benchmarks as (id, problem, reference answer) triples: six math sets and the synthetic task.
 
 The six sets of METHODS.md section 6 are read from a local copy laid out as ``<data_dir>/<name>/test.jsonl``
-(``../shared/data/benchmarks`` in development) or, with no ``data_dir``, from the Hugging Face Hub (HUB_IDS).
+(``../shared/data/benchmarks`` in development) or, with no ``data_dir``, from the Hugging Face Hub
+(grail.benchmark_sources.HUB_IDS).
 Their schemas differ; each row is normalised to a ``Problem`` as follows (field names of the local copies):
 
 | name | id | problem | reference answer |
@@ -52,6 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from grail.benchmark_sources import hub_id, hub_rows, local_rows, synthetic_rows
 from grail.boxed import last_boxed_content, release_last_box
 from grail.tasks import SyntheticSet
 
@@ -60,15 +62,6 @@ SYNTHETIC = "synthetic"
 LOADABLE_NAMES = (*BENCHMARK_NAMES, SYNTHETIC)
 # the identity lists of the release's fixed subsets, <lists_dir>/<name>/<file>; the other benchmarks: every row
 RELEASE_SUBSET_FILES = {"college_math": "release_subset.jsonl", "olympiadbench": "release_subset_ids.txt"}
-HUB_IDS: dict[str, str | None] = {
-    "math500": "HuggingFaceH4/MATH-500",
-    "aime24": "math-ai/aime24",
-    "amc23": "math-ai/amc23",
-    "minerva_math": "math-ai/minervamath",
-    "college_math": None,  # not given by the data README: local copies only
-    "olympiadbench": "math-ai/olympiadbench",
-}
-LOCAL_FILE = "test.jsonl"
 
 
 @dataclass(frozen=True)
@@ -222,30 +215,6 @@ def _normalise(name: str, rows: list[tuple[int, dict]]) -> tuple[list[Problem], 
     return problems, skipped
 
 
-# ---- row sources ---------------------------------------------------------------------------------------------
-def _local_rows(name: str, data_dir: str | Path) -> tuple[list[tuple[int, dict]], str]:
-    """(0-based line index, row) of every non-blank line of ``<data_dir>/<name>/test.jsonl``."""
-    path = Path(data_dir).expanduser() / name / LOCAL_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"benchmark {name!r}: no file {str(path)!r}. data_dir must hold one folder per "
-                                f"benchmark, <data_dir>/<name>/{LOCAL_FILE} (as ../shared/data/benchmarks does).")
-    rows = []
-    with path.open(encoding="utf-8") as lines:
-        for index, line in enumerate(lines):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}: line {index + 1} is not valid JSON ({err.msg} at column {err.colno}); "
-                                 f"each line must be one JSON object.") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}: line {index + 1} is a JSON {type(row).__name__}, not an object; each "
-                                 f"line must be one JSON object.")
-            rows.append((index, row))
-    return rows, str(path)
-
-
 # the field the release's evaluation reads the reference from (run_eval.py `ans_key`); elsewhere "answer"
 RELEASE_ANSWER_FIELDS = {"minerva_math": "solution", "olympiadbench": "final_answer"}  # elsewhere: "answer"
 
@@ -255,47 +224,6 @@ def release_reference(benchmark: str, row: dict) -> str:
     of its answer field, "" if missing; MinervaMath's solution reduced to its last box (release_last_box)."""
     text = str(row.get(RELEASE_ANSWER_FIELDS.get(benchmark, "answer"), ""))
     return str(release_last_box(text)) if benchmark == "minerva_math" else text
-
-
-def _hub_hint(name: str) -> str:
-    return f"pass --data-dir pointing at a local copy laid out as <dir>/{name}/{LOCAL_FILE}"
-
-
-def _hub_id(name: str) -> str:
-    hub_id = HUB_IDS[name]
-    if hub_id is None:
-        raise ValueError(f"benchmark {name!r} has no known Hub id and cannot be loaded from the Hub: use a local "
-                         f"directory instead; {_hub_hint(name)}.")
-    return hub_id
-
-
-def _hub_rows(name: str) -> tuple[list[tuple[int, dict]], str]:
-    """(row index, row) of the Hub copy's "test" split (or its only split)."""
-    hint, hub_id = _hub_hint(name), _hub_id(name)
-    from datasets import load_dataset  # local loading does not need `datasets`
-
-    try:
-        splits = load_dataset(hub_id)
-    except Exception as err:  # offline, unknown id, gated, ...: several exception types
-        raise OSError(f"could not load benchmark {name!r} from the Hub id {hub_id!r} ({type(err).__name__}: "
-                      f"{err}). Offline or no Hub access? {hint[0].upper()}{hint[1:]}.") from err
-    if "test" in splits:
-        split = "test"
-    elif len(splits) == 1:
-        split = next(iter(splits))
-    else:
-        raise ValueError(f"Hub dataset {hub_id!r} has no 'test' split but several others ({list(splits)}); "
-                         f"{hint}.")
-    return list(enumerate(splits[split])), f"hub:{hub_id} (split {split})"
-
-
-def _synthetic_rows(synthetic_set: SyntheticSet | None = None) -> tuple[list[tuple[int, dict]], str]:
-    """The held-out rows of `synthetic_set` (a training run's `GRAILConfig.synthetic_set()`), or of the default
-    `SyntheticSet` when it is None."""
-    which = "the run's task settings" if synthetic_set is not None else "default task settings"
-    synthetic_set = synthetic_set or SyntheticSet()
-    return list(enumerate(synthetic_set.rows("heldout"))), (
-        f"grail.tasks held-out split ({synthetic_set.num_heldout} problems, task_seed {synthetic_set.seed}, {which})")
 
 
 # ---- selection and the public loaders ------------------------------------------------------------------------
@@ -387,7 +315,7 @@ def load_benchmark(
 ) -> LoadedBenchmark:
     """Load one benchmark (see the module docstring for the per-benchmark normalisation).
 
-    data_dir: folder holding ``<name>/test.jsonl``; None loads HUB_IDS[name] from the Hub.
+    data_dir: folder holding ``<name>/test.jsonl``; None loads its Hub copy (grail.benchmark_sources.HUB_IDS).
     size: "release" = the release's subset where RELEASE_SUBSET_FILES lists one, else every usable row; None =
         every usable row; an int = a seeded subset of that many usable rows (1 <= size <= usable rows).
     seed: chooses a seeded subset (ignored otherwise).
@@ -398,16 +326,16 @@ def load_benchmark(
     """
     _check_name(name)
     if data_dir is None and name != SYNTHETIC:
-        _hub_id(name)  # a benchmark with no Hub copy: that error first
+        hub_id(name)  # a benchmark with no Hub copy: that error first
     release_list = None  # found before the rows are read: a missing list stops before a Hub download
     if size == "release" and name in RELEASE_SUBSET_FILES:
         release_list = _release_list_path(name, release_subsets_dir or data_dir)
     if name == SYNTHETIC:
-        rows, origin = _synthetic_rows(synthetic_set)
+        rows, origin = synthetic_rows(synthetic_set)
     elif data_dir is None:
-        rows, origin = _hub_rows(name)
+        rows, origin = hub_rows(name)
     else:
-        rows, origin = _local_rows(name, data_dir)
+        rows, origin = local_rows(name, data_dir)
     problems, skipped = _normalise(name, rows)
     if not problems:
         raise ValueError(f"benchmark {name!r} ({origin}): none of its {len(rows)} rows has a usable problem and "
