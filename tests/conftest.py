@@ -49,3 +49,16 @@ def warm_cache(tmp_path_factory):
 
     cache = tmp_path_factory.mktemp("warm")
     return cache, warm_start(WarmStartConfig(steps=WARM_STEPS), cache, log=lambda s: None)
+
+
+@pytest.fixture
+def off_main_worker():
+    """A function giving the live process that grades grail.grader calls made off the main thread (None before the
+    first such call, or after its worker was killed for an overrun)."""
+    from grail import grader
+
+    def worker():
+        slot = grader._off_main.slots[0] if grader._off_main is not None else None
+        return slot.process if slot is not None else None
+
+    return worker

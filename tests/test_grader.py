@@ -203,11 +203,11 @@ MIXED = [("\\boxed{\\frac{1}{2}}", "0.5"), ("\\boxed{0.3}", "0.5"), ("no box", "
          ("\\boxed{(0,1]}", "[0,1]"), ("\\boxed{1\\,000}", "1000"), ("\\boxed{}", "1"), ("\\boxed{1}", "")]
 
 
-def test_off_the_main_thread_matches_main_thread():
+def test_off_the_main_thread_matches_main_thread(off_main_worker):
     on_main = [grade(c, r) for c, r in MIXED]
     assert [r.correct for r in on_main] == [True, False, False, True, False, True, False, False]
     assert run_in_thread(lambda: [grade(c, r) for c, r in MIXED]) == on_main
-    assert grader.off_main_thread_worker() is not None  # it went through the worker process
+    assert off_main_worker() is not None  # it went through the worker process
     assert run_in_thread(grade_many, [c for c, _ in MIXED], [r for _, r in MIXED], workers=1) == on_main
 
 
@@ -245,20 +245,20 @@ def test_worker_over_its_wall_bound_is_killed_and_replaced():
     assert time.perf_counter() - started < 4.5  # spawning and the kill, never the 5 s alarm
 
 
-def test_off_main_worker_that_dies_is_replaced():
+def test_off_main_worker_that_dies_is_replaced(off_main_worker):
     assert run_in_thread(grade, "\\boxed{2}", "2").correct  # starts the shared worker
-    process = grader.off_main_thread_worker()
+    process = off_main_worker()
     process.kill()  # killed while idle: the next call notices and starts another
     process.join()
     assert run_in_thread(grade, "\\boxed{2}", "2") == GradeResult(True, "2", "ok")
-    assert grader.off_main_thread_worker().pid != process.pid
+    assert off_main_worker().pid != process.pid
 
     def kill_soon():
         deadline = time.monotonic() + 30
         while grader._off_main.slots[0].index is None and time.monotonic() < deadline:  # not yet sent
             time.sleep(0.01)
         time.sleep(0.3)  # inside sympy on the power tower (its alarm: 5 s)
-        grader.off_main_thread_worker().kill()
+        off_main_worker().kill()
 
     killer = threading.Thread(target=kill_soon)
     killer.start()

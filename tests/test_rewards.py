@@ -137,7 +137,7 @@ def test_math_verify_reward_times_out_on_main_thread(monkeypatch):
     assert time.perf_counter() - started < 1.9  # without the timeout this runs for hours
 
 
-def test_math_verify_reward_off_the_main_thread_matches_main_thread():
+def test_math_verify_reward_off_the_main_thread_matches_main_thread(off_main_worker):
     completions = [
         "\\boxed{\\frac{1}{2}}",
         "\\boxed{0.3}",
@@ -148,14 +148,14 @@ def test_math_verify_reward_off_the_main_thread_matches_main_thread():
     expected = [1.0, 0.0, 0.0, 1.0]
     assert math_verify_reward(completions=completions, answer=answers) == expected
     assert run_in_thread(math_verify_reward, completions=completions, answer=answers) == expected
-    assert grader.off_main_thread_worker() is not None  # the threaded call went through the worker process
+    assert off_main_worker() is not None  # the threaded call went through the worker process
 
 
-def test_worker_that_overruns_is_killed_and_replaced(monkeypatch):
+def test_worker_that_overruns_is_killed_and_replaced(monkeypatch, off_main_worker):
     assert run_in_thread(math_verify_reward, completions=["\\boxed{2}"], answer=["2"]) == [1.0]  # warm
     monkeypatch.setattr(rewards, "TIMEOUT_S", 0.1)  # the item's wall-clock deadline becomes 4 × 0.1 s
     assert run_in_thread(math_verify_reward, completions=[POWER_TOWER], answer=["5"]) == [0.0]
-    assert grader.off_main_thread_worker() is None
+    assert off_main_worker() is None
     monkeypatch.undo()
     assert run_in_thread(math_verify_reward, completions=["\\boxed{2}"], answer=["2"]) == [1.0]
 

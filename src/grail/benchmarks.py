@@ -57,6 +57,12 @@ from grail.benchmark_sources import hub_id, hub_rows, local_rows, synthetic_rows
 from grail.boxed import last_boxed_content, release_last_box
 from grail.tasks import SyntheticSet
 
+__all__ = [
+    "BENCHMARK_NAMES", "load_benchmark", "load_benchmarks", "LOADABLE_NAMES", "LoadedBenchmark",
+    "parse_benchmark_list", "Problem", "RELEASE_ANSWER_FIELDS", "release_reference", "RELEASE_SUBSET_FILES",
+    "release_subset_ids", "seeded_subset", "strip_math_delimiters", "SYNTHETIC"
+]
+
 BENCHMARK_NAMES = ("math500", "aime24", "amc23", "minerva_math", "college_math", "olympiadbench")
 SYNTHETIC = "synthetic"
 LOADABLE_NAMES = (*BENCHMARK_NAMES, SYNTHETIC)

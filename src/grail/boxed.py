@@ -22,6 +22,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+__all__ = [
+    "BOX_MARKER", "BoxSpan", "char_span_to_token_positions", "find_boxed_spans", "first_boxed", "last_boxed",
+    "last_boxed_content", "release_boxes", "release_last_box"
+]
+
 BOX_MARKER = "\\boxed{"
 
 

@@ -20,6 +20,8 @@ from grail import __version__, eval_cli, presets
 from grail.config_fields import GRAILFields
 from grail.presets import PRESETS, TINY_CPU
 
+__all__ = ["GRAIL_FIELDS", "main", "run"]
+
 GRAIL_FIELDS = fields(GRAILFields)  # declaration order
 
 

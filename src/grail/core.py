@@ -4,10 +4,7 @@ Every method gives each completion token a weight w_{i,t} >= 0, and the policy-g
 token advantage  Â_{i,t} = w_{i,t} · A_i  in place of A_i (../shared/METHODS.md, notation). Plain GRPO is
 w ≡ 1. Weights are constants in the loss: they are detached here, so no gradient flows through them.
 
-Dimension letters (suffixes on tensor names):
-    P prompts, G completions per prompt, B = P·G rows (each group contiguous),
-    T completion tokens, L prompt + completion tokens, D hidden size, V vocabulary.
-Masks are bool with True = real token.
+Shape letters: grail/__init__.py (B rows, T completion tokens, L input positions, D hidden, V vocabulary).
 """
 
 from __future__ import annotations
@@ -15,6 +12,12 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+
+__all__ = [
+    "answer_span_overrides", "entropy_from_logits", "gradient_activation_saliency", "grail_weights_from_saliency",
+    "kl_divergence", "log_zscore", "permuted_weights", "reweighted_rows", "ROLLOUT_SYMMETRIES", "saliency_weights",
+    "SaliencyWeights", "token_advantages", "uniform_weights", "valid_signal_rows"
+]
 
 
 def uniform_weights(mask_BT: torch.Tensor) -> torch.Tensor:

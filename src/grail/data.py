@@ -12,6 +12,8 @@ from grail.config import GRAILConfig
 from grail.config_fields import SYNTHETIC_DATASET
 from grail.prompts import PromptFormat
 
+__all__ = ["load_train_dataset", "LOCAL_SUFFIXES"]
+
 LOCAL_SUFFIXES = (".jsonl", ".json")
 
 

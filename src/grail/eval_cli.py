@@ -12,6 +12,8 @@ from grail.benchmarks import BENCHMARK_NAMES  # light: no torch, math-verify or 
 from grail.options import ScoringName
 from grail.sampling import SamplingParams  # light: the release's sampling defaults, without torch
 
+__all__ = ["add_parsers", "check_no_extra", "RELEASE", "run_eval", "run_grader_check", "SCORING_NAMES", "SIX"]
+
 RELEASE = SamplingParams()
 SIX = ",".join(BENCHMARK_NAMES)
 SCORING_NAMES = typing.get_args(ScoringName)

@@ -40,6 +40,8 @@ from grail.release_scoring import SCORINGS, release_mean_tokens, scoring_referen
 from grail.sampling import Sampler, SamplingParams
 from grail.tasks import SyntheticSet
 
+__all__ = ["EvalReport", "EvalSpec", "Log", "parse_size", "read_samples", "run_evaluation"]
+
 Log = Callable[[str], None]
 
 

@@ -69,6 +69,11 @@ from sympy import Basic, MatrixBase
 
 from grail.boxed import last_boxed_content
 
+__all__ = [
+    "first_answer", "gold_latex", "grade", "grade_many", "GradeResult", "GradingPool", "GRAIL_SCORING",
+    "MAX_ANSWER_CHARS", "Scoring", "TIMEOUT_S", "verify_pairs", "WORKER_START_S"
+]
+
 TIMEOUT_S = 5  # per math-verify parse and per comparison (METHODS.md section 1)
 MAX_ANSWER_CHARS = 1000  # longer box contents are not parsed: no reference answer is this long
 WORKER_START_S = 60  # bound on spawning a worker process and importing math-verify in it
@@ -330,13 +335,6 @@ _off_main: _Pool | None = None  # the shared worker for calls made off the main 
 _off_main_lock = threading.Lock()
 
 
-def off_main_thread_worker() -> multiprocessing.Process | None:
-    """The live worker process that grades calls made off the main thread; None before the first such call or
-    after its worker was killed for an overrun (the next call starts a new one)."""
-    worker = _off_main.slots[0] if _off_main is not None else None
-    return worker.process if worker is not None else None
-
-
 # ---- the API --------------------------------------------------------------------------------------------------
 def grade(completion: str, reference: Any, *, timeout_s: float = TIMEOUT_S) -> GradeResult:
     r"""Grade the last complete `\boxed{}` of `completion` against `reference` with math-verify.
@@ -398,7 +396,7 @@ def grade_many(completions: Sequence[str], references: Sequence[Any], *, workers
     workers=1 (or a single item) grades one item after another: in this process on the main thread, in the
     shared worker process off it. With more workers, a pool of spawned processes is started for the call
     (about 0.6 s on 2 cores, in parallel) and shut down at the end: for a few thousand cheap items in a warm
-    process, workers=1 can be as fast (benchmarks/grader_throughput.py). timeout_s bounds each math-verify
+    process, workers=1 can be as fast (perf/grader_throughput.py). timeout_s bounds each math-verify
     call; item_deadline_s (default 4 * timeout_s) bounds each item's wall time in a worker process (module
     docstring). scoring: what is extracted and how it is graded (default GRAIL_SCORING, this module's grader).
     """

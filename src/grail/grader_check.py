@@ -21,6 +21,8 @@ from grail.benchmarks import BENCHMARK_NAMES, load_benchmark
 from grail.grader import gold_latex, grade_many
 from grail.release_scoring import SCORINGS, scoring_reference
 
+__all__ = ["CHECKS", "format_grader_check", "grader_check", "SOLUTION_FIELDS", "SOLUTION_NOTES", "TARGETS"]
+
 # ---- grader check on the benchmark data -----------------------------------------------------------------------
 SOLUTION_FIELDS = {"math500": ("unique_id", "solution"), "aime24": ("id", "solution")}  # (id field, solution)
 SOLUTION_NOTES = {

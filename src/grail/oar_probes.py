@@ -106,9 +106,9 @@ def oar_g_importance(model: nn.Module, input_ids_BL: torch.Tensor, attention_mas
 
     Two placements (`grail.weighting` picks them by `oar_variant`):
     - `at="token"`, `noisy_product=False` (the OAR excerpt): noise on, and importance read at, token t's own
-      position P + t; the product uses the clean embedding e.
+      position S + t; the product uses the clean embedding e.
     - `at="predicting"`, `noisy_product=True` (the GRAIL release's OAR-G): noise on, and importance read at,
-      the position that predicts token t, P − 1 + t (so token t is scored by the embedding of the token before
+      the position that predicts token t, S − 1 + t (so token t is scored by the embedding of the token before
       it); the product uses the noisy embedding e + noise.
 
     Args:
@@ -259,7 +259,7 @@ def _oar_p_prefix_shared(model, input_ids_BL, attention_mask_BL, scored_BT, answ
 
     T = scored_BT.shape[1]
     importance_BT = zeros_BT(input_ids_BL, T)
-    P = input_ids_BL.shape[1] - T
+    S = input_ids_BL.shape[1] - T
     decoder = backbone(model)
     if model.training and any(getattr(module, "gradient_checkpointing", False) for module in model.modules()):
         # checkpointed layers drop the KV cache in training mode: nothing to share
@@ -296,7 +296,7 @@ def _oar_p_prefix_shared(model, input_ids_BL, attention_mask_BL, scored_BT, answ
                 pooled_CD = (pool_n[:p0, None].to(dtype) * clean_hidden_ND[:p0].to(dtype)).sum(0) + torch.einsum(
                     "s,csd->cd", pool_n[p0:].to(dtype), hidden_CSD.to(dtype))
                 logits_CV = output_logits(model, pooled_CD, temperature)
-                prompt_length = int(attention_mask_BL[i, :P].sum())  # stripped position of token t: prompt + t
+                prompt_length = int(attention_mask_BL[i, :S].sum())  # stripped position of token t: prompt + t
                 kl_C = kl_divergence(clean_1V.expand_as(logits_CV), logits_CV).clamp(min=0)  # rounding can dip < 0
                 importance_BT[i, p_C - prompt_length] = kl_C.to(importance_BT.dtype)
     return importance_BT

@@ -18,6 +18,8 @@ import yaml
 from grail.config import GRAILConfig, field_types
 from grail.presets import preset
 
+__all__ = ["build_config", "coerce", "ConfigError", "load_yaml", "merge", "parse_flags", "PRESET_KEY"]
+
 PRESET_KEY = "preset"
 _TRUE, _FALSE, _NONE = ("true", "yes", "1", "on"), ("false", "no", "0", "off"), ("none", "null", "~")
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from grail.prompts import PAPER_PROMPT_SUFFIX
 
+__all__ = ["NOTES", "PAPER", "PAPER_LOSS", "PAPER_NOTES", "preset", "PRESETS", "render", "TINY_CPU"]
+
 # The GRAIL release's loss and grouping (METHODS.md section 1): A = r - mean(group) without std scaling,
 # Dr. GRPO aggregation, asymmetric clip, no KL, truncated completions masked, 8 completions per prompt.
 PAPER_LOSS = {

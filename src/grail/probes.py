@@ -29,6 +29,12 @@ from grail.core import entropy_from_logits, gradient_activation_saliency
 from grail.options import Leaf
 from grail.spans import align_to_completion
 
+__all__ = [
+    "answer_nll_saliency", "at_least_float32", "backbone", "check_batch", "completion_mask_BT", "decoder_layers",
+    "hidden_states_BLD", "leaf_module", "leaf_output_tensor", "LEAVES", "output_logits", "token_entropies",
+    "zeros_BT"
+]
+
 LEAVES: tuple[Leaf, ...] = get_args(Leaf)
 
 

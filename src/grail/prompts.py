@@ -24,6 +24,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+__all__ = [
+    "FORMAT_FILE", "NAMED_SUFFIXES", "PAPER_PROMPT_SUFFIX", "PromptFormat", "RELEASE_PROMPT_SUFFIX",
+    "resolve_suffix"
+]
+
 PAPER_PROMPT_SUFFIX = " Please reason step by step, and put your final answer within \\boxed{}."
 RELEASE_PROMPT_SUFFIX = " Please reason step by step, and put your final answer within \x08oxed{}."
 NAMED_SUFFIXES = {"paper": PAPER_PROMPT_SUFFIX, "release": RELEASE_PROMPT_SUFFIX}

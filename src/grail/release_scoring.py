@@ -44,6 +44,8 @@ from math_verify.errors import TimeoutException
 from grail.boxed import release_last_box
 from grail.grader import GRAIL_SCORING, GradeResult, Scoring, _alarm_seconds, verify_pairs
 
+__all__ = ["grade_release_content", "release_mean_tokens", "RELEASE_SCORING", "scoring_reference", "SCORINGS"]
+
 
 @functools.lru_cache(maxsize=4096)
 def _parse_reference(text: str, seconds: int) -> tuple:

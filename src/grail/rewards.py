@@ -26,6 +26,8 @@ from grail import grader
 from grail.boxed import last_boxed_content
 from grail.grader import TIMEOUT_S, first_answer
 
+__all__ = ["completion_text", "exact_int_reward", "math_verify_reward", "reward_named", "REWARDS"]
+
 _NOT_COLUMNS = {"prompts", "completion_ids", "trainer_state", "log_extra", "log_metric", "environments"}
 _INT_RE = re.compile(r"\s*-?[0-9]+\s*")
 

@@ -19,6 +19,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+__all__ = [
+    "generate_batch", "hf_generation_kwargs", "HFSampler", "new_token_limit", "Sample", "Sampler", "SamplingParams",
+    "VLLMSampler"
+]
+
 
 @dataclass(frozen=True)
 class SamplingParams:

@@ -3,7 +3,7 @@ r"""Where the answer is, in completion-token positions; and the one-position shi
 Two concerns, both about indexing completion tokens:
 
 1. `align_to_completion`: per-input-position values (B, L, ...) → per-completion-token values (B, T, ...).
-   The only place the one-position shift (position P − 1 + t predicts token t) is written.
+   The only place the one-position shift (position S − 1 + t predicts token t) is written.
 2. Answer spans (METHODS.md 2.1 and 2.7): which completion tokens are inside the chosen `\boxed{...}`,
    which are its marker, closing brace and everything after it, and which are the reasoning before it.
    Three steps per row:
@@ -33,6 +33,8 @@ from tokenizers.decoders import DecodeStream
 from grail.boxed import BoxSpan, first_boxed, last_boxed
 from grail.options import AnswerBox
 
+__all__ = ["align_to_completion", "answer_spans", "AnswerSpans", "BOX_CHOICES", "token_char_offsets"]
+
 BOX_CHOICES: tuple[str, ...] = get_args(AnswerBox)
 _PICK_BOX = {"first": first_boxed, "last": last_boxed}
 _START, _END = itemgetter(0), itemgetter(1)
@@ -43,14 +45,14 @@ def align_to_completion(values_BL: torch.Tensor, num_completion_tokens: int,
     """Per-input-position values (B, L, ...) → per-completion-token values (B, T, ...). The only place the
     one-position shift is written.
 
-    TRL's layout: prompt left-padded to width P, completion right-padded after it, L = P + T, so completion
-    token t (0-based) sits at input position P + t and is predicted by the output at position P + t − 1.
+    TRL's layout: prompt left-padded to width S, completion right-padded after it, L = S + T, so completion
+    token t (0-based) sits at input position S + t and is predicted by the output at position S + t − 1.
 
     Args:
         values_BL: (B, L, ...) values indexed by input position (saliency, hidden states, logits, ...).
         num_completion_tokens: T, the width of the completion block at the end of the sequence.
-        at: "predicting" → the values at the position that PREDICTS token t (P − 1 + t; GRAIL's saliency,
-            log-probs, entropies); "token" → the values at token t's own position (P + t; OAR's per-token
+        at: "predicting" → the values at the position that PREDICTS token t (S − 1 + t; GRAIL's saliency,
+            log-probs, entropies); "token" → the values at token t's own position (S + t; OAR's per-token
             perturbation or noise on the token's embedding).
     Returns:
         (B, T, ...) view of `values_BL`.

@@ -41,6 +41,11 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+__all__ = [
+    "build_example", "CRITICAL_ROLES", "FILLER_WORDS", "generate", "OPERATORS", "ROLES", "sample_fillers",
+    "sample_steps", "split_of", "SPLITS", "SyntheticSet", "TaskConfig", "TaskExample"
+]
+
 FILLER_WORDS = ("so", "well", "okay", "hmm", "now", "then", "right", "next")
 OPERATORS = ("+", "-", "*")
 ROLES = ("operand", "carry", "operator", "result", "answer", "filler", "format")

@@ -21,6 +21,11 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
+__all__ = [
+    "build_tiny_model", "build_tokenizer", "CHAT_TEMPLATE", "EOS_TOKEN", "MULTI_CHAR_TOKENS", "save_tiny",
+    "SPECIAL_TOKENS", "tiny_model_config"
+]
+
 EOS_TOKEN = "<|endoftext|>"
 SPECIAL_TOKENS = (EOS_TOKEN, "<|im_start|>", "<|im_end|>")
 MULTI_CHAR_TOKENS = ("\\boxed{", "Q: ", "\nA:")

@@ -30,6 +30,11 @@ from grail.rewards import reward_named
 from grail.trainer import GRAILTrainer
 from grail.warmstart import resolve_model
 
+__all__ = [
+    "CheckpointEval", "Log", "MetricsJsonl", "Progress", "resolve_model_path", "reward_function", "train",
+    "TrainResult", "write_run_config"
+]
+
 Log = Callable[[str], None]
 
 

@@ -24,6 +24,8 @@ from grail.options import WarmStartConfig
 from grail.tasks import generate
 from grail.tiny import build_tiny_model, build_tokenizer
 
+__all__ = ["default_cache_dir", "resolve_model", "train_warm_start", "warm_start"]
+
 
 def default_cache_dir() -> Path:
     """`$GRAIL_CACHE` if set, else `~/.cache/grail-rl`."""

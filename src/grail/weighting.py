@@ -143,7 +143,7 @@ _API_DOC = """{title} token weights for a batch, without TRL. Returns (B, T) flo
     Args:
         model: Hugging Face causal LM (e.g. `AutoModelForCausalLM.from_pretrained(...)`), not DDP-wrapped.
         tokenizer: its tokenizer (the answer box is found in the decoded completion).
-        prompt_ids, prompt_mask: (B, P) prompts, LEFT-padded (mask 1 = real token).
+        prompt_ids, prompt_mask: (B, S) prompts, LEFT-padded (mask 1 = real token).
         completion_ids, completion_mask: (B, T) completions, RIGHT-padded.
         advantages: (B,) sequence advantages A_i (e.g. group-relative rewards).
         options: a `WeightingOptions` (default: the released values); keyword overrides win over it,
