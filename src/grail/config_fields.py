@@ -188,7 +188,7 @@ class GRAILFields:
         metadata={"help": "OAR-P rounding floor (nats): KL values below it are taken as 0, and a row whose "
                   "largest KL is below it is uninformative (uniform weights, counted in weights/fallback_rows). "
                   "None = by the model's dtype: 1e-8 for float32 (measured rounding 2.4e-9), 1e-4 for bf16/fp16 "
-                  "(grail.weighting.OAR_P_FLOOR); 0 turns it off."},
+                  "(grail.methods.OAR_P_FLOOR); 0 turns it off."},
     )
     perturbation_chunk_tokens: int = field(
         default=_W.perturbation_chunk_tokens,
