@@ -6,7 +6,7 @@ synthetic task's held-out problems, after one untimed warm-up evaluation; sample
 Also the same figure with grading excluded (sampling only), so the two costs can be told apart. Each timed run
 writes into a fresh temporary directory (nothing resumed).
 
-Run: `python benchmarks/eval_throughput.py [--problems 200 --n 4 --max-new-tokens 40 --batch-size 16]`.
+Run: `python perf/eval_throughput.py [--problems 200 --n 4 --max-new-tokens 40 --batch-size 16]`.
 Prints one JSON object on stdout.
 """
 
@@ -35,9 +35,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from grail.benchmarks import load_benchmark
     from grail.eval_harness import EvalSpec, run_evaluation
+    from grail.options import WarmStartConfig
     from grail.prompts import PromptFormat
     from grail.sampling import HFSampler, SamplingParams
-    from grail.warmstart import WarmStartConfig, warm_start
+    from grail.warmstart import warm_start
 
     path = warm_start(WarmStartConfig(), args.cache_dir, log=lambda s: print(s, file=sys.stderr))
     model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)

@@ -5,7 +5,7 @@ After: P_final = softmax of the mean logits over the positions predicting the an
 default now), KL formed in float64. Each is run with a float32 and a float64 model: an importance that changes
 with the model's precision is rounding, not signal.
 
-    python benchmarks/oar_example.py        # uses (or trains, ~1 min) the cached warm start of `grail demo`
+    python perf/oar_example.py        # uses (or trains, ~1 min) the cached warm start of `grail demo`
 """
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from grail import probes
-from grail.core import oar_weights_from_importance
+from grail import oar_probes, probes
+from grail.bilevel import oar_weights_from_importance
+from grail.methods import scored_tokens
+from grail.options import WarmStartConfig, WeightingOptions
 from grail.spans import answer_spans
-from grail.warmstart import WarmStartConfig, warm_start
-from grail.weighting import WeightingOptions, scored_tokens
+from grail.warmstart import warm_start
 
 PROMPT, COMPLETION = "Q: 7*5-7-1\nA:", " 7*5=35, 35-7=28, now 28-1=27. \\boxed{27}"
 
@@ -30,7 +31,7 @@ def kl_float32(p_logits, q_logits):
 def importances(model, ids, attn, spans, mask, distribution, kl):
     saved, probes.kl_divergence = probes.kl_divergence, kl
     try:
-        return probes.oar_p_importance(model, ids, attn, mask, spans.box_BT, distribution=distribution,
+        return oar_probes.oar_p_importance(model, ids, attn, mask, spans.box_BT, distribution=distribution,
                                        pad_token_id=0, temperature=1.0, chunk_tokens=4096)[0]
     finally:
         probes.kl_divergence = saved

@@ -49,7 +49,9 @@ How it is measured:
      completions/mean_length), fraction of rows with a complete box (1 - weights/rows_without_box), fraction
      of rows the probe ran on (weights/probed_rows: a row with A = 0, or, for GRAIL and the controls, a row
      outside rollout_symmetry or without a box, is not probed), fraction of micro-batches on the fused path
-     (weights/fused), mean number of completion tokens before the first box, and mean reward.
+     (weights/fused), mean number of completion tokens before the first box, mean reward, and the weights'
+     effective-sample-size ratio over the rows with A != 0 (weights/ess_ratio: 1 = uniform weights, as GRPO's;
+     null when no timed step had such a row).
 Output: one JSON object on stdout (config, per-method results, and the issue's targets with whether each
 measured ratio meets it; informational, the exit code is 0 either way). Everything else goes to stderr.
 
@@ -64,10 +66,13 @@ Departures from a training run:
   4. GRPO is `GRAILTrainer` with token_weighting none, which still finds the answer spans and logs weight
      diagnostics; its cost is in the baseline.
 
-Run: `python benchmarks/step_overhead.py` (defaults above; several minutes on 2 CPU cores).
+Run: `python perf/step_overhead.py` (defaults above; several minutes on 2 CPU cores).
 `--smoke`: 16 tokens, 4 rows, 1 warm-up, 1 round, methods none and grail, and a warm start of
 `--warmstart-steps` 2 (a barely trained model, built in a few seconds in the cache dir: its completions
 (almost) never close a box, so GRAIL skips its probe and rows_with_box_frac ≈ 0; for testing the script only).
+The test (tests/test_perf_scripts.py) adds `--warmstart-steps 200 --completion-tokens 32 --rows 32
+--generations 8`: a model that closes its boxes (a 2-step trace is about 25 tokens) and has groups with mixed
+rewards, so GRAIL's probe runs.
 """
 
 from __future__ import annotations
@@ -305,6 +310,11 @@ class MethodRun:
         if len(self.rollout_seconds) != 1:
             raise RuntimeError(f"{self.name}: the step ran generation {len(self.rollout_seconds)} times, expected "
                                f"exactly once (TRL regenerates every steps_per_generation x num_iterations steps).")
+        # The trainer pools its weights/* statistics when TRL logs (GRAILTrainer.log), which this loop never
+        # calls: pool them here, after the clock, every step (a warm-up step's must not reach the next step).
+        reduce = getattr(trainer, "reduce_weight_metrics", None)  # absent where the trainer logs them per step
+        if reduce is not None:
+            reduce("train")
         if not timed:
             return
         self.step_s.append(seconds)
@@ -343,6 +353,7 @@ class MethodRun:
             "fused_frac": mean("weights/fused"),
             "mean_tokens_before_box": median(self.tokens_before_box),
             "reward_mean": mean("reward"),
+            "ess_ratio_mean": mean("weights/ess_ratio"),
         }
         if baseline is not None:
             base_time, base_mem = median(baseline.step_s), median(baseline.peak_increase_bytes)

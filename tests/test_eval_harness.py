@@ -193,36 +193,6 @@ def test_grail_eval_release_subsets_need_the_identity_lists(capsys):
     assert "olympiadbench/release_subset_ids.txt" in err and "--release-subsets-dir" in err and "--data-dir" in err
 
 
-# ---- generation length ------------------------------------------------------------------------------------------
-def test_new_token_limit_caps_at_the_models_positions():
-    from types import SimpleNamespace
-
-    from grail.sampling import new_token_limit
-
-    model = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=512))
-    assert new_token_limit(model, 20, 8192) == 512 - 20
-    assert new_token_limit(model, 20, 100) == 100
-    assert new_token_limit(SimpleNamespace(config=SimpleNamespace()), 20, 8192) == 8192  # no limit known
-    with pytest.raises(ValueError, match="512 tokens leaves no room .* 512 positions"):
-        new_token_limit(model, 512, 8)
-
-
-def test_hf_sampler_generates_at_most_what_the_model_holds(tokenizer):
-    """A 64-position tiny model asked for the protocol's 8192 new tokens, with its end token suppressed: the
-    completion fills the positions the prompt leaves, and stops there."""
-    from grail.sampling import HFSampler
-    from grail.tiny import build_tiny_model
-
-    model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, max_positions=64)
-    prompt = "Q: 1+1\nA:"
-    prompt_tokens = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
-    model.generation_config.min_new_tokens = 64 - prompt_tokens  # no end token before the cap
-    params = SamplingParams(n=2)
-    assert params.max_new_tokens == 8192
-    samples = HFSampler(model, tokenizer).generate([prompt], params, seed=0)[0]
-    assert [s.num_tokens for s in samples] == [64 - prompt_tokens] * 2
-
-
 def test_checkpoint_evaluation_defaults_to_the_protocols_token_limit(tmp_path):
     from grail.config import GRAILConfig
 

@@ -1,4 +1,5 @@
-"""benchmarks/step_overhead.py runs end to end in --smoke mode and prints one JSON object with every field."""
+"""perf/step_overhead.py runs end to end in --smoke mode, on a warm start that closes its boxes, and prints one
+JSON object with every field; the JSON shows that GRAIL's probe really ran."""
 
 import importlib.util
 import json
@@ -6,11 +7,13 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "step_overhead.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "perf" / "step_overhead.py"
 PER_METHOD_KEYS = {"median_step_s", "step_s", "time_ratio_to_grpo", "peak_mem_increase_mb_median",
                    "peak_mem_increase_mb", "peak_mem_mb_max", "mem_ratio_to_grpo", "weights_seconds_median",
                    "rollout_s_median", "mean_completion_tokens", "rows_with_box_frac", "probed_rows_frac",
-                   "fused_frac", "mean_tokens_before_box", "reward_mean"}
+                   "fused_frac", "mean_tokens_before_box", "reward_mean", "ess_ratio_mean"}
+# 32 tokens hold a 2-step trace and its box (about 25), which --smoke's 16 do not; 4 groups of 8 completions.
+CLOSES_BOXES = ["--completion-tokens", "32", "--rows", "32", "--generations", "8"]
 
 
 def _load_script():
@@ -20,12 +23,20 @@ def _load_script():
     return module
 
 
-def test_step_overhead_smoke_prints_one_json_object(cache_dir, capsys):
-    """A 2-step warm start in an empty cache (no box in any completion: the probe is skipped, as the JSON says)."""
+def test_step_overhead_smoke_prints_one_json_object(warm_cache, capsys):
+    """On the session's shared warm start (conftest.py: sampled accuracy well inside (0, 1), so groups of 8 have
+    mixed rewards and GRAIL probes them)."""
+    cache, checkpoint = warm_cache
+    steps = json.loads((checkpoint / "warmstart.json").read_text())["steps"]
     step_overhead = _load_script()
-    assert step_overhead.main(["--smoke", "--cache-dir", str(cache_dir)]) == 0
-    result = json.loads(capsys.readouterr().out)  # stdout holds the JSON object and nothing else
-    assert result["config"]["completion_tokens"] == 16 and result["config"]["rounds"] == 1
+    argv = ["--smoke", *CLOSES_BOXES, "--warmstart-steps", str(steps), "--cache-dir", str(cache)]
+    assert step_overhead.main(argv) == 0
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)  # stdout holds the JSON object and nothing else
+    assert "warm start: reusing cached checkpoint" in captured.err  # the given cache, not the user's
+    config = result["config"]
+    assert (config["completion_tokens"], config["rows"], config["generations"], config["rounds"]) == (32, 32, 8, 1)
+    assert config["warmstart_steps"] == steps
     assert result["memory_measure"] in ("cpu_rss_peak_increase_sampled_1ms", "cuda_max_allocated")
     assert result["malloc_tuning"] is None  # main() in process leaves pytest's allocator alone
     assert set(result["methods"]) == {"none", "grail"}
@@ -33,12 +44,17 @@ def test_step_overhead_smoke_prints_one_json_object(cache_dir, capsys):
         assert set(row) == PER_METHOD_KEYS, method
         assert row["time_ratio_to_grpo"] > 0 and row["mem_ratio_to_grpo"] > 0
         assert len(row["step_s"]) == 1 and row["median_step_s"] > 0
-        assert row["mean_completion_tokens"] == 16.0  # min_new_tokens forces the length
-        assert row["rows_with_box_frac"] == pytest.approx(0.0, abs=0.25)  # a 2-step model rarely closes a box
-    assert result["methods"]["none"]["time_ratio_to_grpo"] == 1.0
-    assert result["methods"]["grail"]["fused_frac"] == 1.0
+        assert row["mean_completion_tokens"] == 32.0  # min_new_tokens forces the length
+        assert row["rows_with_box_frac"] > 0.5, method  # the model closes its boxes
+        assert 0 < row["reward_mean"] < 1, method  # some answers right, some wrong: groups with A != 0
+    none, grail = result["methods"]["none"], result["methods"]["grail"]
+    assert none["time_ratio_to_grpo"] == 1.0
+    assert grail["fused_frac"] == 1.0
+    # the weighting work ran: GRAIL probed rows and its weights are not uniform; GRPO probes nothing
+    assert grail["probed_rows_frac"] > 0 and none["probed_rows_frac"] == 0
+    assert grail["ess_ratio_mean"] < 1.0 and none["ess_ratio_mean"] == pytest.approx(1.0)
+    assert 0 < grail["mean_tokens_before_box"] < 32
     assert [(t["method"], t["ratio"]) for t in result["targets"]] == [
         ("grail", "time_ratio_to_grpo"), ("grail", "mem_ratio_to_grpo"), ("oar_g", "time_ratio_to_grpo"),
         ("oar_p", "time_ratio_to_grpo")]
     assert [t["met"] is None for t in result["targets"]] == [False, False, True, True]  # not run in smoke mode
-    assert any(cache_dir.glob("tiny-warmstart-*"))  # the warm start went to the test's cache, not the user's

@@ -109,10 +109,15 @@ def warm_start(
     staging.mkdir(parents=True)
     train_warm_start(config, staging, log)
     (staging / "warmstart.json").write_text(json.dumps(asdict(config), indent=2, sort_keys=True))
+    if final.exists() and not (final / "warmstart.json").exists():  # an unmarked entry (interrupted copy): replace it
+        log(f"warm start: replacing the incomplete cache entry {final}")
+        shutil.rmtree(final, ignore_errors=True)
     try:
         staging.rename(final)
-    except OSError:  # another process finished first: keep theirs
-        shutil.rmtree(staging, ignore_errors=True)
+    except OSError:
+        if not (final / "warmstart.json").exists():
+            raise
+        shutil.rmtree(staging, ignore_errors=True)  # another process finished first: keep theirs
     return final
 
 

@@ -1,0 +1,174 @@
+"""grail.warmstart: the cache key covers every warm-start setting, a cached checkpoint is reused without training,
+an interrupted or damaged entry is never handed out, and a real (2-step) warm start is a loadable checkpoint.
+
+Most tests replace the training with a stub that writes a file (the cache logic does not need a trained model);
+one trains for real on tiny settings."""
+
+import json
+import os
+from dataclasses import asdict, fields, replace
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import grail.options
+import grail.warmstart
+from grail.config_fields import GRAILFields
+from grail.options import WarmStartConfig
+from grail.tasks import TaskConfig
+from grail.warmstart import default_cache_dir, warm_start
+
+SMALL = WarmStartConfig(steps=2, batch_size=4, num_examples=8, warmup_steps=1, hidden_size=32, num_layers=1)
+# the run's task settings that shape the RL data set (train / held-out prompts), not the supervised warm start
+NOT_WARM_START = {"task_num_train", "task_num_heldout", "task_seed"}
+
+
+def _changed(value):
+    """A different valid value of the same type (bool before int: a bool is an int)."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 1
+    if isinstance(value, float):
+        return value + 0.25
+    raise TypeError(f"no rule to change a {type(value).__name__}: extend _changed")
+
+
+@pytest.fixture
+def trainings(monkeypatch):
+    """Replaces the SFT with a stub that writes a recognisable file; returns the list of directories it wrote."""
+    calls = []
+
+    def fake_train(config, out_dir, log=print):
+        calls.append(out_dir)
+        (out_dir / "config.json").write_text(json.dumps({"steps": config.steps}))
+        return out_dir
+
+    monkeypatch.setattr(grail.warmstart, "train_warm_start", fake_train)
+    return calls
+
+
+# ---- the key ------------------------------------------------------------------------------------------------------
+def test_every_setting_changes_the_key():
+    base = WarmStartConfig()
+    variants = {f.name: replace(base, **{f.name: _changed(getattr(base, f.name))}) for f in fields(base)
+                if f.name != "task"}
+    for f in fields(TaskConfig):
+        task = replace(base.task, **{f.name: _changed(getattr(base.task, f.name))})
+        variants[f"task.{f.name}"] = replace(base, task=task)
+    keys = {name: config.cache_key() for name, config in variants.items()}
+    assert base.cache_key() not in keys.values(), [n for n, k in keys.items() if k == base.cache_key()]
+    assert len(set(keys.values())) == len(keys)  # no two settings collide either
+
+
+def test_identical_settings_give_the_same_key():
+    a = WarmStartConfig(task=TaskConfig(num_steps=3), steps=7, lr=1e-3)
+    b = WarmStartConfig(task=TaskConfig(num_steps=3), steps=7, lr=1e-3)
+    assert a is not b and a.cache_key() == b.cache_key()
+    assert len(a.cache_key()) == 16 and int(a.cache_key(), 16) >= 0  # hex: a safe directory name
+
+
+def test_a_new_recipe_version_changes_every_key(monkeypatch):
+    before = WarmStartConfig().cache_key()
+    monkeypatch.setattr(grail.options, "RECIPE_VERSION", grail.options.RECIPE_VERSION + 1)
+    assert WarmStartConfig().cache_key() != before
+
+
+def test_every_warm_start_field_of_a_run_reaches_the_key():
+    """The run's task_*, warmstart_* and tiny_* fields: each one the warm start depends on changes the key (a field
+    that is not forwarded would silently reuse a checkpoint trained with other settings); the data-set ones do not."""
+    base = GRAILFields()
+    names = [f.name for f in fields(base) if f.name.startswith(("task_", "warmstart_", "tiny_"))]
+    assert NOT_WARM_START < set(names)  # the list above names real fields
+    key = base.warm_start_config().cache_key()
+    for name in names:
+        changed = replace(base, **{name: _changed(getattr(base, name))})
+        assert (changed.warm_start_config().cache_key() != key) == (name not in NOT_WARM_START), name
+
+
+@pytest.mark.parametrize("kwargs, named", [({"steps": 0}, "steps=0"), ({"batch_size": 0}, "batch_size=0"),
+                                           ({"hidden_size": 0}, "hidden_size=0"), ({"lr": 0.0}, "lr=0.0")])
+def test_bad_settings_are_refused_naming_them(kwargs, named):
+    with pytest.raises(ValueError, match=named):
+        WarmStartConfig(**kwargs)
+
+
+# ---- the cache ----------------------------------------------------------------------------------------------------
+def test_a_cached_checkpoint_is_reused_without_training(tmp_path, trainings):
+    messages = []
+    first = warm_start(SMALL, tmp_path, log=messages.append)
+    assert first == tmp_path / f"tiny-warmstart-{SMALL.cache_key()}" and len(trainings) == 1
+    assert json.loads((first / "warmstart.json").read_text()) == json.loads(json.dumps(asdict(SMALL)))
+    assert warm_start(SMALL, tmp_path, log=messages.append) == first
+    assert len(trainings) == 1 and "reusing cached checkpoint" in messages[-1]
+    other = replace(SMALL, steps=3)
+    assert warm_start(other, tmp_path, log=messages.append) != first and len(trainings) == 2  # another key: trained
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"tiny-warmstart-{c.cache_key()}"
+                                                                for c in (SMALL, other))  # no staging left behind
+
+
+def test_the_default_cache_is_grail_cache_then_home(cache_dir, monkeypatch, tmp_path, trainings):
+    assert default_cache_dir() == cache_dir  # the fixture set $GRAIL_CACHE
+    assert warm_start(SMALL, log=lambda s: None).parent == cache_dir
+    monkeypatch.delenv("GRAIL_CACHE")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_cache_dir() == tmp_path / "home" / ".cache" / "grail-rl"
+
+
+def test_an_interrupted_training_leaves_nothing_trusted_and_the_next_run_builds_it(tmp_path, monkeypatch):
+    def killed(config, out_dir, log=print):
+        (out_dir / "model.safetensors").write_bytes(b"half a checkpoint")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(grail.warmstart, "train_warm_start", killed)
+    with pytest.raises(KeyboardInterrupt):
+        warm_start(SMALL, tmp_path, log=lambda s: None)
+    assert not (tmp_path / f"tiny-warmstart-{SMALL.cache_key()}").exists()  # only a staging directory
+    done = []
+    monkeypatch.setattr(grail.warmstart, "train_warm_start", lambda config, out_dir, log: done.append(out_dir))
+    path = warm_start(SMALL, tmp_path, log=lambda s: None)
+    assert len(done) == 1 and (path / "warmstart.json").is_file()
+    assert not any(p.name.startswith(".") for p in tmp_path.iterdir())  # the same process cleared its staging
+
+
+def test_when_another_process_finishes_first_its_checkpoint_is_kept(tmp_path, monkeypatch):
+    final = tmp_path / f"tiny-warmstart-{SMALL.cache_key()}"
+
+    def racing(config, out_dir, log=print):  # meanwhile, another process renames its finished entry into place
+        final.mkdir()
+        (final / "config.json").write_text("theirs")
+        (final / "warmstart.json").write_text("{}")
+        (out_dir / "config.json").write_text("ours")
+
+    monkeypatch.setattr(grail.warmstart, "train_warm_start", racing)
+    assert warm_start(SMALL, tmp_path, log=lambda s: None) == final
+    assert (final / "config.json").read_text() == "theirs"
+    assert [p.name for p in tmp_path.iterdir()] == [final.name]  # our staging copy is gone
+
+
+def test_an_entry_without_its_marker_is_rebuilt(tmp_path, trainings):
+    final = tmp_path / f"tiny-warmstart-{SMALL.cache_key()}"
+    final.mkdir()
+    (final / "model.safetensors").write_bytes(b"cut short")  # e.g. a copy of the cache that was interrupted
+    path = warm_start(SMALL, tmp_path, log=lambda s: None)
+    assert (path / "warmstart.json").is_file() and (path / "config.json").is_file()  # the rebuilt checkpoint
+    warm_start(SMALL, tmp_path, log=lambda s: None)
+    assert len(trainings) == 1  # and it is reused from then on
+
+
+def test_a_real_warm_start_is_a_checkpoint_loadable_by_path(tmp_path, monkeypatch):
+    path = warm_start(SMALL, tmp_path, log=lambda s: None)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    assert model.config.hidden_size == SMALL.hidden_size and model.config.num_hidden_layers == SMALL.num_layers
+    ids = torch.tensor([tokenizer("Q: 1+2\nA:")["input_ids"]])
+    assert torch.isfinite(model(ids).logits).all()
+    mtimes = {p.name: os.stat(p).st_mtime_ns for p in path.iterdir()}
+
+    def fail(*args, **kwargs):
+        raise AssertionError("retrained a cached warm start")
+
+    monkeypatch.setattr(grail.warmstart, "train_warm_start", fail)
+    assert warm_start(SMALL, tmp_path, log=lambda s: None) == path
+    assert {p.name: os.stat(p).st_mtime_ns for p in path.iterdir()} == mtimes  # nothing rewritten
