@@ -312,9 +312,7 @@ class MethodRun:
                                f"exactly once (TRL regenerates every steps_per_generation x num_iterations steps).")
         # The trainer pools its weights/* statistics when TRL logs (GRAILTrainer.log), which this loop never
         # calls: pool them here, after the clock, every step (a warm-up step's must not reach the next step).
-        reduce = getattr(trainer, "reduce_weight_metrics", None)  # absent where the trainer logs them per step
-        if reduce is not None:
-            reduce("train")
+        trainer.reduce_weight_metrics("train")
         if not timed:
             return
         self.step_s.append(seconds)

@@ -10,7 +10,8 @@ import yaml
 from safetensors.torch import load_file
 
 from grail.cli import main
-from grail.warmstart import WarmStartConfig, warm_start
+from grail.options import WarmStartConfig
+from grail.warmstart import warm_start
 
 # A shorter warm start than the default (300 steps) keeps the suite fast; 200 steps still gives
 # groups with mixed rewards, which a GRPO update needs to move the parameters at all.
@@ -83,6 +84,11 @@ def test_demo_compares_grpo_and_grail_from_the_same_start(tmp_path, warm_cache, 
     for method in ("none", "grail"):
         assert (tmp_path / "demo" / method / "final" / "model.safetensors").is_file()
         assert yaml.safe_load((tmp_path / "demo" / method / "config.yaml").read_text())["token_weighting"] == method
+    for evaluated in (tmp_path / "demo" / "eval" / "before", tmp_path / "demo" / "none" / "eval",
+                      tmp_path / "demo" / "grail" / "eval"):  # the harness's output directories
+        for name, n in (("greedy", 1), ("sampled", 4)):
+            (bench,) = json.loads((evaluated / name / "results.json").read_text())["benchmarks"]
+            assert (bench["name"], bench["num_problems"], bench["n"]) == ("synthetic", 16, n)
 
 
 def test_demo_rejects_an_unknown_method(tmp_path, capsys):
@@ -177,10 +183,10 @@ def test_default_demo_improves_heldout_accuracy(tmp_path, cache_dir):
 
     values = {**merge(None, {}, base=TINY_CPU), "output_dir": str(tmp_path / "demo"), "disable_tqdm": True}
     summary = run_demo(build_config(values), values, log=lambda s: None)
-    before = summary["before"]["sampled"].acc_at_n
+    before = summary["before"]["sampled"].acc_at_n.value
     assert 0.2 <= before <= 0.6  # the warm start lands where GRPO has mixed groups
     for method in ("none", "grail"):
-        assert summary["runs"][method]["after"]["sampled"].acc_at_n >= before + 0.03, (method, summary)
+        assert summary["runs"][method]["after"]["sampled"].acc_at_n.value >= before + 0.03, (method, summary)
 
 
 def test_checkpoints_are_evaluated_on_benchmarks(tmp_path, warm_cache, capsys):

@@ -14,6 +14,7 @@ from grail.metrics import (
     average_scores,
     bootstrap_ci,
     format_markdown,
+    paired_difference,
     pass_at_k,
     score_benchmark,
     to_json,
@@ -240,6 +241,90 @@ def test_average_validation():
     bare = BenchmarkScore("bare", 2, 1, Estimate(0.5, 0, 1), {1: Estimate(0.5, 0, 1)}, 3.0)
     with pytest.raises(ValueError, match="'bare'.*score_benchmark"):
         average_scores([a, bare])
+
+
+# ---------------------------------------------------------------- paired_difference
+
+
+def _score_of(name: str, correct_P: list[int], n: int) -> BenchmarkScore:
+    """A score whose problem p has correct_P[p] correct samples out of n (tokens irrelevant here)."""
+    return score_benchmark(name, [[j < c for j in range(n)] for c in correct_P], [[1] * n for _ in correct_P])
+
+
+def test_paired_difference_of_identical_results_is_exactly_zero():
+    s = _score_of("toy", [0, 1, 2, 3, 4, 2, 1], n=4)
+    assert paired_difference(s, s) == Estimate(0.0, 0.0, 0.0)
+    # a second evaluation with the same per-problem counts: the same
+    assert paired_difference(s, _score_of("toy", [0, 1, 2, 3, 4, 2, 1], n=4), seed=9) == Estimate(0.0, 0.0, 0.0)
+
+
+def test_paired_difference_of_a_constant_shift_is_that_shift():
+    # b solves exactly one more of the 4 samples on every problem: d_p = 1/4 for every p, so every resample's
+    # mean is 1/4 too (exact in binary floating point), and the CI has zero width.
+    a = _score_of("toy", [0, 1, 2, 3, 0, 2], n=4)
+    b = _score_of("toy", [1, 2, 3, 4, 1, 3], n=4)
+    assert paired_difference(a, b) == Estimate(0.25, 0.25, 0.25)
+    assert paired_difference(b, a) == Estimate(-0.25, -0.25, -0.25)
+
+
+def test_paired_difference_matches_a_loop_reference():
+    # Loop reference: the same (R, P) draw as bootstrap_ci (a generator seeded with `seed`), each resample's
+    # mean of b_p − a_p summed problem by problem, then the linear-interpolation percentile by hand.
+    g = torch.Generator().manual_seed(11)
+    P, n, R, seed, level = 9, 3, 500, 4, 0.9
+    a = _score_of("toy", torch.randint(n + 1, (P,), generator=g).tolist(), n)
+    b = _score_of("toy", torch.randint(n + 1, (P,), generator=g).tolist(), n)
+    index_RP = torch.randint(P, (R, P), generator=torch.Generator().manual_seed(seed)).tolist()
+    means = sorted(sum(b.per_problem_acc[i] - a.per_problem_acc[i] for i in row) / P for row in index_RP)
+
+    def percentile(q):
+        position = q * (R - 1)
+        low = math.floor(position)
+        high = min(low + 1, R - 1)
+        return means[low] + (position - low) * (means[high] - means[low])
+
+    got = paired_difference(a, b, resamples=R, level=level, seed=seed)
+    assert got.value == pytest.approx(b.acc_at_n.value - a.acc_at_n.value, abs=1e-12)
+    assert got.low == pytest.approx(percentile(0.05), abs=1e-12)
+    assert got.high == pytest.approx(percentile(0.95), abs=1e-12)
+    assert got.low < got.value < got.high
+
+
+def test_paired_difference_against_zero_is_the_bootstrap_of_the_other():
+    # d_p = b_p − 0 = b_p and the draw is bootstrap_ci's, so the two agree exactly for the same seed.
+    b = _score_of("toy", [0, 1, 1, 2, 2, 2, 1, 0], n=2)
+    zero = _score_of("toy", [0] * 8, n=2)
+    assert paired_difference(zero, b, seed=3) == bootstrap_ci(b.per_problem_acc, seed=3)
+
+
+def test_paired_difference_keeps_the_pairing():
+    # 200 problems, n = 1: a solves 100; b solves the same 100 and 10 more. Paired: d_p is 1 on 10 problems,
+    # so the CI is about 0.05 ± 1.96·sqrt(0.05·0.95/200) = [0.02, 0.08]: above 0. Resampling a and b
+    # independently would give a CI about ±1.96·sqrt(2·0.25/200) ≈ ±0.1 wide, straddling 0.
+    order = torch.randperm(200, generator=torch.Generator().manual_seed(0)).tolist()
+    a_P, b_P = [0] * 200, [0] * 200
+    for rank, p in enumerate(order):
+        a_P[p] = int(rank < 100)
+        b_P[p] = int(rank < 110)
+    a, b = _score_of("toy", a_P, n=1), _score_of("toy", b_P, n=1)
+    d = paired_difference(a, b)
+    assert d.value == pytest.approx(0.05, abs=1e-12)
+    assert 0.0 < d.low < d.value < d.high < 0.1
+    unpaired_half_width = math.hypot(*((s.acc_at_n.high - s.acc_at_n.low) / 2 for s in (a, b)))
+    assert d.high - d.low < unpaired_half_width  # the paired CI is less than half the unpaired one
+
+
+def test_paired_difference_validation_names_the_mismatch():
+    three, four = _score_of("toy", [1, 0, 1], n=2), _score_of("toy", [1, 0, 1, 1], n=2)
+    with pytest.raises(ValueError, match="'toy' has 3 problems in the first result and 4 in the second"):
+        paired_difference(three, four)
+    with pytest.raises(ValueError, match="different benchmarks \\('toy' and 'other'\\)"):
+        paired_difference(three, _score_of("other", [1, 0, 1], n=2))
+    bare = BenchmarkScore("toy", 3, 2, Estimate(0.5, 0, 1), {1: Estimate(0.5, 0, 1)}, 1.0)
+    with pytest.raises(ValueError, match="second result of 'toy' lacks per-problem accuracies.*score_benchmark"):
+        paired_difference(three, bare)
+    with pytest.raises(ValueError, match="level"):
+        paired_difference(three, three, level=95)
 
 
 # ---------------------------------------------------------------- output

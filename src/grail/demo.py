@@ -4,6 +4,15 @@ Builds (or reuses) the warm-started tiny model, measures held-out accuracy, trai
 (`--method`, default `none,grail`: GRPO and GRAIL) from the same start with the same seeds and the `tiny-cpu`
 preset, measures each on the same held-out problems, and prints a table with each method's difference from
 the first one and its paired bootstrap confidence interval over the held-out problems.
+
+Held-out accuracy is measured by the evaluation harness (`grail.eval_harness.run_evaluation`, as `grail eval` and
+training's checkpoint evaluation): the synthetic benchmark with the run's task settings, prompts rendered in the
+run's prompt format (as training renders them), completions graded by `grail.grader`, acc@n and the paired
+difference from `grail.metrics`. Each evaluation is one harness output directory inside the demo's:
+
+    <output_dir>/eval/before/{greedy,sampled}/      the warm-started model
+    <output_dir>/<method>/                          the method's training run (grail.train)
+    <output_dir>/<method>/eval/{greedy,sampled}/    its final model
 """
 
 from __future__ import annotations
@@ -14,15 +23,19 @@ from pathlib import Path
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from grail.config import SYNTHETIC_DATASET, GRAILConfig
-from grail.data import synthetic_rows
-from grail.evaluate import EvalResult, evaluate, paired_bootstrap_ci
+from grail.benchmarks import SYNTHETIC, LoadedBenchmark
+from grail.config import GRAILConfig
+from grail.config_fields import SYNTHETIC_DATASET
+from grail.eval_harness import EvalSpec, read_samples, run_evaluation
+from grail.metrics import BenchmarkScore, paired_difference, score_benchmark
+from grail.options import Method
 from grail.overrides import build_config
-from grail.rewards import exact_int_reward
+from grail.prompts import PromptFormat
+from grail.sampling import HFSampler, SamplingParams
 from grail.train import Log, resolve_model_path, train
-from grail.weighting import Method
 
 SAMPLES_PER_PROBLEM = 4  # sampled accuracy: acc@4 at the training temperature
+ROWS_PER_CALL = 64  # completions per `generate` call: batches of 64 problems greedy, 16 sampled
 DEFAULT_METHODS = ("none", "grail")
 LABELS = {"none": "GRPO", "grail": "GRAIL", "oar_g": "OAR-G", "oar_p": "OAR-P", "random": "random",
           "entropy": "entropy"}
@@ -41,17 +54,42 @@ def parse_methods(text: str) -> tuple[str, ...]:
     return methods
 
 
-def heldout_accuracy(model_path: str, cfg: GRAILConfig) -> dict[str, EvalResult | int]:
-    """Greedy accuracy and sampled acc@4 (at cfg.temperature) on the synthetic held-out split."""
-    rows = synthetic_rows(cfg, "heldout")
-    prompts, answers = [r["prompt"] for r in rows], [r["answer"] for r in rows]
+def eval_specs(cfg: GRAILConfig) -> dict[str, EvalSpec]:
+    """The two held-out evaluations of a run: "greedy" (n=1 at temperature 0) and "sampled" (acc@4 at the run's
+    temperature, top_p and top_k). Both: every problem of the synthetic held-out split, the run's prompt format,
+    max_completion_length and seed."""
+    common = dict(benchmarks=(SYNTHETIC,), size=None, seed=cfg.seed, prompt=PromptFormat.from_config(cfg))
+    sampling = {
+        "greedy": SamplingParams(n=1, temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=cfg.max_completion_length),
+        "sampled": SamplingParams(n=SAMPLES_PER_PROBLEM, temperature=cfg.temperature, top_p=cfg.top_p,
+                                  top_k=cfg.top_k, max_new_tokens=cfg.max_completion_length),
+    }
+    return {name: EvalSpec(sampling=params, batch_size=ROWS_PER_CALL // params.n, **common)
+            for name, params in sampling.items()}
+
+
+def recorded_score(out_dir: Path, bench: LoadedBenchmark, spec: EvalSpec) -> BenchmarkScore:
+    """`bench`'s score from the samples the harness recorded in `out_dir`, with the per-problem accuracies that
+    `paired_difference` needs (results.json keeps only the summary). Scored as the harness scores (same seed), so
+    its figures are those of results.json."""
+    recorded = read_samples(out_dir / "samples.jsonl")
+    records_PN = [[recorded[p.source, p.id, j] for j in range(spec.sampling.n)] for p in bench.problems]
+    return score_benchmark(bench.name, [[r["correct"] for r in records_N] for records_N in records_PN],
+                           [[r["tokens"] for r in records_N] for records_N in records_PN], seed=spec.seed)
+
+
+def heldout_accuracy(model_path: str, specs: dict[str, EvalSpec], heldout: LoadedBenchmark, out_dir: Path,
+                     log: Log = print) -> dict[str, BenchmarkScore]:
+    """Each of `specs` (see `eval_specs`) run by the harness on `heldout` into out_dir/<name>/; its score by name."""
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path)
-    common = dict(max_new_tokens=cfg.max_completion_length, seed=cfg.seed)
-    greedy = evaluate(model, tokenizer, prompts, answers, exact_int_reward, n=1, temperature=0.0, **common)
-    sampled = evaluate(model, tokenizer, prompts, answers, exact_int_reward, n=SAMPLES_PER_PROBLEM,
-                       temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, **common)
-    return {"greedy": greedy, "sampled": sampled, "problems": len(rows)}
+    scores = {}
+    for name, spec in specs.items():
+        sampler = HFSampler(model, tokenizer, batch_size=spec.batch_size)
+        # one grading process (this one): short integer answers grade faster than worker processes start
+        run_evaluation(sampler, tokenizer, spec, out_dir / name, workers=1, log=log, progress=False, loaded=[heldout])
+        scores[name] = recorded_score(out_dir / name, heldout, spec)
+    return scores
 
 
 def run_demo(cfg: GRAILConfig, overrides: dict, log: Log = print, methods: tuple[str, ...] = DEFAULT_METHODS
@@ -61,18 +99,29 @@ def run_demo(cfg: GRAILConfig, overrides: dict, log: Log = print, methods: tuple
         raise ValueError(f"grail demo runs on the embedded synthetic task, not dataset={cfg.dataset!r}; "
                          f"use `grail train` for other datasets.")
     start = time.perf_counter()
+    specs = eval_specs(cfg)
+    eval_dirs = {"before": Path(cfg.output_dir) / "eval" / "before",
+                 **{method: Path(cfg.output_dir) / method / "eval" for method in methods}}
+    taken = [str(d / name) for d in eval_dirs.values() for name in specs if (d / name).exists()]
+    if taken:  # the harness would resume those samples, which are another model's
+        raise ValueError(f"{taken[0]} holds an earlier demo's evaluation; choose a new --output_dir.")
+    (heldout,) = specs["greedy"].load_benchmarks(synthetic_set=cfg.synthetic_set())  # the run's; both specs' problems
     base_path = resolve_model_path(cfg, log)
-    log(f"evaluating the warm-started model on {cfg.task_num_heldout} held-out problems ...")
-    before = heldout_accuracy(base_path, cfg)
+    log(f"evaluating the warm-started model on {len(heldout.problems)} held-out problems ...")
+    before = heldout_accuracy(base_path, specs, heldout, eval_dirs["before"], log)
     runs = {}
     for method in methods:
         run_cfg = build_config({**overrides, "token_weighting": method,
                                 "output_dir": str(Path(cfg.output_dir) / method)})
         result = train(run_cfg, {**overrides, "token_weighting": method}, log, model_path=base_path)
         log(f"evaluating the {LABELS[method]} model on the same held-out problems ...")
-        runs[method] = {"result": result, "after": heldout_accuracy(str(result.final_dir), cfg)}
-    summary = {"before": before, "runs": runs, "wall_seconds": time.perf_counter() - start,
-               "run_dir": cfg.output_dir}
+        runs[method] = {"result": result,
+                        "after": heldout_accuracy(str(result.final_dir), specs, heldout, eval_dirs[method], log)}
+    base = methods[0]
+    differences = {m: paired_difference(runs[base]["after"]["sampled"], runs[m]["after"]["sampled"])
+                   for m in methods[1:]}
+    summary = {"problems": len(heldout.problems), "before": before, "runs": runs, "differences": differences,
+               "wall_seconds": time.perf_counter() - start, "run_dir": cfg.output_dir}
     log(format_table(summary, cfg))
     return summary
 
@@ -87,22 +136,19 @@ def format_table(s: dict, cfg: GRAILConfig) -> str:
     def row(name, first, values):
         return f"{name:34}{first:>{width}}" + "".join(f"{v:>{width}}" for v in values)
 
-    lines.append(row("held-out problems", str(before["problems"]), [""] * len(methods)))
-    lines.append(row("greedy accuracy", f"{before['greedy'].acc_at_n:.1%}",
-                     [f"{runs[m]['after']['greedy'].acc_at_n:.1%}" for m in methods]))
-    lines.append(row(f"sampled acc@{SAMPLES_PER_PROBLEM} (T={cfg.temperature:g})",
-                     f"{before['sampled'].acc_at_n:.1%}",
-                     [f"{runs[m]['after']['sampled'].acc_at_n:.1%}" for m in methods]))
+    lines.append(row("held-out problems", str(s["problems"]), [""] * len(methods)))
+    for name, label in (("greedy", "greedy accuracy"),
+                        ("sampled", f"sampled acc@{SAMPLES_PER_PROBLEM} (T={cfg.temperature:g})")):
+        lines.append(row(label, f"{before[name].acc_at_n.value:.1%}",
+                         [f"{runs[m]['after'][name].acc_at_n.value:.1%}" for m in methods]))
     lines.append(row("steps", "", [str(runs[m]["result"].steps) for m in methods]))
     lines.append(row("seconds per step (median)", "", [f"{runs[m]['result'].seconds_per_step:.2f}"
                                                        for m in methods]))
     lines.append(row("training wall time (s)", "", [f"{runs[m]['result'].train_seconds:.1f}" for m in methods]))
     base = methods[0]
-    for m in methods[1:]:
-        a, b = runs[base]["after"]["sampled"], runs[m]["after"]["sampled"]
-        diff, low, high = paired_bootstrap_ci(a.correct_P, b.correct_P, SAMPLES_PER_PROBLEM)
-        lines.append(f"{LABELS[m]} − {LABELS[base]}, sampled acc: {diff * 100:+.1f} points "
-                     f"(95% CI {low * 100:+.1f} to {high * 100:+.1f}, paired bootstrap over the held-out "
+    for m, d in s["differences"].items():
+        lines.append(f"{LABELS[m]} − {LABELS[base]}, sampled acc: {d.value * 100:+.1f} points "
+                     f"(95% CI {d.low * 100:+.1f} to {d.high * 100:+.1f}, paired bootstrap over the held-out "
                      f"problems; one training seed, so seed-to-seed variation is not in this interval)")
     lines.append(f"demo wall time: {s['wall_seconds']:.1f} s; run directories under {s['run_dir']}/")
     return "\n".join(lines)

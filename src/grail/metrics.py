@@ -1,4 +1,5 @@
-"""Evaluation metrics: acc@n, unbiased pass@k, bootstrap CIs over problems, averages over benchmarks.
+"""Evaluation metrics: acc@n, unbiased pass@k, bootstrap CIs over problems, averages over benchmarks,
+paired differences.
 
 Pure functions on per-sample correctness (no model, no I/O; stdlib + torch). ../shared/METHODS.md §6:
 
@@ -16,8 +17,11 @@ Departures from / additions to the paper (which reports no uncertainty):
     3. Benchmarks may use different n. The averages then cover pass@k only for k ≤ min n (the k every
        benchmark has); acc@n is averaged as is (each acc@n is an unbiased estimate of per-sample accuracy,
        whatever its n).
+    4. Two results on the same problems are compared by their paired difference of acc@n (b − a), with a
+       bootstrap CI that resamples problems and keeps the pairing (`paired_difference`).
 
-Dimension letters: P problems, N samples per problem, R bootstrap resamples, M metrics stacked together.
+Shape letters (grail/__init__.py): P problems, N samples per problem, R bootstrap resamples, M metrics stacked
+together, K values of k.
 """
 
 from __future__ import annotations
@@ -138,6 +142,41 @@ def bootstrap_ci(per_problem: Sequence[float], *, resamples: int = 2000, level: 
     values_1P = torch.as_tensor(per_problem, dtype=torch.float64).reshape(1, -1)
     generator = torch.Generator().manual_seed(seed)
     return _estimates(values_1P, resamples, level, generator)[0]
+
+
+def paired_difference(a: BenchmarkScore, b: BenchmarkScore, *, resamples: int = 2000, level: float = 0.95,
+                      seed: int = 0) -> Estimate:
+    """acc@n of `b` minus acc@n of `a` on the SAME problems, with a paired percentile bootstrap CI over problems.
+
+        d_p = b.per_problem_acc[p] − a.per_problem_acc[p];   difference = (1/P) Σ_p d_p = b.acc@n − a.acc@n
+
+    Each resample draws P problems with replacement and averages their d_p, so both results are resampled
+    together (the pairing is kept): what both models find easy or hard cancels, and the CI is that of the
+    difference, narrower than two separate CIs suggest when the models agree on most problems. The draw is
+    `bootstrap_ci`'s (one (R, P) index matrix from a generator seeded with `seed`), so with `a` all zeros the
+    result equals `bootstrap_ci(b.per_problem_acc)`. Identical inputs give exactly 0 with CI [0, 0]. n may
+    differ between a and b (each c_p/n is an unbiased estimate of the problem's per-sample accuracy).
+
+    Args:
+        a, b: results of `score_benchmark` on the same benchmark with its problems in the same order (e.g. two
+            evaluations of one loaded benchmark): same name and num_problems, per-problem arrays present. The
+            order itself cannot be checked here (a BenchmarkScore holds no problem ids): it is the caller's.
+    """
+    _check_bootstrap_args(resamples, level)
+    if a.name != b.name:
+        raise ValueError(f"paired_difference: the results are of different benchmarks ({a.name!r} and {b.name!r}); "
+                         f"a paired difference needs two results on the same problems.")
+    if a.num_problems != b.num_problems:
+        raise ValueError(f"paired_difference: {a.name!r} has {a.num_problems} problems in the first result and "
+                         f"{b.num_problems} in the second; evaluate both on the same problems.")
+    for which, s in (("first", a), ("second", b)):
+        if s.num_problems < 1 or len(s.per_problem_acc) != s.num_problems:
+            raise ValueError(f"paired_difference: the {which} result of {s.name!r} lacks per-problem accuracies for "
+                             f"its {s.num_problems} problems; build it with score_benchmark.")
+    diff_1P = (torch.tensor(b.per_problem_acc, dtype=torch.float64)
+               - torch.tensor(a.per_problem_acc, dtype=torch.float64)).reshape(1, -1)
+    generator = torch.Generator().manual_seed(seed)
+    return _estimates(diff_1P, resamples, level, generator)[0]
 
 
 def score_benchmark(name: str, correct_PN: Sequence[Sequence[bool]], tokens_PN: Sequence[Sequence[int]], *,
