@@ -70,3 +70,20 @@ def test_grail_eval_names_a_benchmark_missing_from_the_data_dir(tmp_path, tiny_d
     err = capsys.readouterr().err
     assert "amc23" in err and str(data_dir) in err
     assert not (tmp_path / "eval").exists()  # stopped before any output
+
+
+def test_every_checkpoint_evaluation_field_is_a_grail_eval_flag_of_the_same_name():
+    """`grail train --eval_X` and `grail eval --X` name the same setting the same way."""
+    import argparse
+    import dataclasses
+
+    from grail.config_fields import GRAILFields
+    from grail.eval_cli import add_parsers
+
+    sub = argparse.ArgumentParser().add_subparsers()
+    add_parsers(sub)
+    flags = {option for action in sub.choices["eval"]._actions for option in action.option_strings}
+    fields = [f.name for f in dataclasses.fields(GRAILFields) if f.name.startswith("eval_")]
+    assert len(fields) >= 6
+    for name in fields:
+        assert "--" + name.removeprefix("eval_").replace("_", "-") in flags, name
