@@ -9,22 +9,13 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+from conftest import WARM_STEPS
 from grail.cli import main
-from grail.options import WarmStartConfig
-from grail.warmstart import warm_start
 
-# A shorter warm start than the default (300 steps) keeps the suite fast; 200 steps still gives
-# groups with mixed rewards, which a GRPO update needs to move the parameters at all.
-WARM_STEPS = 200
+# conftest's shorter warm start (WARM_STEPS, not the default 300) keeps the suite fast; it still gives groups with
+# mixed rewards, which a GRPO update needs to move the parameters at all. The session's `warm_cache` holds it.
 FAST = ["--max_steps", "2", "--per_device_train_batch_size", "32", "--task_num_train", "64", "--save_steps", "1",
         "--learning_rate", "1e-3", "--warmstart_steps", str(WARM_STEPS)]
-
-
-@pytest.fixture(scope="session")
-def warm_cache(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("warm")
-    path = warm_start(WarmStartConfig(steps=WARM_STEPS), cache, log=lambda s: None)
-    return cache, path
 
 
 def _weights(directory):
@@ -173,7 +164,7 @@ def test_module_entry_point_and_presets():
 def test_default_demo_improves_heldout_accuracy(tmp_path, cache_dir):
     """The real `grail demo` (300-step warm start, then 200 GRPO and 200 GRAIL steps): RL must help.
 
-    Measured on a 2-core CPU: sampled acc@4 50.1% -> 59.0% with GRPO (README has GRAIL's). The margin asserted
+    Measured on a 2-core CPU: sampled acc@4 51.0% -> 60.1% with GRPO (README has GRAIL's). The margin asserted
     is a third of that, so a sign error or a dead advantage hook fails it, ordinary numeric drift does not.
     GRAIL is not asserted to beat GRPO: one seed on a toy task cannot show that.
     """

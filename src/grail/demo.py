@@ -18,7 +18,6 @@ difference from `grail.metrics`. Each evaluation is one harness output directory
 from __future__ import annotations
 
 import time
-import typing
 from pathlib import Path
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -26,25 +25,29 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from grail.benchmarks import SYNTHETIC, LoadedBenchmark
 from grail.config import GRAILConfig
 from grail.config_fields import SYNTHETIC_DATASET
-from grail.eval_harness import EvalSpec, read_samples, run_evaluation
-from grail.metrics import BenchmarkScore, paired_difference, score_benchmark
-from grail.options import Method
+from grail.eval_harness import EvalSpec, run_evaluation
+from grail.methods import METHODS
+from grail.metrics import BenchmarkScore, paired_difference
 from grail.overrides import build_config
 from grail.prompts import PromptFormat
 from grail.sampling import HFSampler, SamplingParams
 from grail.train import Log, resolve_model_path, train
 
+__all__ = [
+    "DEFAULT_METHODS", "eval_specs", "format_table", "heldout_accuracy", "LABELS", "parse_methods", "run_demo",
+    "SAMPLES_PER_PROBLEM"
+]
+
 SAMPLES_PER_PROBLEM = 4  # sampled accuracy: acc@4 at the training temperature
 ROWS_PER_CALL = 64  # completions per `generate` call: batches of 64 problems greedy, 16 sampled
 DEFAULT_METHODS = ("none", "grail")
-LABELS = {"none": "GRPO", "grail": "GRAIL", "oar_g": "OAR-G", "oar_p": "OAR-P", "random": "random",
-          "entropy": "entropy"}
+LABELS = {name: spec.label for name, spec in METHODS.items()}  # the table's column names
 
 
 def parse_methods(text: str) -> tuple[str, ...]:
     """`grail,oar_g` → ("grail", "oar_g"); every name must be a `token_weighting` choice."""
     methods = tuple(m.strip() for m in text.split(",") if m.strip())
-    allowed = typing.get_args(Method)
+    allowed = tuple(METHODS)
     bad = [m for m in methods if m not in allowed]
     if bad or not methods:
         raise ValueError(f"--method {text!r}: give one or more of {', '.join(allowed)}, comma-separated "
@@ -68,16 +71,6 @@ def eval_specs(cfg: GRAILConfig) -> dict[str, EvalSpec]:
             for name, params in sampling.items()}
 
 
-def recorded_score(out_dir: Path, bench: LoadedBenchmark, spec: EvalSpec) -> BenchmarkScore:
-    """`bench`'s score from the samples the harness recorded in `out_dir`, with the per-problem accuracies that
-    `paired_difference` needs (results.json keeps only the summary). Scored as the harness scores (same seed), so
-    its figures are those of results.json."""
-    recorded = read_samples(out_dir / "samples.jsonl")
-    records_PN = [[recorded[p.source, p.id, j] for j in range(spec.sampling.n)] for p in bench.problems]
-    return score_benchmark(bench.name, [[r["correct"] for r in records_N] for records_N in records_PN],
-                           [[r["tokens"] for r in records_N] for records_N in records_PN], seed=spec.seed)
-
-
 def heldout_accuracy(model_path: str, specs: dict[str, EvalSpec], heldout: LoadedBenchmark, out_dir: Path,
                      log: Log = print) -> dict[str, BenchmarkScore]:
     """Each of `specs` (see `eval_specs`) run by the harness on `heldout` into out_dir/<name>/; its score by name."""
@@ -87,8 +80,9 @@ def heldout_accuracy(model_path: str, specs: dict[str, EvalSpec], heldout: Loade
     for name, spec in specs.items():
         sampler = HFSampler(model, tokenizer, batch_size=spec.batch_size)
         # one grading process (this one): short integer answers grade faster than worker processes start
-        run_evaluation(sampler, tokenizer, spec, out_dir / name, workers=1, log=log, progress=False, loaded=[heldout])
-        scores[name] = recorded_score(out_dir / name, heldout, spec)
+        report = run_evaluation(sampler, tokenizer, spec, out_dir / name, workers=1, log=log, progress=False,
+                                loaded=[heldout])
+        (scores[name],) = report.scores  # with the per-problem accuracies that `paired_difference` needs
     return scores
 
 

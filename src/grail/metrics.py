@@ -33,6 +33,11 @@ from typing import Literal
 
 import torch
 
+__all__ = [
+    "AVERAGE_LABELS", "Average", "AverageKind", "average_scores", "BenchmarkScore", "bootstrap_ci", "Estimate",
+    "format_markdown", "paired_difference", "pass_at_k", "score_benchmark", "to_json"
+]
+
 AverageKind = Literal["unweighted", "size_weighted"]
 AVERAGE_LABELS: dict[str, str] = {
     "unweighted": "average (unweighted over benchmarks)",
