@@ -1,4 +1,5 @@
-"""Token-weighting core: pure tensor functions. Imports only torch; no model, config, logger or `.item()`.
+"""Token-weighting core: pure tensor functions. Imports only torch (and the option names of `grail.options`); no
+model, config, logger or `.item()`.
 
 Every method gives each completion token a weight w_{i,t} >= 0, and the policy-gradient loss uses the
 token advantage  Â_{i,t} = w_{i,t} · A_i  in place of A_i (../shared/METHODS.md, notation). Plain GRPO is
@@ -9,9 +10,11 @@ Shape letters: grail/__init__.py (B rows, T completion tokens, L input positions
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, get_args
 
 import torch
+
+from grail.options import RolloutSymmetry
 
 __all__ = [
     "answer_span_overrides", "entropy_from_logits", "gradient_activation_saliency", "grail_weights_from_saliency",
@@ -148,7 +151,7 @@ def saliency_weights(signal_BT: torch.Tensor, mask_BT: torch.Tensor, *, weight_m
     return torch.where(mask_BT.bool(), w, 0.0)
 
 
-ROLLOUT_SYMMETRIES = ("wrong", "correct", "both")
+ROLLOUT_SYMMETRIES: tuple[str, ...] = get_args(RolloutSymmetry)
 
 
 def reweighted_rows(adv_B: torch.Tensor, rollout_symmetry: str) -> torch.Tensor:
