@@ -6,59 +6,21 @@ import torch
 from datasets import Dataset
 from trl import GRPOTrainer
 
+from batches import assert_same, loss_and_grads, make_trainer, trl_batch
 from grail import probes
 from grail import trainer as trainer_module
-from grail.config import GRAILConfig
 from grail.rewards import exact_int_reward
 from grail.trainer import GRAILTrainer
 
 LOSS_TYPES = ["dr_grpo", "dapo", "grpo", "bnpo"]
 
 
-def _inputs(tokenizer):
-    prompts = ["Q: 1+2\nA:", "Q: 3*4\nA:", "Q: 5-1\nA:", "Q: 2+2\nA:"]
-    # rows 0 and 2 have a box; advantages: one correct and one wrong row with a box
-    completions = [" 1+2=3. \\boxed{3}", " 3*4=1", " 5-1=4. 4-1=3. \\boxed{3}", " 2+2"]
-    p = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
-    c = tokenizer(completions, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False)
-    return {"prompt_ids": p["input_ids"], "prompt_mask": p["attention_mask"], "completion_ids": c["input_ids"],
-            "completion_mask": c["attention_mask"], "advantages": torch.tensor([0.5, -0.5, -0.25, 0.25]),
-            "num_items_in_batch": c["attention_mask"].sum()}
-
-
-def _loss_and_grads(trainer, inputs):
-    trainer.current_gradient_accumulation_steps = 1
-    trainer.model.train()  # metrics go to the 'train' bucket, as inside trainer.train()
-    trainer.model.zero_grad(set_to_none=True)
-    loss = trainer._compute_loss(trainer.model, inputs)
-    loss.backward()
-    if isinstance(trainer, GRAILTrainer):  # what log() does once per logging step
-        trainer.reduce_weight_metrics("train")
-    return loss.detach(), [p.grad.clone() for p in trainer.model.parameters() if p.grad is not None]
-
-
-def _trainer(cls, tiny_dir, tmp_path, loss_type="dr_grpo", **fields):
-    args = GRAILConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2,
-                       max_completion_length=24, loss_type=loss_type, report_to="none", beta=0.0, **fields)
-    dataset = Dataset.from_list([{"prompt": "Q: 1+1\nA:", "answer": "2"}] * 4)
-    return cls(model=str(tiny_dir), reward_funcs=[exact_int_reward], args=args, train_dataset=dataset)
-
-
-def _assert_same(a, b, atol=0.0):
-    (loss_a, grads_a), (loss_b, grads_b) = a, b
-    assert any(g.abs().sum() > 0 for g in grads_b)  # a real gradient, not a vacuous comparison
-    torch.testing.assert_close(loss_a, loss_b, rtol=0, atol=atol)
-    assert len(grads_a) == len(grads_b)
-    for g, g_ref in zip(grads_a, grads_b, strict=True):
-        torch.testing.assert_close(g, g_ref, rtol=0, atol=atol)
-
-
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
 def test_uniform_weighting_reproduces_trl_grpo_exactly(tiny_dir, tmp_path, loss_type):
-    grpo = _trainer(GRPOTrainer, tiny_dir, tmp_path, loss_type)
-    grail = _trainer(GRAILTrainer, tiny_dir, tmp_path, loss_type)
-    inputs = _inputs(grail.processing_class)
-    _assert_same(_loss_and_grads(grail, inputs), _loss_and_grads(grpo, inputs))
+    grpo = make_trainer(GRPOTrainer, tiny_dir, tmp_path, loss_type)
+    grail = make_trainer(GRAILTrainer, tiny_dir, tmp_path, loss_type)
+    inputs = trl_batch(grail.processing_class)
+    assert_same(loss_and_grads(grail, inputs), loss_and_grads(grpo, inputs))
     assert grail._metrics["train"]["weights/mean"] == [1.0]
     assert grail._metrics["train"]["weights/adv_scale_ratio"] == [pytest.approx(1.0)]
 
@@ -68,30 +30,30 @@ def test_uniform_weighting_reproduces_trl_grpo_exactly(tiny_dir, tmp_path, loss_
 def test_grail_with_constant_weights_reproduces_trl_grpo(tiny_dir, tmp_path, loss_type, path):
     """w_mean = w_min = w_max = 1: GRAIL runs its saliency probe (fused: a gradient query on the very graph the
     loss backpropagates through) yet every weight is 1, so loss and gradients must be TRL's exactly."""
-    grpo = _trainer(GRPOTrainer, tiny_dir, tmp_path, loss_type)
-    grail = _trainer(GRAILTrainer, tiny_dir, tmp_path, loss_type, token_weighting="grail", rollout_symmetry="both",
+    grpo = make_trainer(GRPOTrainer, tiny_dir, tmp_path, loss_type)
+    grail = make_trainer(GRAILTrainer, tiny_dir, tmp_path, loss_type, token_weighting="grail", rollout_symmetry="both",
                      weight_min=1.0, weight_max=1.0, saliency_path=path)
-    inputs = _inputs(grail.processing_class)
-    _assert_same(_loss_and_grads(grail, inputs), _loss_and_grads(grpo, inputs))
+    inputs = trl_batch(grail.processing_class)
+    assert_same(loss_and_grads(grail, inputs), loss_and_grads(grpo, inputs))
     assert grail.last_token_weights.path == path
     assert grail.last_token_weights.probed_B.tolist() == [True, False, True, False]  # rows with a box and A ≠ 0
 
 
 def test_constant_saliency_gives_w_mean_and_grpo_without_a_box(tiny_dir, tmp_path, monkeypatch):
     """Constant saliency → z = 0 → w_mean on the normalised tokens; with no box anywhere GRAIL is GRPO."""
-    grpo = _trainer(GRPOTrainer, tiny_dir, tmp_path)
-    grail = _trainer(GRAILTrainer, tiny_dir, tmp_path, token_weighting="grail", saliency_path="separate",
+    grpo = make_trainer(GRPOTrainer, tiny_dir, tmp_path)
+    grail = make_trainer(GRAILTrainer, tiny_dir, tmp_path, token_weighting="grail", saliency_path="separate",
                      rollout_symmetry="both")
     monkeypatch.setattr(probes, "answer_nll_saliency", lambda model, ids, attn, answer, **kw: torch.full(
         answer.shape, 3.0))
-    inputs = _inputs(grail.processing_class)
-    _loss_and_grads(grail, inputs)
+    inputs = trl_batch(grail.processing_class)
+    loss_and_grads(grail, inputs)
     w = grail.last_token_weights
     assert torch.equal(w.weights_BT[w.normalised_BT], torch.ones(int(w.normalised_BT.sum())))
     no_box = {**inputs, "completion_ids": inputs["completion_ids"].clone()}
     boxed = grail.tokenizer.convert_tokens_to_ids("\\boxed{")
     no_box["completion_ids"][no_box["completion_ids"] == boxed] = grail.tokenizer.convert_tokens_to_ids("x")
-    _assert_same(_loss_and_grads(grail, no_box), _loss_and_grads(grpo, no_box))
+    assert_same(loss_and_grads(grail, no_box), loss_and_grads(grpo, no_box))
 
 
 @pytest.mark.parametrize("method, leaf, span", [
@@ -103,38 +65,38 @@ def test_fused_equals_separate(tiny_dir, tmp_path, method, leaf, span):
     with the release's answer NLL over the whole box (`box`) and over the content only."""
     results = {}
     for path in ("fused", "separate"):
-        trainer = _trainer(GRAILTrainer, tiny_dir, tmp_path, token_weighting=method, saliency_leaf=leaf,
+        trainer = make_trainer(GRAILTrainer, tiny_dir, tmp_path, token_weighting=method, saliency_leaf=leaf,
                            rollout_symmetry="both", saliency_path=path, answer_nll_span=span)
         # A freshly initialised model's next-token entropies are all ≈ log V (spread ~1e-3), and the per-row
         # z-score would amplify 1e-6 rounding differences to 1e-4; larger embeddings make the signal vary.
         # (Not much larger: entropies below ~1e-6 are rounding-dominated in float32, TRL's kernel more so.)
         with torch.no_grad():
             trainer.model.get_input_embeddings().weight.mul_(3.0)
-        results[path] = (_loss_and_grads(trainer, _inputs(trainer.processing_class)), trainer.last_token_weights)
+        results[path] = (loss_and_grads(trainer, trl_batch(trainer.processing_class)), trainer.last_token_weights)
     (fused, w_fused), (separate, w_separate) = results["fused"], results["separate"]
     assert w_fused.path == "fused" and w_separate.path == "separate"
     normalised = w_separate.normalised_BT
     assert normalised.sum() >= 10  # the comparison covers real saliency-weighted tokens
     assert w_separate.weights_BT[normalised].std() > 0.02  # ... whose weights vary (≫ the 1e-5 tolerance)
     torch.testing.assert_close(w_fused.weights_BT, w_separate.weights_BT, rtol=0, atol=1e-5)
-    _assert_same(fused, separate, atol=1e-5)
+    assert_same(fused, separate, atol=1e-5)
 
 
 def test_fused_probe_writes_no_parameter_grad(tiny_dir, tmp_path):
-    trainer = _trainer(GRAILTrainer, tiny_dir, tmp_path, token_weighting="grail", saliency_path="fused")
+    trainer = make_trainer(GRAILTrainer, tiny_dir, tmp_path, token_weighting="grail", saliency_path="fused")
     trainer.current_gradient_accumulation_steps = 1
     trainer.model.train()
     trainer.model.zero_grad(set_to_none=True)
-    loss = trainer._compute_loss(trainer.model, _inputs(trainer.processing_class))
+    loss = trainer._compute_loss(trainer.model, trl_batch(trainer.processing_class))
     assert trainer.last_token_weights.path == "fused" and loss.requires_grad
     assert all(p.grad is None for p in trainer.model.parameters())
 
 
 def test_the_weights_reach_trls_loss(tiny_dir, tmp_path, monkeypatch):
     """Doubling every weight doubles the dr_grpo loss at ratio 1 (the loss is linear in Â there)."""
-    grail = _trainer(GRAILTrainer, tiny_dir, tmp_path)
-    inputs = _inputs(grail.processing_class)
-    loss_uniform, _ = _loss_and_grads(grail, inputs)
+    grail = make_trainer(GRAILTrainer, tiny_dir, tmp_path)
+    inputs = trl_batch(grail.processing_class)
+    loss_uniform, _ = loss_and_grads(grail, inputs)
     real = trainer_module.token_weights
 
     def doubled(*args, **kwargs):
@@ -143,36 +105,36 @@ def test_the_weights_reach_trls_loss(tiny_dir, tmp_path, monkeypatch):
         return weights
 
     monkeypatch.setattr(trainer_module, "token_weights", doubled)
-    loss_doubled, _ = _loss_and_grads(grail, inputs)
+    loss_doubled, _ = loss_and_grads(grail, inputs)
     torch.testing.assert_close(loss_doubled, 2 * loss_uniform)
     assert grail._metrics["train"]["weights/mean"][-1] == 2.0
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), 0.0])
 def test_bad_saliency_falls_back_to_uniform_and_is_counted(tiny_dir, tmp_path, monkeypatch, bad):
-    grail = _trainer(GRAILTrainer, tiny_dir, tmp_path, token_weighting="grail", saliency_path="separate",
+    grail = make_trainer(GRAILTrainer, tiny_dir, tmp_path, token_weighting="grail", saliency_path="separate",
                      rollout_symmetry="both")
     monkeypatch.setattr(probes, "answer_nll_saliency", lambda model, ids, attn, answer, **kw: torch.full(
         answer.shape, bad))
-    loss, grads = _loss_and_grads(grail, _inputs(grail.processing_class))
+    loss, grads = loss_and_grads(grail, trl_batch(grail.processing_class))
     assert torch.isfinite(loss) and all(torch.isfinite(g).all() for g in grads)
     w = grail.last_token_weights
     assert w.fallback_B.tolist() == [True, False, True, False]
-    mask = _inputs(grail.processing_class)["completion_mask"].bool()
+    mask = trl_batch(grail.processing_class)["completion_mask"].bool()
     assert torch.equal(w.weights_BT[w.fallback_B], mask[w.fallback_B].float())
     assert grail._metrics["train"]["weights/fallback_rows"] == [2.0]
 
 
 def test_rollout_policy_weights_are_stored_with_the_batch(tiny_dir, tmp_path):
     """weights_from=rollout_policy: weights computed once after generation travel in the batch dict."""
-    trainer = _trainer(GRAILTrainer, tiny_dir, tmp_path, token_weighting="grail", weights_from="rollout_policy",
+    trainer = make_trainer(GRAILTrainer, tiny_dir, tmp_path, token_weighting="grail", weights_from="rollout_policy",
                        rollout_symmetry="both")
     assert trainer.fused_unavailable is not None
-    inputs = _inputs(trainer.processing_class)
+    inputs = trl_batch(trainer.processing_class)
     mask_BT = trainer.real_token_mask(inputs)
     stored = trainer._rollout_weights(inputs, mask_BT, trainer._spans(inputs, mask_BT))
     batch = {**inputs, **stored.as_batch_entries()}
-    loss, _ = _loss_and_grads(trainer, batch)
+    loss, _ = loss_and_grads(trainer, batch)
     assert trainer.last_token_weights.path == "rollout"
     torch.testing.assert_close(trainer.last_token_weights.weights_BT, stored.weights_BT)
     assert torch.isfinite(loss)
@@ -180,20 +142,20 @@ def test_rollout_policy_weights_are_stored_with_the_batch(tiny_dir, tmp_path):
 
 def test_fused_is_refused_where_it_cannot_work(tiny_dir, tmp_path):
     with pytest.raises(ValueError, match="saliency_path='fused' cannot work here: .*rollout"):
-        _trainer(GRAILTrainer, tiny_dir, tmp_path, token_weighting="grail", saliency_path="fused",
+        make_trainer(GRAILTrainer, tiny_dir, tmp_path, token_weighting="grail", saliency_path="fused",
                  weights_from="rollout_policy")
-    trainer = _trainer(GRAILTrainer, tiny_dir, tmp_path, token_weighting="grail")
+    trainer = make_trainer(GRAILTrainer, tiny_dir, tmp_path, token_weighting="grail")
     trainer.model.get_input_embeddings().weight.requires_grad_(False)
     assert "frozen embeddings" in trainer._fused_unavailable_reason()
 
 
 def test_loss_under_no_grad_uses_the_separate_pass(tiny_dir, tmp_path):
     """TRL evaluates the loss under no_grad (prediction_step): there is no graph to fuse with."""
-    trainer = _trainer(GRAILTrainer, tiny_dir, tmp_path, token_weighting="grail", rollout_symmetry="both")
+    trainer = make_trainer(GRAILTrainer, tiny_dir, tmp_path, token_weighting="grail", rollout_symmetry="both")
     trainer.current_gradient_accumulation_steps = 1
     trainer.model.eval()
     with torch.no_grad():
-        loss = trainer._compute_loss(trainer.model, _inputs(trainer.processing_class))
+        loss = trainer._compute_loss(trainer.model, trl_batch(trainer.processing_class))
     assert torch.isfinite(loss) and trainer.last_token_weights.path == "separate"
     assert trainer.last_token_weights.probed_B.any()
 
@@ -209,10 +171,10 @@ def test_grail_trainer_needs_a_grail_config(tiny_dir, tmp_path):
 
 
 def test_release_diagnostics_are_logged_with_the_release_definitions(tiny_dir, tmp_path):
-    trainer = _trainer(GRAILTrainer, tiny_dir, tmp_path, token_weighting="grail", rollout_symmetry="both",
+    trainer = make_trainer(GRAILTrainer, tiny_dir, tmp_path, token_weighting="grail", rollout_symmetry="both",
                        saliency_path="separate")
-    inputs = _inputs(trainer.processing_class)
-    _loss_and_grads(trainer, inputs)
+    inputs = trl_batch(trainer.processing_class)
+    loss_and_grads(trainer, inputs)
     w, metrics = trainer.last_token_weights, trainer._metrics["train"]
     mask, adv = inputs["completion_mask"].bool(), inputs["advantages"]
     # Σ|Â| over real tokens / their count, over the mean |A| of all rows (the release's advantage scale ratio)

@@ -49,7 +49,7 @@ NUM_BINS = 10  # weights/position_0..9
 # Additive statistics accumulated per micro-batch (grail.diagnostics.weight_sums plus row counts and the release
 # values' sums), in the order they are packed into one device tensor for the one gather per logging step.
 SUM_KEYS = ("tokens", "weight_sum", "normalised", "clip_low", "clip_high", "abs_token_adv", "abs_adv", "rows",
-            "ess_sum", "ess_rows", "top10_sum", "top10_rows", "real_rows", "rows_without_box", "fallback_rows",
+            "ess_sum", "ess_rows", "top10_sum", "top10_rows", "rows_without_box", "fallback_rows",
             "probed_rows", "micro_batches",
             *(f"release_{k}_{part}" for k in diagnostics.RELEASE_KEYS for part in ("sum", "count")))
 DIAGNOSTIC_KEYS = ("mean", "max", "clip_low_frac", "clip_high_frac", "adv_scale_ratio", "ess_ratio", "top10_mass")
@@ -108,8 +108,9 @@ class GRAILTrainer(GRPOTrainer):
             return "DeepSpeed ZeRO-3 (parameters are gathered and released around each module)"
         if getattr(self, "is_fsdp_enabled", False):
             return "FSDP (sharded parameters)"
-        if self.args.activation_checkpointing or self.args.gradient_checkpointing:
-            return "activation checkpointing (recomputed segments do not support a second gradient query)"
+        if self.reentrant_checkpointing():
+            return ("reentrant activation checkpointing (use_reentrant=True: its segments answer only .backward(), "
+                    "not a gradient query; non-reentrant checkpointing, transformers' default, fuses)")
         leaf = probes.leaf_module(model, self.weighting.saliency_leaf)
         upstream = [model.get_input_embeddings(), leaf]
         if not any(p.requires_grad for module in upstream for p in module.parameters()):
@@ -143,6 +144,29 @@ class GRAILTrainer(GRPOTrainer):
     def _mode(self) -> str:
         return "train" if self.model.training else "eval"
 
+    def reentrant_checkpointing(self) -> bool:
+        """Activation checkpointing is on with use_reentrant=True (TRL forces it for PEFT + ZeRO-3). Non-reentrant
+        checkpointing (transformers 5's default) recomputes inside autograd, so gradient queries work through it."""
+        if not (self.args.activation_checkpointing or self.args.gradient_checkpointing):
+            return False
+        kwargs = self.args.activation_checkpointing_kwargs or self.args.gradient_checkpointing_kwargs or {}
+        return bool(kwargs.get("use_reentrant", False))
+
+    @contextmanager
+    def _probe_context(self, model):
+        """Around a separate probe: reentrant checkpointing refuses `torch.autograd.grad`, so it is switched off on
+        the model for the probe (which then stores the probed rows' activations) and restored after."""
+        if not (self.reentrant_checkpointing() and getattr(model, "is_activation_checkpointing", False)):
+            yield
+            return
+        kwargs = dict(self.args.activation_checkpointing_kwargs or self.args.gradient_checkpointing_kwargs or {})
+        layout = {"every_n_layers": kwargs.pop("every_n_layers", 1), "offload": kwargs.pop("offload", False)}
+        model.activation_checkpointing_disable()
+        try:
+            yield
+        finally:  # as transformers' Trainer.train() enabled it
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs or None, **layout)
+
     # ---- the seam to TRL (module docstring, S1-S4) ---------------------------------------------------------------
     def _generate_and_score_completions(self, inputs):  # S1
         output = super()._generate_and_score_completions(inputs)
@@ -173,9 +197,11 @@ class GRAILTrainer(GRPOTrainer):
         else:
             input_ids_BL = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
             attention_mask_BL = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-            weights = token_weights(self.accelerator.unwrap_model(model), self.tokenizer, input_ids_BL,
-                                    attention_mask_BL, mask_BT, adv_B, self.weighting, spans=spans,
-                                    generator=self._generator, any_process=self._any_process)
+            unwrapped = self.accelerator.unwrap_model(model)
+            with self._probe_context(unwrapped):
+                weights = token_weights(unwrapped, self.tokenizer, input_ids_BL, attention_mask_BL, mask_BT, adv_B,
+                                        self.weighting, spans=spans, generator=self._generator,
+                                        any_process=self._any_process)
         return super()._compute_loss(model, {**inputs, "advantages": self._token_advantages(adv_B, mask_BT, weights)})
 
     @contextmanager
@@ -263,10 +289,11 @@ class GRAILTrainer(GRPOTrainer):
         parts = []
         for start in range(0, input_ids_BL.shape[0], size):
             rows = slice(start, start + size)
-            parts.append(token_weights(
-                model, self.tokenizer, input_ids_BL[rows], attention_mask_BL[rows], mask_BT[rows],
-                batch["advantages"][rows], self.weighting, spans=AnswerSpans(*(s[rows] for s in spans)),
-                generator=self._generator, any_process=self._any_process))
+            with self._probe_context(model):
+                parts.append(token_weights(
+                    model, self.tokenizer, input_ids_BL[rows], attention_mask_BL[rows], mask_BT[rows],
+                    batch["advantages"][rows], self.weighting, spans=AnswerSpans(*(s[rows] for s in spans)),
+                    generator=self._generator, any_process=self._any_process))
         merged = TokenWeights.concat(parts, path="rollout")
         self._metric_lists(self._mode())["weights/seconds"].append(merged.seconds)
         return merged
@@ -285,9 +312,9 @@ class GRAILTrainer(GRPOTrainer):
         stats = diagnostics.weight_sums(weights.weights_BT, adv_B, adv_BT, mask_BT, weights.reasoning_BT & mask_BT,
                                         weights.normalised_BT, weight_min=options.weight_min,
                                         weight_max=options.weight_max, num_bins=NUM_BINS)
-        real_B = mask_BT.any(1)
-        stats.update(real_rows=real_B.sum(), rows_without_box=(real_B & ~weights.has_box_B).sum(),
-                     fallback_rows=weights.fallback_B.sum(), probed_rows=weights.probed_B.sum(),
+        signal_B = mask_BT.any(1) & (adv_B != 0)  # the rows the diagnostics describe (weight_sums' "rows")
+        stats.update(rows_without_box=(signal_B & ~weights.has_box_B).sum(),
+                     fallback_rows=weights.fallback_B.sum(), probed_rows=(weights.probed_B & signal_B).sum(),
                      micro_batches=torch.ones((), device=adv_BT.device))
         release = diagnostics.release_diagnostics(adv_B, adv_BT, mask_BT, weights.clip_BT, weights.reweighted_BT)
         for key, value in release.items():  # per micro-batch values, averaged as the release does (NaN: none)
@@ -325,12 +352,12 @@ class GRAILTrainer(GRPOTrainer):
             out.update({f"weights/{key}": float(values[key]) for key in DIAGNOSTIC_KEYS})
             out.update({f"weights/position_{b}": float(values["position_profile"][b]) for b in range(NUM_BINS)
                         if values["position_count"][b] > 0})
+            out["weights/rows_without_box"] = float(total["rows_without_box"] / total["rows"])
+            out["weights/probed_rows"] = float(total["probed_rows"] / total["rows"])
         for key in diagnostics.RELEASE_KEYS:
             if total[f"release_{key}_count"] > 0:
                 out[f"weights/release/{key}"] = float(total[f"release_{key}_sum"] / total[f"release_{key}_count"])
-        real, micro = float(total["real_rows"]), float(total["micro_batches"]) / gathered.shape[0]
-        out["weights/rows_without_box"] = float(total["rows_without_box"]) / max(real, 1.0)
-        out["weights/probed_rows"] = float(total["probed_rows"]) / max(real, 1.0)
+        micro = float(total["micro_batches"]) / gathered.shape[0]
         out["weights/fallback_rows"] = float(total["fallback_rows"]) / micro  # per micro-batch, all processes
         metrics = self._metric_lists(mode)
         for key, value in out.items():
