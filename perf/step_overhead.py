@@ -5,7 +5,10 @@ that the methods can be interleaved in one process:
     trainer.training_step(model, batch, None)   # TRL: generate, score, (weights), loss, backward
     clip the gradient norm to max_grad_norm; optimizer.step(); model.zero_grad()
 With gradient_accumulation_steps = 1 and num_iterations = 1, TRL regenerates on every step
-(steps_per_generation × num_iterations = 1), so every timed step includes generation.
+(steps_per_generation × num_iterations = 1), so every timed step includes generation. With `--num-iterations μ`
+(the release reuses each rollout μ = 4 times) one timed step is one rollout: generation, then μ optimiser steps
+on its batch; `grail_rollout` (weights_from rollout_policy) computes its weights once per rollout where `grail`
+recomputes them on every pass.
 
 Setup (one trainer per method, identical except for the method):
   * the warm-started tiny model (`model_name_or_path="tiny"`, cached; see grail.warmstart), so completions
@@ -15,10 +18,13 @@ Setup (one trainer per method, identical except for the method):
   * every completion exactly `--completion-tokens` long (default 128): generation_kwargs min_new_tokens = N
     and max_completion_length = N;
   * methods (`--methods`): none (GRPO, the baseline every ratio divides by), grail (saliency_path fused),
-    grail_separate (grail, saliency_path separate), oar_g, oar_g_release (oar_variant grail_release), oar_p,
-    random, entropy (controls; saliency_path auto,
+    grail_separate (grail, saliency_path separate), grail_rollout (grail, weights_from rollout_policy; not in the
+    default list), oar_g, oar_g_release (oar_variant grail_release), oar_p, random, entropy (controls; saliency_path
+    auto,
     which is fused here). OAR's scored tokens: `--oar-scope` (default completion, see departure 2).
-  * CPU in fp32, or the CUDA device (`--device`), in bf16 with `--bf16`.
+  * CPU in fp32, or the CUDA device (`--device`), in bf16 with `--bf16`;
+  * activation checkpointing (`--checkpointing off | non_reentrant | reentrant`) for every method alike, GRPO
+    included, so the ratios compare methods under the same checkpointing.
 
 How it is measured:
   1. `--warmup` untimed steps per method (default 2; optimiser state, allocator and caches settle).
@@ -41,8 +47,9 @@ How it is measured:
          called in process leaves the caller's allocator alone; the JSON then says malloc_tuning null.)
      Reported: the median over the timed steps of the peak increase, and the highest absolute peak
      (RSS, or max_memory_allocated). Ratios are medians divided by GRPO's medians.
-  5. Attribution, per method: the median of `weights/seconds` (time inside the weight computation, the
-     trainer's own metric; for the fused path the time after TRL's forward, not the forward hook), and the
+  5. Attribution, per method: the median over steps of the sum of `weights/seconds` (time inside the weight
+     computation in all the step's passes, the trainer's own metric; for the fused path the time after TRL's
+     forward, not the forward hook), and the
      median time of TRL's `_generate_and_score_completions` (generation + rewards + GRAIL's span finding),
      labelled `rollout_s`; what remains of a step is loss, backward and the optimiser step.
   6. To show the weights were really computed, per method: mean completion length (TRL's
@@ -94,6 +101,7 @@ METHODS = {  # benchmark name → config fields that differ from GRPO's
     "none": {"token_weighting": "none"},
     "grail": {"token_weighting": "grail", "saliency_path": "fused"},
     "grail_separate": {"token_weighting": "grail", "saliency_path": "separate"},
+    "grail_rollout": {"token_weighting": "grail", "weights_from": "rollout_policy"},  # once per rollout (μ > 1)
     "oar_g": {"token_weighting": "oar_g"},
     "oar_g_release": {"token_weighting": "oar_g", "oar_variant": "grail_release"},
     "oar_p": {"token_weighting": "oar_p"},
@@ -110,7 +118,12 @@ TARGETS = (
     ("oar_p", "time_ratio_to_grpo", 3.0),
 )
 DEFAULTS = {"completion_tokens": 128, "rows": 16, "generations": 8, "warmup": 2, "rounds": 5,
-            "methods": ",".join(METHODS), "warmstart_steps": None}
+            "methods": ",".join(m for m in METHODS if m != "grail_rollout"), "warmstart_steps": None}
+CHECKPOINTING = {"off": {"activation_checkpointing": False},
+                 "non_reentrant": {"activation_checkpointing": True,
+                                   "activation_checkpointing_kwargs": {"use_reentrant": False}},
+                 "reentrant": {"activation_checkpointing": True,
+                               "activation_checkpointing_kwargs": {"use_reentrant": True}}}
 SMOKE_DEFAULTS = {"completion_tokens": 16, "rows": 4, "generations": 2, "warmup": 1, "rounds": 1,
                   "methods": "none,grail", "warmstart_steps": 2}
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameter numbers (malloc.h)
@@ -188,6 +201,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--cache-dir", help="warm-start cache (default $GRAIL_CACHE or ~/.cache/grail-rl)")
     parser.add_argument("--warmstart-steps", type=int, help="warm-start steps of the tiny model (default: the "
                         "config default; --smoke: 2)")
+    parser.add_argument("--num-iterations", type=int, default=1, help="TRL's num_iterations μ: one timed step is "
+                        "then one rollout and its μ optimiser steps (default 1; the release's reuse: 4)")
+    parser.add_argument("--checkpointing", choices=tuple(CHECKPOINTING), default="off",
+                        help="activation checkpointing for every method, the baseline included (default off)")
     parser.add_argument("--smoke", action="store_true", help="tiny settings to test the script (module docstring)")
     args = parser.parse_args(argv)
     for key, value in (SMOKE_DEFAULTS if args.smoke else DEFAULTS).items():
@@ -201,7 +218,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.completion_tokens < MIN_COMPLETION_TOKENS and not args.smoke:
         parser.error(f"--completion-tokens {args.completion_tokens}: the benchmark needs completions of at least "
                      f"{MIN_COMPLETION_TOKENS} tokens (use --smoke to test the script with fewer).")
-    for name in ("completion_tokens", "rows", "generations", "rounds"):
+    for name in ("completion_tokens", "rows", "generations", "rounds", "num_iterations"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1.")
     if args.warmup < 0:
@@ -219,7 +236,8 @@ def build_trainer(method: str, args: argparse.Namespace, use_cpu: bool, output_d
     from grail.trainer import GRAILTrainer
 
     values = {**TINY_CPU, "per_device_train_batch_size": args.rows, "num_generations": args.generations,
-              "gradient_accumulation_steps": 1, "num_iterations": 1, "max_completion_length": args.completion_tokens,
+              "gradient_accumulation_steps": 1, "num_iterations": args.num_iterations,
+              "max_completion_length": args.completion_tokens, **CHECKPOINTING[args.checkpointing],
               "generation_kwargs": {"min_new_tokens": args.completion_tokens}, "mask_truncated_completions": False,
               "seed": args.seed, "use_cpu": use_cpu, "bf16": args.bf16, "report_to": "none",
               "output_dir": os.path.join(output_dir, method), "cache_dir": args.cache_dir,
@@ -244,6 +262,9 @@ class MethodRun:
 
         self.name, self.trainer, self.cuda, self.torch = name, trainer, cuda, torch
         trainer.create_optimizer()
+        if trainer.args.activation_checkpointing:  # as Trainer.train() turns it on
+            trainer.model.activation_checkpointing_enable(
+                activation_checkpointing_kwargs=trainer.args.activation_checkpointing_kwargs)
         self.model, trainer.optimizer = trainer.accelerator.prepare(trainer.model, trainer.optimizer)
         trainer.model_wrapped = self.model
         trainer.current_gradient_accumulation_steps = 1
@@ -265,6 +286,7 @@ class MethodRun:
         self.step_rollout_s: list[float] = []
         self.metrics: dict[str, list[float]] = {}
         self.tokens_before_box: list[float] = []
+        self.step_weights_s: list[float] = []
 
     def _clock(self) -> float:
         if self.cuda:
@@ -278,18 +300,20 @@ class MethodRun:
             self.batches = iter(self.dataloader)
             return next(self.batches)
 
-    def _step(self, batch) -> None:
+    def _step(self, batches) -> None:
+        """One rollout's optimiser steps: μ = num_iterations of them (TRL generates on the first)."""
         trainer, model = self.trainer, self.model
-        trainer.training_step(model, batch, None)
-        if trainer.args.max_grad_norm and trainer.args.max_grad_norm > 0:
-            trainer.accelerator.clip_grad_norm_(model.parameters(), trainer.args.max_grad_norm)
-        trainer.optimizer.step()
-        model.zero_grad()
-        trainer.state.global_step += 1
+        for batch in batches:
+            trainer.training_step(model, batch, None)
+            if trainer.args.max_grad_norm and trainer.args.max_grad_norm > 0:
+                trainer.accelerator.clip_grad_norm_(model.parameters(), trainer.args.max_grad_norm)
+            trainer.optimizer.step()
+            model.zero_grad()
+            trainer.state.global_step += 1
 
     def step(self, timed: bool) -> None:
         torch, trainer = self.torch, self.trainer
-        batch = self._next_batch()
+        batch = [self._next_batch() for _ in range(trainer.args.num_iterations)]  # TRL's sampler repeats it μ times
         trainer._metrics["train"].clear()
         self.rollout_seconds.clear()
         if self.cuda:
@@ -321,6 +345,7 @@ class MethodRun:
         self.step_rollout_s.append(self.rollout_seconds[0])
         for key, values in trainer._metrics["train"].items():
             self.metrics.setdefault(key, []).extend(float(v) for v in values)
+        self.step_weights_s.append(sum(trainer._metrics["train"].get("weights/seconds", [])))  # all μ passes
         weights = trainer.last_token_weights
         self.tokens_before_box.append(float(weights.reasoning_BT[weights.has_box_B].sum(1).float().mean())
                                       if bool(weights.has_box_B.any()) else float("nan"))
@@ -343,7 +368,7 @@ class MethodRun:
             "peak_mem_increase_mb": [b / MB for b in self.peak_increase_bytes],
             "peak_mem_mb_max": max(self.peak_abs_bytes) / MB,
             "mem_ratio_to_grpo": None,
-            "weights_seconds_median": median(self.metrics.get("weights/seconds", [])),
+            "weights_seconds_median": median(self.step_weights_s),  # per step: a rollout's μ passes together
             "rollout_s_median": median(self.step_rollout_s),
             "mean_completion_tokens": mean("completions/mean_length"),
             "rows_with_box_frac": None if without_box is None else 1.0 - without_box,
@@ -410,6 +435,7 @@ def run(args: argparse.Namespace, malloc_tuning: str | None) -> dict:
             "perturbation_chunk_tokens": cfg.perturbation_chunk_tokens, "warmstart_steps": cfg.warmstart_steps,
             "loss_type": cfg.loss_type, "scale_rewards": cfg.scale_rewards, "beta": cfg.beta,
             "num_iterations": cfg.num_iterations, "mask_truncated_completions": cfg.mask_truncated_completions,
+            "checkpointing": args.checkpointing,
             "torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__,
             "python": platform.python_version(),
         },

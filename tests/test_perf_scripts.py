@@ -58,3 +58,18 @@ def test_step_overhead_smoke_prints_one_json_object(warm_cache, capsys):
         ("grail", "time_ratio_to_grpo"), ("grail", "mem_ratio_to_grpo"), ("oar_g", "time_ratio_to_grpo"),
         ("oar_p", "time_ratio_to_grpo")]
     assert [t["met"] is None for t in result["targets"]] == [False, False, True, True]  # not run in smoke mode
+
+
+def test_step_overhead_reuse_and_checkpointing_rows(warm_cache, capsys):
+    """`--num-iterations 2 --checkpointing non_reentrant`: one timed step is a rollout and its two optimiser steps,
+    GRAIL fuses under non-reentrant checkpointing on every pass, and grail_rollout computes its weights once."""
+    cache, checkpoint = warm_cache
+    steps = json.loads((checkpoint / "warmstart.json").read_text())["steps"]
+    argv = ["--smoke", *CLOSES_BOXES, "--warmstart-steps", str(steps), "--cache-dir", str(cache),
+            "--num-iterations", "2", "--checkpointing", "non_reentrant", "--methods", "none,grail,grail_rollout"]
+    assert _load_script().main(argv) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert (result["config"]["num_iterations"], result["config"]["checkpointing"]) == (2, "non_reentrant")
+    grail, rollout = result["methods"]["grail"], result["methods"]["grail_rollout"]
+    assert grail["fused_frac"] == 1.0 and rollout["fused_frac"] == 0.0
+    assert grail["probed_rows_frac"] > 0 and rollout["probed_rows_frac"] > 0
