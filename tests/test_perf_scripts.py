@@ -73,3 +73,18 @@ def test_step_overhead_reuse_and_checkpointing_rows(warm_cache, capsys):
     grail, rollout = result["methods"]["grail"], result["methods"]["grail_rollout"]
     assert grail["fused_frac"] == 1.0 and rollout["fused_frac"] == 0.0
     assert grail["probed_rows_frac"] > 0 and rollout["probed_rows_frac"] > 0
+
+
+def test_gpu_check_smoke_runs_every_method_on_the_cpu(capsys):
+    """perf/gpu_check.py --smoke: the GPU script's code path on a tiny shape in fp32 (no GPU here): every method's
+    loss step runs, fused paths are fused, and fused equals separate in fp32."""
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT.parent / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    assert gpu_check.main(["--smoke", "--checkpointing", "non_reentrant"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    (case,) = result["cases"]
+    assert set(case["methods"]) == set(gpu_check.VARIANTS)
+    assert case["methods"]["grail_fused"]["fused"] and not case["methods"]["grail_separate"]["fused"]
+    assert all(row["median_step_s"] > 0 and row["tokens_per_s"] > 0 for row in case["methods"].values())
+    assert case["fused_vs_separate"]["grail"]["max_abs_diff"] < 1e-4
