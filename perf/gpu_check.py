@@ -13,7 +13,7 @@ Printed (one JSON object on stdout; progress on stderr), per shape × length × 
   * fused = separate: the largest |w_fused − w_separate| of grail and entropy in bf16, and the fraction of
     reweighted tokens whose weights differ by more than 0.05 (bf16 rounding is ~1e-2 of a weight).
 
-Run on a CUDA machine: `python perf/gpu_check.py` (bf16; about 5 minutes on one H100). `--smoke` runs a tiny shape
+Run on a CUDA machine: `python perf/gpu_check.py` (bf16; sized for minutes, not yet timed). `--smoke` runs a tiny shape
 on the CPU in fp32 to test the script. Nothing here was run on a GPU in this repository yet: see README "GPU check".
 """
 

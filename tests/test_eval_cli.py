@@ -87,3 +87,55 @@ def test_every_checkpoint_evaluation_field_is_a_grail_eval_flag_of_the_same_name
     assert len(fields) >= 6
     for name in fields:
         assert "--" + name.removeprefix("eval_").replace("_", "-") in flags, name
+
+
+def _refuse_hf_weights(monkeypatch):
+    """Make loading the HF model fail the test: the vllm backend must never load it (on a GPU it would take the
+    memory vLLM is about to claim)."""
+    import transformers
+
+    def load(*args, **kwargs):
+        raise AssertionError("the HF model weights were loaded for --backend vllm")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", load)
+
+
+def test_vllm_backend_without_vllm_says_so_before_loading_any_model(tmp_path, tiny_dir, data_dir, monkeypatch,
+                                                                    capsys):
+    import sys
+
+    _refuse_hf_weights(monkeypatch)
+    resolved = []
+    monkeypatch.setattr("grail.warmstart.resolve_model", lambda *a, **k: resolved.append(a) or str(tiny_dir))
+    monkeypatch.setitem(sys.modules, "vllm", None)  # vLLM absent (as on this machine), even where it is installed
+    assert main(_argv(tiny_dir, data_dir, tmp_path / "out", "--backend", "vllm")) == 2
+    err = capsys.readouterr().err
+    assert "--backend vllm needs vLLM" in err and "--backend hf" in err
+    assert resolved == []  # not even resolved (`tiny` would train its warm start first)
+
+
+def test_vllm_backend_loads_only_the_tokenizer(tmp_path, tiny_dir, data_dir, monkeypatch, capsys):
+    """With a stand-in vllm module: the evaluation runs on it, and the HF weights are never loaded."""
+    import sys
+    import types
+
+    _refuse_hf_weights(monkeypatch)
+    made = []
+
+    class LLM:
+        def __init__(self, model):
+            made.append(model)
+
+        def generate(self, prompts, sampling, use_tqdm=False):
+            completion = types.SimpleNamespace(text="so \\boxed{2}", token_ids=[1, 2, 3])
+            return [types.SimpleNamespace(outputs=[completion] * sampling.n) for _ in prompts]
+
+    fake = types.ModuleType("vllm")
+    fake.LLM, fake.SamplingParams = LLM, lambda **kw: types.SimpleNamespace(**kw)
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    out = tmp_path / "out"
+    assert main(_argv(tiny_dir, data_dir, out, "--backend", "vllm")) == 0, capsys.readouterr().err
+    assert made == [str(tiny_dir)]
+    results = json.loads((out / "results.json").read_text())
+    math500 = next(b for b in results["benchmarks"] if b["name"] == "math500")
+    assert math500["acc_at_n"]["value"] == pytest.approx(1 / 3)  # only "What is 1+1?" has the answer 2

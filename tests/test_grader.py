@@ -397,3 +397,38 @@ def test_grader_check_exit_status_says_whether_its_targets_are_met(tiny_data, ca
     # math500's second worked solution boxes 1/3 against the answer 1/2: 50% < the 99% target, exit 1
     assert main(["grader-check", "--data-dir", str(tiny_data), "--benchmarks", "math500", "--workers", "1"]) == 1
     assert "targets NOT MET (math500 solution)" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- how many grading processes
+
+def test_the_default_number_of_grading_processes_is_capped(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 96)
+    assert grader.default_workers() == grader.MAX_WORKERS == 8
+    assert GradingPool().workers == 8
+    monkeypatch.setattr(os, "cpu_count", lambda: 3)
+    assert grader.default_workers() == 3
+    monkeypatch.setattr(os, "cpu_count", lambda: None)
+    assert grader.default_workers() == 1
+    with pytest.raises(ValueError, match="workers=0"):
+        GradingPool(0)
+
+
+def test_a_pool_starts_no_more_processes_than_it_has_items(monkeypatch):
+    """A 6-slot pool handed 2 items starts 2 processes (it used to start all 6: one per core on a 96-core node)."""
+    spawned = []
+    real = grader._Worker.__init__
+
+    def counting(self):
+        spawned.append(1)
+        real(self)
+
+    monkeypatch.setattr(grader._Worker, "__init__", counting)
+    completions, references = ["\\boxed{2}", "\\boxed{3}"], ["2", "4"]
+    with GradingPool(6) as pool:
+        assert [r.correct for r in pool.grade_many(completions, references)] == [True, False]
+        assert pool._pool.started() == len(spawned) == 2
+        pool.grade_many(completions * 2, references * 2)  # 4 items: up to 4 processes, the 2 idle ones reused
+        assert pool._pool.started() == len(spawned) <= 4
+    spawned.clear()
+    assert [r.correct for r in grade_many(completions * 2, references * 2, workers=16)] == [True, False] * 2
+    assert 1 <= len(spawned) <= 4

@@ -65,7 +65,7 @@ def add_parsers(sub) -> None:
                     "OlympiadBench graded against the text of its answer list, so about 29%% of those references "
                     "cannot match; mean tokens over samples with a box), to put figures next to the paper's. "
                     "results.md says which one produced it")
-    ev.add_argument("--workers", type=int, help="grading processes (default: one per CPU core)")
+    ev.add_argument("--workers", type=int, help="grading processes (default: one per CPU core, at most 8; never more than the items of a batch)")
     ev.add_argument("--output-dir", help="where results go (default runs/eval-<timestamp>); reuse it to resume")
     check = sub.add_parser("grader-check", help="grade every benchmark's own references: a self-test of the "
                            "loaders and the grader on data nobody here wrote")
@@ -73,21 +73,28 @@ def add_parsers(sub) -> None:
     check.add_argument("--benchmarks", default=SIX)
     check.add_argument("--scoring", choices=SCORING_NAMES, default="grail",
                        help="grade with grail's grader, or the release's scoring reproduced (see grail eval --help)")
-    check.add_argument("--workers", type=int, help="grading processes (default: one per CPU core)")
+    check.add_argument("--workers", type=int, help="grading processes (default: one per CPU core, at most 8; never more than the items of a batch)")
     check.add_argument("--show", type=int, default=5, help="disagreements to print per benchmark (default 5)")
 
 
-def _load_model(name: str):
+def _load_model(model_path: str):
+    """The HF model for the hf backend, on the GPU if there is one (bf16) else on the CPU (fp32)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    from grail.warmstart import resolve_model
-
-    name = resolve_model(name)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype).to(device)
-    return name, model, AutoTokenizer.from_pretrained(name)
+    return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device)
+
+
+def _vllm_missing() -> str | None:
+    """Why the vllm backend cannot run here (None: it can), found before any model is resolved or loaded."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError as err:
+        return (f"--backend vllm needs vLLM ({err}): pip install -c constraints.txt -e '.[vllm]' (GPU only); or use "
+                f"--backend hf.")
+    return None
 
 
 def _prompt_format(args, model_path: str, tokenizer):
@@ -121,13 +128,20 @@ def run_eval(args) -> int:
                     sampling=params, seed=args.seed, batch_size=args.batch_size,
                     release_subsets_dir=args.release_subsets_dir, scoring=args.scoring)
     loaded = spec.load_benchmarks()  # the data first: a missing file or identity list stops before the model loads
-    model_path, model, tokenizer = _load_model(args.model)
+    if args.backend == "vllm" and (missing := _vllm_missing()):
+        print(f"grail eval: error: {missing}", file=sys.stderr)
+        return 2
+    from transformers import AutoTokenizer
+
+    from grail.warmstart import resolve_model
+
+    model_path = resolve_model(args.model)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
     spec = replace(spec, prompt=_prompt_format(args, model_path, tokenizer))
-    if args.backend == "vllm":
-        del model
+    if args.backend == "vllm":  # vLLM loads the weights itself: the HF model is never loaded (nor its GPU memory)
         sampler = VLLMSampler(model_path)
     else:
-        sampler = HFSampler(model, tokenizer, batch_size=args.batch_size)
+        sampler = HFSampler(_load_model(model_path), tokenizer, batch_size=args.batch_size)
     out_dir = args.output_dir or os.path.join("runs", f"eval-{time.strftime('%Y%m%d-%H%M%S')}")
     print(f"evaluating {args.model} on {', '.join(benchmarks)} (n={params.n}, T={params.temperature}, "
           f"{args.scoring} scoring); output in {out_dir}")

@@ -40,7 +40,7 @@ from grail.release_scoring import SCORINGS, release_mean_tokens, scoring_referen
 from grail.sampling import Sampler, SamplingParams
 from grail.tasks import SyntheticSet
 
-__all__ = ["EvalReport", "EvalSpec", "Log", "parse_size", "read_samples", "run_evaluation"]
+__all__ = ["EvalReport", "EvalSpec", "Log", "parse_size", "read_samples", "run_evaluation", "sampling_batches"]
 
 Log = Callable[[str], None]
 
@@ -149,12 +149,19 @@ def _check_run_record(out_dir: Path, spec: EvalSpec) -> None:
         _write_atomic(path, json.dumps(record, indent=2) + "\n")
 
 
+def sampling_batches(spec: EvalSpec, loaded: list[LoadedBenchmark]) -> list[list[Problem]]:
+    """The problems in the order they are sampled, in batches of `spec.batch_size`; batch b is sampled with seed
+    `spec.seed + b` (the unit of resuming, and of sharding the evaluation over processes)."""
+    items = [p for bench in loaded for p in bench.problems]
+    return [items[i : i + spec.batch_size] for i in range(0, len(items), spec.batch_size)]
+
+
 def run_evaluation(sampler: Sampler, tokenizer, spec: EvalSpec, out_dir: str | Path, *, workers: int | None = None,
                    log: Log = print, progress: bool = True,
                    loaded: list[LoadedBenchmark] | None = None) -> EvalReport:
     """Evaluate `sampler`'s model on `spec.benchmarks`, resuming whatever `out_dir` already holds.
 
-    `workers`: grading processes (None: one per CPU core). `loaded`: benchmarks already loaded (else loaded
+    `workers`: grading processes (None: `grail.grader.default_workers()`). `loaded`: benchmarks already loaded (else loaded
     from spec). Returns the metrics and writes the files described in the module docstring.
     """
     out_dir = Path(out_dir)
@@ -172,7 +179,7 @@ def run_evaluation(sampler: Sampler, tokenizer, spec: EvalSpec, out_dir: str | P
     items: list[Problem] = [p for bench in loaded for p in bench.problems]
     for p in items:
         scoring_reference(p, spec.scoring)  # a problem the scoring cannot grade stops the run before any sampling
-    batches = [items[i : i + spec.batch_size] for i in range(0, len(items), spec.batch_size)]
+    batches = sampling_batches(spec, loaded)
     done = sum(all(_key(p.source, p.id, j) in recorded for j in range(n)) for p in items)
     bar = _progress_bar(len(items), done, progress)
     with GradingPool(workers if done < len(items) else 1) as pool:  # one set of grading processes for the run

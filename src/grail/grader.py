@@ -33,8 +33,11 @@ Timeouts and where the work runs
 - Off the main thread, they hand the items to one shared worker process (spawned on first use, then reused),
   which grades them on ITS main thread, alarms included: the same results either way. Calls from several
   threads take turns.
-- `grade_many` with several workers starts `workers` spawned processes for the call and feeds them items as
-  they finish. Every item in a worker process also has a wall-clock bound, item_deadline_s (default
+- `grade_many` with several workers starts up to `workers` spawned processes for the call and feeds them items
+  as they finish. The number of processes is capped by the work: a worker process is started only while the items
+  waiting for one outnumber the workers already started and free (2 items: at most 2 processes, whatever
+  `workers` says), and the default (`workers=None`) is `default_workers()` = min(CPU cores, MAX_WORKERS = 8):
+  on a 96-core node an evaluation does not start 96 sympy processes. Give `workers` to use more. Every item in a worker process also has a wall-clock bound, item_deadline_s (default
   4 * timeout_s: three alarmed math-verify calls at most, plus one more for the Python around them). A worker
   that overruns it (a C call that ignores signals) is killed, its item is "timeout", and a new worker takes
   over the remaining items: one stuck item never hangs the evaluation.
@@ -70,13 +73,14 @@ from sympy import Basic, MatrixBase
 from grail.boxed import last_boxed_content
 
 __all__ = [
-    "first_answer", "gold_latex", "grade", "grade_many", "GradeResult", "GradingPool", "GRAIL_SCORING",
-    "MAX_ANSWER_CHARS", "Scoring", "TIMEOUT_S", "verify_pairs", "WORKER_START_S"
+    "default_workers", "first_answer", "gold_latex", "grade", "grade_many", "GradeResult", "GradingPool", "GRAIL_SCORING",
+    "MAX_ANSWER_CHARS", "MAX_WORKERS", "Scoring", "TIMEOUT_S", "verify_pairs", "WORKER_START_S"
 ]
 
 TIMEOUT_S = 5  # per math-verify parse and per comparison (METHODS.md section 1)
 MAX_ANSWER_CHARS = 1000  # longer box contents are not parsed: no reference answer is this long
 WORKER_START_S = 60  # bound on spawning a worker process and importing math-verify in it
+MAX_WORKERS = 8  # default cap on grading processes: grading keeps up with generation well below it
 _EXTRACTION = (LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig())
 _DELIMITERS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
 # a whole number written in groups of three digits separated by spacing: "1\,000", "12 345", "1~000~000"
@@ -261,9 +265,14 @@ class _Worker:
         self.conn.close()
 
 
+def default_workers() -> int:
+    """Grading processes when the caller gives none: one per CPU core, at most MAX_WORKERS."""
+    return max(1, min(os.cpu_count() or 1, MAX_WORKERS))
+
+
 class _Pool:
-    """`size` worker processes (started when there is work for them) and the loop that feeds them, one item each
-    at a time. (Sending a second item ahead to save the round trip gained 2% on MATH500 solutions, and queued
+    """Up to `size` worker processes (one started only while the items waiting outnumber the started, free workers)
+    and the loop that feeds them, one item each at a time. (Sending a second item ahead to save the round trip gained 2% on MATH500 solutions, and queued
     items behind a slow one.)"""
 
     def __init__(self, size: int) -> None:
@@ -275,7 +284,7 @@ class _Pool:
         queue = deque(range(len(contents)))
         while queue or any(w is not None and w.index is not None for w in self.slots):
             for k, worker in enumerate(self.slots):
-                if worker is None and queue:
+                if worker is None and len(queue) > self._free():  # never more processes than the work needs
                     worker = self.slots[k] = _Worker()
                 if worker is not None and worker.ready and worker.index is None and queue:
                     index = queue.popleft()
@@ -300,6 +309,14 @@ class _Pool:
                         raise RuntimeError(f"a grader worker process did not start within {WORKER_START_S} s.")
                     results[worker.index] = GradeResult(False, contents[worker.index], "timeout")
         return results  # type: ignore[return-value]  # every index was filled
+
+    def _free(self) -> int:
+        """Started workers that can take an item now or once they are ready."""
+        return sum(w is not None and (not w.ready or w.index is None) for w in self.slots)
+
+    def started(self) -> int:
+        """Worker processes alive in the pool."""
+        return sum(w is not None for w in self.slots)
 
     def _receive(self, worker: _Worker, contents: Sequence[str | None], results: list) -> None:
         try:
@@ -351,13 +368,16 @@ class GradingPool:
 
     `grade_many(workers=N)` starts and stops N spawned processes per call (about a second each); an evaluation
     that grades batch after batch uses one pool for the whole run instead. workers=1 grades in this process
-    (main thread) exactly like `grade_many(workers=1)`. The per-item bounds are those of `grade_many`.
+    (main thread) exactly like `grade_many(workers=1)`. `workers=None`: `default_workers()`. A process is started
+    only when a call has more items waiting than started, free processes (module docstring). The per-item bounds
+    are those of `grade_many`.
     """
 
     def __init__(self, workers: int | None = None):
-        self.workers = workers or os.cpu_count() or 1
-        if self.workers < 1:
-            raise ValueError(f"GradingPool: workers={workers}; use an int >= 1 or None for os.cpu_count().")
+        if workers is not None and workers < 1:
+            raise ValueError(f"GradingPool: workers={workers}; use an int >= 1, or None for default_workers() "
+                             f"(one per CPU core, at most {MAX_WORKERS}).")
+        self.workers = workers or default_workers()
         self._pool = _Pool(self.workers) if self.workers > 1 else None
 
     def grade_many(self, completions: Sequence[str], references: Sequence[Any], *, timeout_s: float = TIMEOUT_S,
@@ -391,7 +411,8 @@ def _check_inputs(completions: Sequence[str], references: Sequence[Any]) -> None
 def grade_many(completions: Sequence[str], references: Sequence[Any], *, workers: int | None = None,
                timeout_s: float = TIMEOUT_S, item_deadline_s: float | None = None,
                scoring: Scoring = GRAIL_SCORING) -> list[GradeResult]:
-    """`grade` over pairs, in parallel over `workers` processes (default os.cpu_count()); results in input order.
+    """`grade` over pairs, in parallel over up to `workers` processes (default `default_workers()`: one per CPU
+    core, at most MAX_WORKERS; never more than the items); results in input order.
 
     workers=1 (or a single item) grades one item after another: in this process on the main thread, in the
     shared worker process off it. With more workers, a pool of spawned processes is started for the call
@@ -402,10 +423,11 @@ def grade_many(completions: Sequence[str], references: Sequence[Any], *, workers
     """
     global _off_main
     if workers is not None and workers < 1:
-        raise ValueError(f"grade_many: workers={workers}; use an int >= 1 or None for os.cpu_count().")
+        raise ValueError(f"grade_many: workers={workers}; use an int >= 1, or None for default_workers() (one per "
+                         f"CPU core, at most {MAX_WORKERS}).")
     _check_inputs(completions, references)
     contents = [scoring.extract(c) for c in completions]  # here: the workers get only the box contents
-    workers = min(workers or os.cpu_count() or 1, len(completions))
+    workers = min(workers or default_workers(), len(completions))
     deadline = 4 * timeout_s if item_deadline_s is None else item_deadline_s
     if workers <= 1:
         if threading.current_thread() is threading.main_thread():

@@ -13,6 +13,17 @@ Position ids are not passed: the backbone numbers positions 0..L−1 whatever th
 forward. With rotary position embeddings (Qwen3, Llama: every model of METHODS.md 1) attention depends only on
 position differences, so a left-padded row gives the same outputs as the row alone (tested to 1e-5); a model with
 absolute position embeddings would need explicit `position_ids`.
+
+What a probe needs of the model (anything else gets a `ValueError` naming the model class, the missing piece and the
+fix, never a silent fallback): `config.num_hidden_layers` (the text config's, for multimodal configs);
+`get_decoder()` returning the backbone, a module other than the model whose output has `.last_hidden_state`;
+`get_input_embeddings()`; `get_output_embeddings()` with a `.weight` (V, D), a linear layer; the decoder layers as an
+`nn.ModuleList` (the backbone's `.layers`, else the first one of length num_hidden_layers). Output transforms the
+model applies after its output layer are read from its text config, with TRL's rules (`trl.trainer.utils.
+add_fused_lm_head`, which computes the training log-probs): a logit scale (`logit_scale`, `output_multiplier`,
+`lm_head_multiplier`, or 1 / `logits_scaling`: Cohere, Granite, Falcon-H1, MiniCPM), then soft-capping
+`c · tanh(z / c)` (`final_logit_softcapping`: Gemma 2 and 3). Soft-capping makes the logits non-linear in the hidden
+state, so a distribution from a MEAN hidden state is not the mean of the logits (`output_is_linear`).
 """
 
 from __future__ import annotations
@@ -31,8 +42,8 @@ from grail.spans import align_to_completion
 
 __all__ = [
     "answer_nll_saliency", "at_least_float32", "backbone", "check_batch", "completion_mask_BT", "decoder_layers",
-    "hidden_states_BLD", "leaf_module", "leaf_output_tensor", "LEAVES", "output_logits", "token_entropies",
-    "zeros_BT"
+    "hidden_states_BLD", "leaf_module", "leaf_output_tensor", "LEAVES", "logit_transform", "output_is_linear",
+    "output_logits", "token_entropies", "zeros_BT"
 ]
 
 LEAVES: tuple[Leaf, ...] = get_args(Leaf)
@@ -42,21 +53,41 @@ LEAVES: tuple[Leaf, ...] = get_args(Leaf)
 # Model plumbing: the backbone, the decoder layers, the leaf module, the output layer.
 
 
+_FIX = ("grail's probes support Hugging Face causal LMs (`AutoModelForCausalLM`, e.g. LlamaForCausalLM, "
+        "Qwen3ForCausalLM); for another model, give it ")
+
+
+def _text_config(model: nn.Module):
+    config = getattr(model, "config", None)
+    if config is None:
+        raise ValueError(f"{type(model).__name__} has no `config`: the probes read num_hidden_layers and the output "
+                         f"transforms from it. {_FIX}a transformers `PretrainedConfig` as `.config`.")
+    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+
+
 def _num_layers(model: nn.Module) -> int:
-    config = model.config
-    if hasattr(config, "get_text_config"):
-        config = config.get_text_config(decoder=True)
-    return config.num_hidden_layers
+    num_layers = getattr(_text_config(model), "num_hidden_layers", None)
+    if not isinstance(num_layers, int) or num_layers < 1:
+        raise ValueError(f"{type(model).__name__}: config.num_hidden_layers is {num_layers!r}; the leaves 'first', "
+                         f"'middle', 'last' are numbered by it. {_FIX}a config with num_hidden_layers.")
+    return num_layers
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The decoder layer list: the first `nn.ModuleList` of length `config.num_hidden_layers` (also inside PEFT)."""
+    """The decoder layer list: the backbone's `.layers` if it is an `nn.ModuleList` of length
+    `config.num_hidden_layers`, else the first such `nn.ModuleList` in the model (PEFT wrappers, other names)."""
     num_layers = _num_layers(model)
+    get_decoder = getattr(model, "get_decoder", None)
+    layers = getattr(get_decoder(), "layers", None) if callable(get_decoder) else None
+    if isinstance(layers, nn.ModuleList) and len(layers) == num_layers:
+        return layers
     for module in model.modules():
         if isinstance(module, nn.ModuleList) and len(module) == num_layers:
             return module
-    raise ValueError(f"decoder_layers: no nn.ModuleList of length num_hidden_layers={num_layers} in "
-                     f"{type(model).__name__}")
+    raise ValueError(f"decoder_layers: {type(model).__name__} has no nn.ModuleList of length num_hidden_layers="
+                     f"{num_layers} (the decoder layers, whose outputs are the leaves 'first', 'middle', 'last'). Use "
+                     f"saliency_leaf='embeddings', or give the model's backbone its layers as `.layers`, an "
+                     f"nn.ModuleList.")
 
 
 def leaf_module(model: nn.Module, leaf: Leaf) -> nn.Module:
@@ -66,7 +97,7 @@ def leaf_module(model: nn.Module, leaf: Leaf) -> nn.Module:
     output is `hidden_states[k]` of `output_hidden_states`, k = 1, L // 2, L − 1 (L decoder layers), i.e. layer k − 1.
     """
     if leaf == "embeddings":
-        return model.get_input_embeddings()
+        return _input_embeddings(model)
     num_layers = _num_layers(model)
     k = {"first": 1, "middle": num_layers // 2, "last": num_layers - 1}.get(leaf)
     if k is None:
@@ -107,26 +138,91 @@ def _fresh_leaf(module: nn.Module) -> Iterator[list[torch.Tensor]]:
         handle.remove()
 
 
+def _input_embeddings(model: nn.Module) -> nn.Module:
+    get = getattr(model, "get_input_embeddings", None)
+    embeddings = get() if callable(get) else None
+    if not isinstance(embeddings, nn.Module):
+        raise ValueError(f"{type(model).__name__}: get_input_embeddings() is missing or returned {embeddings!r}; the "
+                         f"probes take the input embeddings as the leaf (and OAR-G perturbs them). {_FIX}"
+                         f"get_input_embeddings() returning the token embedding module.")
+    return embeddings
+
+
 def backbone(model: nn.Module) -> nn.Module:
-    return model.get_decoder()
+    """`model.get_decoder()`: the decoder stack without the output layer (its output has `.last_hidden_state`)."""
+    get = getattr(model, "get_decoder", None)
+    decoder = get() if callable(get) else None
+    if not isinstance(decoder, nn.Module) or decoder is model:
+        got = "is missing" if not callable(get) else ("returned the model itself" if decoder is model
+                                                      else f"returned {decoder!r}")
+        raise ValueError(f"backbone: {type(model).__name__}.get_decoder() {got}; the probes run the backbone (the "
+                         f"decoder stack without the output layer) and apply the output layer only where they need "
+                         f"logits. {_FIX}get_decoder() returning the backbone, whose forward(input_ids= or "
+                         f"inputs_embeds=, attention_mask=, use_cache=False) returns `.last_hidden_state`.")
+    return decoder
 
 
 def hidden_states_BLD(model: nn.Module, attention_mask_BL: torch.Tensor, **inputs) -> torch.Tensor:
     """Final hidden states (after the last norm) of the backbone, (B, L, D)."""
-    return backbone(model)(attention_mask=attention_mask_BL, use_cache=False, **inputs).last_hidden_state
+    decoder = backbone(model)
+    output = decoder(attention_mask=attention_mask_BL, use_cache=False, **inputs)
+    hidden_BLD = getattr(output, "last_hidden_state", None)
+    if not isinstance(hidden_BLD, torch.Tensor):
+        raise ValueError(f"hidden_states_BLD: the backbone of {type(model).__name__} ({type(decoder).__name__}, from "
+                         f"get_decoder()) returned {type(output).__name__} without a `last_hidden_state` tensor. "
+                         f"{_FIX}get_decoder() returning a module whose output has `.last_hidden_state` (B, L, D).")
+    return hidden_BLD
 
 
 def at_least_float32(values: torch.Tensor) -> torch.dtype:
     return torch.promote_types(values.dtype, torch.float32)  # float32 at least (float64 stays float64)
 
 
+def logit_transform(model: nn.Module) -> tuple[float, float | None]:
+    """(scale, softcap) the model applies after its output layer: logits = c · tanh(scale · z / c) (softcap c), or
+    scale · z (softcap None). Read from the text config with TRL's rules (module docstring)."""
+    config = _text_config(model)
+    scale = getattr(config, "logit_scale", None)
+    for name in ("output_multiplier", "lm_head_multiplier"):
+        scale = getattr(config, name, None) if scale is None else scale
+    logits_scaling = getattr(config, "logits_scaling", None)
+    if scale is None and logits_scaling is not None:
+        scale = logits_scaling if getattr(config, "model_type", None) == "hyperclovax" else 1 / logits_scaling
+    return (1.0 if scale is None else float(scale)), getattr(config, "final_logit_softcapping", None)
+
+
+def output_is_linear(model: nn.Module) -> bool:
+    """Whether the logits are linear in the final hidden state (no soft-capping): only then is the output layer on a
+    mean hidden state the mean of the logits."""
+    return logit_transform(model)[1] is None
+
+
+def _output_layer(model: nn.Module) -> nn.Module:
+    get = getattr(model, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    if not isinstance(getattr(head, "weight", None), torch.Tensor) or head.weight.dim() != 2:
+        raise ValueError(f"output_logits: {type(model).__name__}.get_output_embeddings() "
+                         f"{'is missing' if not callable(get) else f'returned {type(head).__name__}'}, not a linear "
+                         f"output layer with a (V, D) `.weight`; the probes form logits only at the positions they "
+                         f"need. {_FIX}get_output_embeddings() returning its lm_head (an nn.Linear).")
+    return head
+
+
 def output_logits(model: nn.Module, hidden_ND: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Output layer on selected hidden rows, its weights detached (no graph into them), / temperature; float32 at
-    least (a float64 model keeps float64: OAR-G's KL under σ = 1e-3 noise needs its precision)."""
-    head = model.get_output_embeddings()
+    """Output layer on selected hidden rows, its weights detached (no graph into them), then the model's logit scale
+    and soft-capping (`logit_transform`), / temperature; float32 at least (a float64 model keeps float64: OAR-G's KL
+    under σ = 1e-3 noise needs its precision). Equals the model's own logits / temperature (tested per architecture,
+    tests/test_architectures.py)."""
+    head = _output_layer(model)
     bias = head.bias.detach() if getattr(head, "bias", None) is not None else None
     logits = F.linear(hidden_ND.to(head.weight.dtype), head.weight.detach(), bias)
-    return logits.to(at_least_float32(logits)) / temperature  # (N, V)
+    logits = logits.to(at_least_float32(logits))  # (N, V)
+    scale, softcap = logit_transform(model)
+    if scale != 1.0:
+        logits = logits * scale
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    return logits / temperature  # (N, V)
 
 
 def check_batch(name: str, input_ids_BL: torch.Tensor, attention_mask_BL: torch.Tensor, temperature: float,

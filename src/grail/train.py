@@ -31,8 +31,8 @@ from grail.trainer import GRAILTrainer
 from grail.warmstart import resolve_model
 
 __all__ = [
-    "CheckpointEval", "Log", "MetricsJsonl", "Progress", "resolve_model_path", "reward_function", "train",
-    "TrainResult", "write_run_config"
+    "check_sharding", "CheckpointEval", "Log", "MetricsJsonl", "Progress", "resolve_model_path", "reward_function",
+    "sharded_model", "SHARDING_UNSUPPORTED", "train", "TrainResult", "write_run_config"
 ]
 
 Log = Callable[[str], None]
@@ -91,10 +91,32 @@ class Progress(TrainerCallback):
                  f"loss {loss:.4f} | {recent:.2f} s/step | eta {eta:.0f} s")
 
 
+class _Replay:
+    """A sampler that hands `run_evaluation` the samples already generated for each batch (keyed by seed)."""
+
+    name = "replay"
+
+    def __init__(self, samples: dict[int, tuple[list[str], list]]):
+        self.samples = samples
+
+    def generate(self, prompts, params, seed: int):
+        recorded_prompts, samples = self.samples[seed]
+        if list(prompts) != recorded_prompts:  # both sides batch with grail.eval_harness.sampling_batches
+            raise RuntimeError(f"checkpoint evaluation: the prompts of the batch with seed {seed} differ from those "
+                               f"sampled for it (a bug: report it).")
+        return samples
+
+
 class CheckpointEval(TrainerCallback):
     """`eval_benchmarks` at every checkpoint, with the model being trained: the same `run_evaluation` as
     `grail eval`, into <output_dir>/eval/checkpoint-N/, and one metrics.jsonl line of eval/* figures.
-    Runs on the main process only (the others wait for it at their next collective operation)."""
+
+    With several processes the sampling is sharded: process r samples batches b ≡ r (mod processes) of
+    `grail.eval_harness.sampling_batches`, each with seed `seed + b` as a single process would; the samples are
+    gathered to the main process, which grades them and writes the files; then every process goes on together.
+    (Sampling on the main process only left the others waiting at their next collective operation.) Sharded
+    models (ZeRO-3, FSDP) are refused before training (`check_sharding`): their `generate` would need every
+    process to run the same number of forwards."""
 
     def __init__(self, cfg: GRAILConfig, run_dir: Path, log: Log):
         from grail.benchmarks import parse_benchmark_list
@@ -114,20 +136,83 @@ class CheckpointEval(TrainerCallback):
         self.loaded = self.spec.load_benchmarks(synthetic_set=cfg.synthetic_set())
 
     def on_save(self, args, state, control, model=None, processing_class=None, **kwargs):
-        if not state.is_world_process_zero:
-            return
-        from grail.eval_harness import run_evaluation
+        from accelerate import PartialState
+
         from grail.sampling import HFSampler
 
         tokenizer = getattr(processing_class, "tokenizer", processing_class)
-        out = self.run_dir / "eval" / f"checkpoint-{state.global_step}"
-        report = run_evaluation(HFSampler(model, tokenizer, batch_size=self.spec.batch_size), tokenizer, self.spec,
-                                out, log=self.log, progress=False, loaded=self.loaded)
+        sampler = HFSampler(model, tokenizer, batch_size=self.spec.batch_size)
+        processes = PartialState()
+        if processes.num_processes > 1:
+            sampler = self._sharded_samples(sampler, tokenizer, processes, state.global_step)
+        if state.is_world_process_zero:
+            self._evaluate(sampler, tokenizer, state.global_step)
+        processes.wait_for_everyone()  # the others wait here for the grading, not inside a training collective
+
+    def _sharded_samples(self, sampler, tokenizer, processes, step: int) -> _Replay:
+        """This process's share of the batches, sampled here; everyone's samples, gathered on every process."""
+        from accelerate.utils import gather_object
+
+        from grail.eval_harness import sampling_batches
+
+        rank, world = processes.process_index, processes.num_processes
+        mine = []
+        for b, batch in enumerate(sampling_batches(self.spec, self.loaded)):
+            if b % world == rank:
+                prompts = [self.spec.prompt.render(tokenizer, p.problem) for p in batch]
+                mine.append((self.spec.seed + b, prompts, sampler.generate(prompts, self.spec.sampling,
+                                                                          seed=self.spec.seed + b)))
+        self.log(f"checkpoint {step}: process {rank} of {world} sampled evaluation batches "
+                 f"{[seed - self.spec.seed for seed, _, _ in mine]}")
+        return _Replay({seed: (prompts, samples) for seed, prompts, samples in gather_object(mine)})
+
+    def _evaluate(self, sampler, tokenizer, step: int) -> None:
+        from grail.eval_harness import run_evaluation
+
+        out = self.run_dir / "eval" / f"checkpoint-{step}"
+        report = run_evaluation(sampler, tokenizer, self.spec, out, log=self.log, progress=False, loaded=self.loaded)
         figures = {f"eval/{b['name']}/acc@{b['n']}": b["acc_at_n"]["value"] for b in report.results["benchmarks"]}
         figures.update({f"eval/{a['kind']}/acc@n": a["acc_at_n"]["value"] for a in report.results["averages"]})
         with (self.run_dir / "metrics.jsonl").open("a") as f:
-            f.write(json.dumps({"step": state.global_step, **figures}) + "\n")
-        self.log(f"checkpoint {state.global_step}: " + ", ".join(f"{k} {v:.3f}" for k, v in figures.items()))
+            f.write(json.dumps({"step": step, **figures}) + "\n")
+        self.log(f"checkpoint {step}: " + ", ".join(f"{k} {v:.3f}" for k, v in figures.items()))
+
+
+def sharded_model(trainer) -> str | None:
+    """How the trainer's model is sharded over processes ("DeepSpeed ZeRO-3", "FSDP"), or None."""
+    plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
+    if plugin is not None and plugin.zero_stage == 3:
+        return "DeepSpeed ZeRO-3"
+    if getattr(trainer, "is_fsdp_enabled", False):
+        return "FSDP"
+    return None
+
+
+# Methods whose probe cannot run on a sharded model: OAR's probes apply the output layer's weight outside the
+# model's forward (grail.probes.output_logits), where ZeRO-3/FSDP hold only a shard of it.
+SHARDING_UNSUPPORTED = {
+    "oar_g": "its probe applies the output layer's weight outside the model's forward, where ZeRO-3/FSDP hold only "
+             "this process's shard of it",
+    "oar_p": "its probe runs a data-dependent number of forwards per process (one per row and one per chunk of "
+             "perturbed copies), so the processes' parameter gathers would not match and the run would hang; and it "
+             "applies the output layer's weight outside the model's forward, where only a shard of it is held",
+}
+
+
+def check_sharding(cfg: GRAILConfig, trainer) -> None:
+    """Refuse, before training, what cannot run on a sharded model (ZeRO-3, FSDP); ZeRO-1/2 and DDP are fine."""
+    sharded = sharded_model(trainer)
+    if sharded is None:
+        return
+    if cfg.token_weighting in SHARDING_UNSUPPORTED:
+        raise ValueError(f"token_weighting={cfg.token_weighting!r} cannot train a model sharded by {sharded}: "
+                         f"{SHARDING_UNSUPPORTED[cfg.token_weighting]}. Use DeepSpeed ZeRO-2 or DDP (README, "
+                         f"\"Real models and clusters\"), or another token_weighting.")
+    if cfg.eval_benchmarks:
+        raise ValueError(f"eval_benchmarks={cfg.eval_benchmarks!r} cannot run at checkpoints of a model sharded by "
+                         f"{sharded} (each process's generate would run its own number of forwards and hang): leave "
+                         f"eval_benchmarks empty and evaluate the saved checkpoints with `grail eval --model "
+                         f"RUN/checkpoint-N`, or use DeepSpeed ZeRO-2 or DDP.")
 
 
 def write_run_config(cfg: GRAILConfig, overrides: dict, run_dir: Path) -> None:
@@ -161,6 +246,7 @@ def train(cfg: GRAILConfig, overrides: dict | None = None, log: Log = print,
     model_path = model_path or resolve_model_path(cfg, log)
     trainer = GRAILTrainer(model=model_path, reward_funcs=[reward_function(cfg)], args=cfg,
                            train_dataset=dataset, callbacks=callbacks)
+    check_sharding(cfg, trainer)
     for noisy in (PrinterCallback, ProgressCallback):  # our Progress line replaces both
         trainer.remove_callback(noisy)
     log(f"training {cfg.model_name_or_path} on {cfg.dataset} for {cfg.max_steps} steps "
