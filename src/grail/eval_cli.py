@@ -17,6 +17,8 @@ __all__ = ["add_parsers", "check_no_extra", "RELEASE", "run_eval", "run_grader_c
 RELEASE = SamplingParams()
 SIX = ",".join(BENCHMARK_NAMES)
 SCORING_NAMES = typing.get_args(ScoringName)
+WORKERS_HELP = ("grading processes (default: one per CPU core, at most 8, grail.grader.MAX_WORKERS; never more than "
+                "the items waiting)")
 
 
 def add_parsers(sub) -> None:
@@ -65,7 +67,7 @@ def add_parsers(sub) -> None:
                     "OlympiadBench graded against the text of its answer list, so about 29%% of those references "
                     "cannot match; mean tokens over samples with a box), to put figures next to the paper's. "
                     "results.md says which one produced it")
-    ev.add_argument("--workers", type=int, help="grading processes (default: one per CPU core, at most 8; never more than the items of a batch)")
+    ev.add_argument("--workers", type=int, help=WORKERS_HELP)
     ev.add_argument("--output-dir", help="where results go (default runs/eval-<timestamp>); reuse it to resume")
     check = sub.add_parser("grader-check", help="grade every benchmark's own references: a self-test of the "
                            "loaders and the grader on data nobody here wrote")
@@ -73,7 +75,7 @@ def add_parsers(sub) -> None:
     check.add_argument("--benchmarks", default=SIX)
     check.add_argument("--scoring", choices=SCORING_NAMES, default="grail",
                        help="grade with grail's grader, or the release's scoring reproduced (see grail eval --help)")
-    check.add_argument("--workers", type=int, help="grading processes (default: one per CPU core, at most 8; never more than the items of a batch)")
+    check.add_argument("--workers", type=int, help=WORKERS_HELP)
     check.add_argument("--show", type=int, default=5, help="disagreements to print per benchmark (default 5)")
 
 

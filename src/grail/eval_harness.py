@@ -161,8 +161,8 @@ def run_evaluation(sampler: Sampler, tokenizer, spec: EvalSpec, out_dir: str | P
                    loaded: list[LoadedBenchmark] | None = None) -> EvalReport:
     """Evaluate `sampler`'s model on `spec.benchmarks`, resuming whatever `out_dir` already holds.
 
-    `workers`: grading processes (None: `grail.grader.default_workers()`). `loaded`: benchmarks already loaded (else loaded
-    from spec). Returns the metrics and writes the files described in the module docstring.
+    `workers`: grading processes (None: `grail.grader.default_workers()`). `loaded`: benchmarks already loaded
+    (else loaded from spec). Returns the metrics and writes the files described in the module docstring.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -37,7 +37,8 @@ Timeouts and where the work runs
   as they finish. The number of processes is capped by the work: a worker process is started only while the items
   waiting for one outnumber the workers already started and free (2 items: at most 2 processes, whatever
   `workers` says), and the default (`workers=None`) is `default_workers()` = min(CPU cores, MAX_WORKERS = 8):
-  on a 96-core node an evaluation does not start 96 sympy processes. Give `workers` to use more. Every item in a worker process also has a wall-clock bound, item_deadline_s (default
+  on a 96-core node an evaluation does not start 96 sympy processes. Give `workers` to use more.
+  Every item in a worker process also has a wall-clock bound, item_deadline_s (default
   4 * timeout_s: three alarmed math-verify calls at most, plus one more for the Python around them). A worker
   that overruns it (a C call that ignores signals) is killed, its item is "timeout", and a new worker takes
   over the remaining items: one stuck item never hangs the evaluation.
@@ -73,8 +74,8 @@ from sympy import Basic, MatrixBase
 from grail.boxed import last_boxed_content
 
 __all__ = [
-    "default_workers", "first_answer", "gold_latex", "grade", "grade_many", "GradeResult", "GradingPool", "GRAIL_SCORING",
-    "MAX_ANSWER_CHARS", "MAX_WORKERS", "Scoring", "TIMEOUT_S", "verify_pairs", "WORKER_START_S"
+    "default_workers", "first_answer", "gold_latex", "grade", "grade_many", "GradeResult", "GradingPool",
+    "GRAIL_SCORING", "MAX_ANSWER_CHARS", "MAX_WORKERS", "Scoring", "TIMEOUT_S", "verify_pairs", "WORKER_START_S"
 ]
 
 TIMEOUT_S = 5  # per math-verify parse and per comparison (METHODS.md section 1)
@@ -272,8 +273,8 @@ def default_workers() -> int:
 
 class _Pool:
     """Up to `size` worker processes (one started only while the items waiting outnumber the started, free workers)
-    and the loop that feeds them, one item each at a time. (Sending a second item ahead to save the round trip gained 2% on MATH500 solutions, and queued
-    items behind a slow one.)"""
+    and the loop that feeds them, one item each at a time. (Sending a second item ahead to save the round trip gained
+    2% on MATH500 solutions, and queued items behind a slow one.)"""
 
     def __init__(self, size: int) -> None:
         self.slots: list[_Worker | None] = [None] * size

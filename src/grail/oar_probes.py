@@ -316,6 +316,11 @@ def oar_p_importance(model: nn.Module, input_ids_BL: torch.Tensor, attention_mas
     P_final reads (after the answer, for "answer_mean") get no copy: by causality their importance is exactly 0.
     Exact: equals one full forward per copy up to rounding (tested against that loop in float64).
 
+    Several processes: the number of forwards depends on the rows (one per row, one per chunk of copies), so the
+    processes of a model whose parameters are sharded (ZeRO-3, FSDP: a parameter gather per forward) would fall out
+    of step and hang; `output_logits` also reads the whole output weight outside the model's forward. `grail train`
+    refuses OAR-P on such a model before training (`grail.train.check_sharding`); DDP and ZeRO-1/2 are fine.
+
     Memory per chunk, roughly: the chunk's KV cache, chunk_tokens × num_layers × 2 × num_kv_heads × head_dim entries
     (Qwen3-4B in bf16: ~147 KB per token, ~4.8 GB at chunk_tokens = 32768; transiently up to twice one layer's share
     while it is extended), plus one layer's activations for the positions run (at most chunk_tokens) and C × V

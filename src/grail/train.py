@@ -242,7 +242,9 @@ def train(cfg: GRAILConfig, overrides: dict | None = None, log: Log = print,
     callbacks = [MetricsJsonl(run_dir / "metrics.jsonl"), progress]
     if cfg.eval_benchmarks:
         callbacks.append(CheckpointEval(cfg, run_dir, log))
-    write_run_config(cfg, overrides or {}, run_dir)
+    main_process = cfg.process_index == 0  # with several processes, one writes the run directory's own files
+    if main_process:
+        write_run_config(cfg, overrides or {}, run_dir)
     model_path = model_path or resolve_model_path(cfg, log)
     trainer = GRAILTrainer(model=model_path, reward_funcs=[reward_function(cfg)], args=cfg,
                            train_dataset=dataset, callbacks=callbacks)
@@ -255,7 +257,8 @@ def train(cfg: GRAILConfig, overrides: dict | None = None, log: Log = print,
     trainer.train()
     train_seconds = time.perf_counter() - start
     final_dir = run_dir / "final"
-    trainer.save_model(str(final_dir))
-    PromptFormat.from_config(cfg).save(final_dir)  # `grail eval` reads problems the way the model was trained
+    trainer.save_model(str(final_dir))  # writes on the main process only
+    if main_process:
+        PromptFormat.from_config(cfg).save(final_dir)  # `grail eval` reads problems the way the model was trained
     later = sorted(progress.step_seconds[1:]) or progress.step_seconds or [float("nan")]
     return TrainResult(run_dir, final_dir, trainer.state.global_step, train_seconds, later[len(later) // 2])
