@@ -357,12 +357,13 @@ def _fake_trainer(zero_stage=None, fsdp=False):
 @pytest.mark.parametrize("sharding", [{"zero_stage": 3}, {"fsdp": True}])
 def test_oar_on_a_sharded_model_is_refused_before_training(method, sharding):
     from grail.config import GRAILConfig
-    from grail.train import check_sharding, sharded_model
+    from grail.train import check_sharding
+    from grail.trainer import sharded_by
 
     cfg = GRAILConfig(output_dir="unused", token_weighting=method)
     trainer = _fake_trainer(**sharding)
     with pytest.raises(ValueError, match=f"token_weighting='{method}' cannot train a model sharded by "
-                                         f"{sharded_model(trainer)}.*ZeRO-2 or DDP"):
+                                         f"{sharded_by(trainer)}.*ZeRO-2 or DDP"):
         check_sharding(cfg, trainer)
     check_sharding(cfg, _fake_trainer(zero_stage=2))  # ZeRO-2 and DDP keep whole parameters: fine
     check_sharding(cfg, _fake_trainer())
@@ -411,12 +412,12 @@ def test_the_readme_zero2_accelerate_config_is_valid_and_shown_in_the_readme():
 def test_grail_train_refuses_oar_p_on_a_sharded_model_before_the_first_step(tmp_path, warm_cache, monkeypatch,
                                                                             capsys):
     """Through the CLI: the refusal comes after the trainer is built (it knows the sharding) and before training."""
-    import grail.train
+    import grail.trainer
     from grail.cli import main
     from grail.trainer import GRAILTrainer
 
     cache, _ = warm_cache
-    monkeypatch.setattr(grail.train, "sharded_model", lambda trainer: "FSDP")
+    monkeypatch.setattr(grail.trainer, "sharded_by", lambda trainer: "FSDP")  # GRAILTrainer refuses it when built
     monkeypatch.setattr(GRAILTrainer, "train", lambda self, *a, **k: pytest.fail("training started"))
     assert main(["train", *FAST, "--token_weighting", "oar_p", "--cache_dir", str(cache),
                  "--output_dir", str(tmp_path / "run")]) == 2

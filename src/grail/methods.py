@@ -91,6 +91,7 @@ class MethodSpec:
     fuse: Literal["saliency", "entropy"] | None  # what the fused path reads from TRL's forward (None: no fusing)
     permutes: bool  # the weights are randomly permuted over each row's reasoning tokens (the random control)
     min_importance: Callable[..., float] | None = None  # (model, options) → the signal's rounding floor (OAR-P)
+    unshardable: str = ""  # why its probe cannot run on a sharded model (ZeRO-3, FSDP); "" = it can
     title: str = ""  # the functional API's docstring: what it computes ...
     example: str = ""  # ... an example override ...
     cost: str = ""  # ... and what it costs
@@ -197,6 +198,9 @@ def bilevel_pipeline(spec, signal_BT, adv_B, spans, mask_BT, rows_B, options, ge
                         out.fallback_B & rows_B, rows_B, no_clip, torch.zeros_like(mask_BT))
 
 
+_OUTPUT_SHARD = ("its probe applies the output layer's weight outside the model's forward "
+                 "(grail.probes.output_logits), where ZeRO-3/FSDP hold only this process's shard of it")
+
 PIPELINES: dict[str, ToWeights] = {"uniform": uniform_pipeline, "saliency": saliency_pipeline,
                                    "bilevel": bilevel_pipeline}
 
@@ -206,11 +210,14 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
                title="GRAIL (gradient × activation saliency of the answer's NLL; METHODS.md 2)",
                example="saliency_leaf='middle', rollout_symmetry='both'",
                cost="one forward and one backward to the leaf on the rows it reweights"),
-    MethodSpec("oar_g", "OAR-G", _oar_g_probe, "bilevel", fuse=None, permutes=False,
+    MethodSpec("oar_g", "OAR-G", _oar_g_probe, "bilevel", fuse=None, permutes=False, unshardable=_OUTPUT_SHARD,
                title="OAR-G (gradient proxy of the answer distribution's KL under embedding noise; METHODS.md 3)",
                example="oar_variant='grail_release' (GRAIL's OAR-G baseline, exactly)",
                cost="two forwards and one backward to the embeddings"),
     MethodSpec("oar_p", "OAR-P", _oar_p_probe, "bilevel", fuse=None, permutes=False, min_importance=oar_p_floor,
+               unshardable="its probe runs a data-dependent number of forwards per process (one per row and one per "
+                           "chunk of perturbed copies), so the processes' parameter gathers would not match and the "
+                           "run would hang; and " + _OUTPUT_SHARD,
                title="OAR-P (answer-distribution KL when each scored token is replaced by the pad token; "
                      "METHODS.md 3)",
                example="perturbation_chunk_tokens=8192 to bound memory",

@@ -8,9 +8,9 @@ Departures from METHODS.md (choices the text leaves open, or makes here):
   2. OAR "next-token distribution at the last position" = the logits at the row's last real input position, i.e. the
      final completion token's own position (what the model would emit after the completion).
   3. OAR "mean of the logits over the answer positions" = the mean over the positions that PREDICT the answer tokens
-     (the one-position shift), computed as the output layer applied to the mean hidden state. The output layer is a
-     linear map, so this equals the mean of the logits up to rounding; it is assumed to be a plain linear layer (true
-     for Qwen3 and Llama; a model with logit soft-capping or scaling outside the output layer would differ).
+     (the one-position shift). Where the logits are linear in the hidden state (`probes.output_is_linear`: Qwen3,
+     Llama, a logit scale) it is computed as the output layer applied to the mean hidden state, equal to the mean of
+     the logits up to rounding; under logit soft-capping (Gemma) the logits are formed per position and averaged.
   4. OAR-G draws its noise as one (B, T, D) standard-normal tensor in float32 (from `generator`), scaled by
      `noise_std` in the embeddings' dtype and zeroed on unscored tokens, then added to the embeddings at the scored
      tokens' own positions (the OAR excerpt) or at the positions that predict them (the GRAIL release).
@@ -39,6 +39,7 @@ from grail.probes import (
     check_batch,
     completion_mask_BT,
     hidden_states_BLD,
+    output_is_linear,
     output_logits,
     zeros_BT,
 )
@@ -81,8 +82,15 @@ def _answer_pool_BL(attention_mask_BL: torch.Tensor, answer_BT: torch.Tensor,
 
 def _pooled_logits(model: nn.Module, hidden_BLD: torch.Tensor, pool_BL: torch.Tensor,
                    temperature: float) -> torch.Tensor:
-    """P_final's logits (B, V) float32: the output layer on Σ_l pool_l h_l (only positions with weight are read)."""
+    """P_final's logits (B, V) float32: Σ_l pool_l · logits_l (only positions with weight are read). When the logits
+    are linear in the hidden state this is the output layer on Σ_l pool_l h_l, one output-layer call per row; under
+    soft-capping (Gemma) the logits are formed per position, then pooled."""
     rows, cols = pool_BL.nonzero(as_tuple=True)
+    if not output_is_linear(model):
+        logits_NV = output_logits(model, hidden_BLD[rows, cols], temperature)
+        weighted_NV = logits_NV * pool_BL[rows, cols, None].to(logits_NV.dtype)
+        return torch.zeros(pool_BL.shape[0], logits_NV.shape[-1], dtype=logits_NV.dtype,
+                           device=logits_NV.device).index_add(0, rows, weighted_NV)
     dtype = at_least_float32(hidden_BLD)
     weighted_ND = hidden_BLD[rows, cols].to(dtype) * pool_BL[rows, cols, None].to(dtype)
     pooled_BD = torch.zeros(pool_BL.shape[0], hidden_BLD.shape[-1], dtype=dtype, device=hidden_BLD.device)
@@ -261,7 +269,9 @@ def _oar_p_prefix_shared(model, input_ids_BL, attention_mask_BL, scored_BT, answ
     importance_BT = zeros_BT(input_ids_BL, T)
     S = input_ids_BL.shape[1] - T
     decoder = backbone(model)
-    if model.training and any(getattr(module, "gradient_checkpointing", False) for module in model.modules()):
+    if not output_is_linear(model) or (model.training and any(getattr(module, "gradient_checkpointing", False)
+                                                                  for module in model.modules())):
+        # soft-capped logits are pooled per position (`_pooled_logits`), not from a pooled hidden state; and
         # checkpointed layers drop the KV cache in training mode: nothing to share
         return _oar_p_batched(model, input_ids_BL, attention_mask_BL, scored_BT, answer_BT, distribution=distribution,
                               pad_token_id=pad_token_id, temperature=temperature, chunk_tokens=chunk_tokens)
@@ -318,8 +328,9 @@ def oar_p_importance(model: nn.Module, input_ids_BL: torch.Tensor, attention_mas
 
     Several processes: the number of forwards depends on the rows (one per row, one per chunk of copies), so the
     processes of a model whose parameters are sharded (ZeRO-3, FSDP: a parameter gather per forward) would fall out
-    of step and hang; `output_logits` also reads the whole output weight outside the model's forward. `grail train`
-    refuses OAR-P on such a model before training (`grail.train.check_sharding`); DDP and ZeRO-1/2 are fine.
+    of step and hang; `output_logits` also reads the whole output weight outside the model's forward. GRAILTrainer
+    refuses OAR-P on such a model when it is built (`grail.methods.MethodSpec.unshardable`); DDP and ZeRO-1/2 are
+    fine.
 
     Memory per chunk, roughly: the chunk's KV cache, chunk_tokens × num_layers × 2 × num_kv_heads × head_dim entries
     (Qwen3-4B in bf16: ~147 KB per token, ~4.8 GB at chunk_tokens = 32768; transiently up to twice one layer's share

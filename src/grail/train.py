@@ -25,14 +25,15 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from grail.config import GRAILConfig
 from grail.config_fields import SYNTHETIC_DATASET
 from grail.data import load_train_dataset
+from grail.methods import method_spec
 from grail.prompts import PromptFormat
 from grail.rewards import reward_named
-from grail.trainer import GRAILTrainer
+from grail.trainer import GRAILTrainer, refuse_if_unshardable, sharded_by
 from grail.warmstart import resolve_model
 
 __all__ = [
     "check_sharding", "CheckpointEval", "Log", "MetricsJsonl", "Progress", "resolve_model_path", "reward_function",
-    "sharded_model", "SHARDING_UNSUPPORTED", "train", "TrainResult", "write_run_config"
+    "train", "TrainResult", "write_run_config"
 ]
 
 Log = Callable[[str], None]
@@ -178,36 +179,12 @@ class CheckpointEval(TrainerCallback):
         self.log(f"checkpoint {step}: " + ", ".join(f"{k} {v:.3f}" for k, v in figures.items()))
 
 
-def sharded_model(trainer) -> str | None:
-    """How the trainer's model is sharded over processes ("DeepSpeed ZeRO-3", "FSDP"), or None."""
-    plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
-    if plugin is not None and plugin.zero_stage == 3:
-        return "DeepSpeed ZeRO-3"
-    if getattr(trainer, "is_fsdp_enabled", False):
-        return "FSDP"
-    return None
-
-
-# Methods whose probe cannot run on a sharded model: OAR's probes apply the output layer's weight outside the
-# model's forward (grail.probes.output_logits), where ZeRO-3/FSDP hold only a shard of it.
-SHARDING_UNSUPPORTED = {
-    "oar_g": "its probe applies the output layer's weight outside the model's forward, where ZeRO-3/FSDP hold only "
-             "this process's shard of it",
-    "oar_p": "its probe runs a data-dependent number of forwards per process (one per row and one per chunk of "
-             "perturbed copies), so the processes' parameter gathers would not match and the run would hang; and it "
-             "applies the output layer's weight outside the model's forward, where only a shard of it is held",
-}
-
-
 def check_sharding(cfg: GRAILConfig, trainer) -> None:
     """Refuse, before training, what cannot run on a sharded model (ZeRO-3, FSDP); ZeRO-1/2 and DDP are fine."""
-    sharded = sharded_model(trainer)
+    sharded = sharded_by(trainer)
     if sharded is None:
         return
-    if cfg.token_weighting in SHARDING_UNSUPPORTED:
-        raise ValueError(f"token_weighting={cfg.token_weighting!r} cannot train a model sharded by {sharded}: "
-                         f"{SHARDING_UNSUPPORTED[cfg.token_weighting]}. Use DeepSpeed ZeRO-2 or DDP (README, "
-                         f"\"Real models and clusters\"), or another token_weighting.")
+    refuse_if_unshardable(method_spec(cfg.token_weighting), sharded)  # GRAILTrainer refuses these too
     if cfg.eval_benchmarks:
         raise ValueError(f"eval_benchmarks={cfg.eval_benchmarks!r} cannot run at checkpoints of a model sharded by "
                          f"{sharded} (each process's generate would run its own number of forwards and hang): leave "

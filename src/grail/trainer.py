@@ -42,7 +42,7 @@ from grail.methods import TokenWeights, method_spec
 from grail.spans import AnswerSpans, align_to_completion
 from grail.weighting import batch_spans, probe_rows, token_weights
 
-__all__ = ["GRAILTrainer"]
+__all__ = ["GRAILTrainer", "refuse_if_unshardable", "sharded_by"]
 
 SPAN_KEYS = tuple(f"grail_spans_{name}" for name in AnswerSpans._fields)  # the spans in TRL's batch dict
 NUM_BINS = 10  # weights/position_0..9
@@ -53,6 +53,24 @@ SUM_KEYS = ("tokens", "weight_sum", "normalised", "clip_low", "clip_high", "abs_
             "probed_rows", "micro_batches",
             *(f"release_{k}_{part}" for k in diagnostics.RELEASE_KEYS for part in ("sum", "count")))
 DIAGNOSTIC_KEYS = ("mean", "max", "clip_low_frac", "clip_high_frac", "adv_scale_ratio", "ess_ratio", "top10_mass")
+
+
+def sharded_by(trainer) -> str | None:
+    """How a trainer's model is sharded over processes ("DeepSpeed ZeRO-3", "FSDP"), or None (DDP, ZeRO-1/2)."""
+    plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
+    if plugin is not None and plugin.zero_stage == 3:
+        return "DeepSpeed ZeRO-3"
+    if getattr(trainer, "is_fsdp_enabled", False):
+        return "FSDP"
+    return None
+
+
+def refuse_if_unshardable(method, sharded: str | None) -> None:
+    """ValueError, before training, for a method (a `MethodSpec`) whose probe cannot run on a sharded model."""
+    if sharded and method.unshardable:
+        raise ValueError(f"token_weighting={method.name!r} cannot train a model sharded by {sharded}: "
+                         f"{method.unshardable}. Use DeepSpeed ZeRO-2 or DDP (README, \"Real models and clusters\"), "
+                         f"or another token_weighting.")
 
 
 class _AdvantagesWatch(dict):
@@ -80,6 +98,7 @@ class GRAILTrainer(GRPOTrainer):
                             f"fields), got {type(self.args).__name__}; build one with GRAILConfig(...).")
         self.weighting = self.args.weighting_options()
         self.method = method_spec(self.weighting.token_weighting)
+        refuse_if_unshardable(self.method, sharded_by(self))
         device = self.accelerator.device
         self._generator = torch.Generator(device=device).manual_seed(self.args.seed + self.accelerator.process_index)
         self._weight_sums: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # mode → (sums (K,), max ()) on device
@@ -103,11 +122,9 @@ class GRAILTrainer(GRPOTrainer):
         model = self.accelerator.unwrap_model(self.model)
         if is_peft_model(model):
             return "a PEFT/LoRA model (frozen base embeddings, adapter-wrapped modules)"
-        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
-        if plugin is not None and plugin.zero_stage == 3:
-            return "DeepSpeed ZeRO-3 (parameters are gathered and released around each module)"
-        if getattr(self, "is_fsdp_enabled", False):
-            return "FSDP (sharded parameters)"
+        sharded = sharded_by(self)
+        if sharded:
+            return f"{sharded} (parameters are gathered and released around each module)"
         if self.reentrant_checkpointing():
             return ("reentrant activation checkpointing (use_reentrant=True: its segments answer only .backward(), "
                     "not a gradient query; non-reentrant checkpointing, transformers' default, fuses)")
