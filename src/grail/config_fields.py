@@ -91,6 +91,13 @@ class GRAILFields:
                   "math-verify (5 s timeout). `exact_int`: 1.0 iff the last \\boxed{} is the answer as an "
                   "integer (the synthetic task). `auto`: exact_int for the synthetic task, else math_verify."},
     )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Allow output_dir to hold a previous run: its files (metrics.jsonl, checkpoint-N/, final/, "
+                  "eval/, the config files) are removed first. Without it, a run into a directory that holds one "
+                  "stops before any work; --resume_from_checkpoint true continues that run instead (TRL's field: a "
+                  "checkpoint directory, or true for the last complete one)."},
+    )
     # ---- token weighting (METHODS.md 2-5; defaults = the released values, one home: WeightingOptions) ----
     token_weighting: Method = field(
         default=_W.token_weighting,

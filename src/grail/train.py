@@ -4,7 +4,8 @@ Run directory (`output_dir`):
     config.yaml           the values set by preset, file and flags: `grail train --config` on it reruns the run
     resolved_config.json  every field after defaults and device resolution (for the record)
     metrics.jsonl         one JSON object per logging step ({"step": N, ...TRL and grail metrics})
-    checkpoint-N/         TRL checkpoints every `save_steps`
+    checkpoint-N/         TRL checkpoints every `save_steps`, marked complete once fully saved (grail.resume)
+    resumed.jsonl         one line per resume (`--resume_from_checkpoint`): from which checkpoint, at which step
     eval/checkpoint-N/    benchmark evaluation of each checkpoint when `eval_benchmarks` is set (grail.eval_harness)
     final/                the trained model and tokenizer, loadable with `from_pretrained(path)`, and
                           grail_prompt.json, the prompt format it was trained with (read by `grail eval`)
@@ -27,6 +28,7 @@ from grail.config_fields import SYNTHETIC_DATASET
 from grail.data import load_train_dataset
 from grail.methods import method_spec
 from grail.prompts import PromptFormat
+from grail.resume import CheckpointMarker, prepare_run_dir, resolve_resume
 from grail.rewards import reward_named
 from grail.trainer import GRAILTrainer, refuse_if_unshardable, sharded_by
 from grail.warmstart import resolve_model
@@ -220,7 +222,10 @@ def train(cfg: GRAILConfig, overrides: dict | None = None, log: Log = print,
     if cfg.eval_benchmarks:
         callbacks.append(CheckpointEval(cfg, run_dir, log))
     main_process = cfg.process_index == 0  # with several processes, one writes the run directory's own files
-    if main_process:
+    resume_from = resolve_resume(cfg.resume_from_checkpoint, run_dir)
+    prepare_run_dir(run_dir, resume_from, cfg.overwrite_output_dir, main_process)
+    callbacks.append(CheckpointMarker())
+    if main_process and resume_from is None:  # a resumed run keeps its config files; resumed.jsonl records it
         write_run_config(cfg, overrides or {}, run_dir)
     model_path = model_path or resolve_model_path(cfg, log)
     trainer = GRAILTrainer(model=model_path, reward_funcs=[reward_function(cfg)], args=cfg,
@@ -231,7 +236,7 @@ def train(cfg: GRAILConfig, overrides: dict | None = None, log: Log = print,
     log(f"training {cfg.model_name_or_path} on {cfg.dataset} for {cfg.max_steps} steps "
         f"(token_weighting={cfg.token_weighting}); run directory {run_dir}")
     start = time.perf_counter()
-    trainer.train()
+    trainer.train(resume_from_checkpoint=str(resume_from) if resume_from is not None else None)
     train_seconds = time.perf_counter() - start
     final_dir = run_dir / "final"
     trainer.save_model(str(final_dir))  # writes on the main process only

@@ -1,0 +1,121 @@
+"""A killed run resumes where it stopped (grail.resume): complete checkpoints only, metrics.jsonl without duplicate
+or missing steps, the same parameters as a run that was never interrupted; a second run never writes into the
+first one's directory."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import WARM_STEPS
+from grail.resume import MARKER, complete_checkpoints, prepare_run_dir, resolve_resume
+
+STEPS, SAVE_EVERY = 6, 2
+RUN = ["--preset", "tiny-cpu", "--max_steps", str(STEPS), "--save_steps", str(SAVE_EVERY), "--logging_steps", "1",
+       "--per_device_train_batch_size", "16", "--task_num_train", "64", "--learning_rate", "1e-3",
+       "--warmstart_steps", str(WARM_STEPS), "--seed", "7"]
+VOLATILE = {"step_time", "weights/seconds", "train_runtime", "train_samples_per_second", "train_steps_per_second",
+            "epoch", "total_flos",  # wall-clock figures differ between any two runs
+            "train_loss"}  # the end-of-run summary: transformers averages it over the steps this process trained
+
+
+def _command(cache, out, *extra):
+    return [sys.executable, "-m", "grail", "train", *RUN, "--cache_dir", str(cache), "--output_dir", str(out), *extra]
+
+
+def _env():
+    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+
+
+def _metrics(run_dir):
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in line.items() if k not in VOLATILE} for line in lines]
+
+
+def _checkpoint(run_dir, step, complete=True):
+    folder = run_dir / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    if complete:
+        (folder / MARKER).write_text(json.dumps({"step": step}))
+    return folder
+
+
+def test_resume_true_picks_the_last_complete_checkpoint_and_a_named_one_must_be_complete(tmp_path):
+    _checkpoint(tmp_path, 2)
+    _checkpoint(tmp_path, 4)
+    _checkpoint(tmp_path, 6, complete=False)  # killed while saving
+    assert resolve_resume("true", tmp_path) == tmp_path / "checkpoint-4"
+    assert resolve_resume(None, tmp_path) is None
+    assert complete_checkpoints(tmp_path) == [tmp_path / "checkpoint-2", tmp_path / "checkpoint-4"]
+    with pytest.raises(ValueError, match=f"not a complete checkpoint.*{MARKER}.*checkpoint-4"):
+        resolve_resume(str(tmp_path / "checkpoint-6"), tmp_path)
+    with pytest.raises(FileNotFoundError, match="no such directory"):
+        resolve_resume(str(tmp_path / "checkpoint-9"), tmp_path)
+    with pytest.raises(ValueError, match="holds no complete checkpoint"):
+        resolve_resume("true", tmp_path / "empty")
+
+
+def test_a_second_run_into_a_used_directory_refuses_and_overwrite_removes_only_the_runs_files(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    _checkpoint(tmp_path, 2)
+    (tmp_path / "notes.txt").write_text("the user's own file")
+    with pytest.raises(ValueError, match="already holds a run.*--resume_from_checkpoint true.*--overwrite_output_dir"):
+        prepare_run_dir(tmp_path, None, overwrite=False, main_process=True)
+    prepare_run_dir(tmp_path, None, overwrite=True, main_process=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_resuming_cuts_the_metrics_back_to_the_checkpoint_and_records_the_resume(tmp_path):
+    lines = [{"step": s, "reward": s / 10} for s in (1, 2, 3, 4)] + [{"step": 2, "eval/x": 0.5}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"step": 5, "rew')
+    checkpoint = _checkpoint(tmp_path, 2)
+    prepare_run_dir(tmp_path, checkpoint, overwrite=False, main_process=True)
+    kept = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert kept == [lines[0], lines[1], lines[4]]  # steps after the checkpoint and the torn line are gone
+    (record,) = [json.loads(x) for x in (tmp_path / "resumed.jsonl").read_text().splitlines()]
+    assert record["from"] == str(checkpoint) and record["step"] == 2
+
+
+def test_a_run_killed_after_its_first_checkpoint_resumes_to_the_uninterrupted_result(tmp_path, warm_cache):
+    """SIGKILL at a random step after the first checkpoint, then `--resume_from_checkpoint true`: the same final
+    step, the same metrics lines (wall-clock figures aside), and the same parameters as an uninterrupted run."""
+    cache, _ = warm_cache
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    subprocess.run(_command(cache, whole), env=_env(), check=True, capture_output=True, timeout=600)
+    kill_after = random.Random(int(time.time())).randint(SAVE_EVERY + 1, STEPS - 1)  # a step after checkpoint-2
+    process = subprocess.Popen(_command(cache, killed), env=_env(), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    deadline = time.time() + 600
+    while time.time() < deadline and process.poll() is None:
+        metrics = killed / "metrics.jsonl"
+        lines = metrics.read_text().splitlines() if metrics.exists() else []
+        steps = [json.loads(x)["step"] for x in lines[:-1]]  # the last line may be half written
+        if steps and max(steps) >= kill_after and complete_checkpoints(killed):
+            process.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    assert process.wait(timeout=60) == -signal.SIGKILL, f"the run ended before step {kill_after}; nothing to resume"
+    assert not (killed / "final").exists()
+    again = subprocess.run(_command(cache, killed), env=_env(), capture_output=True, text=True, timeout=600)
+    assert again.returncode == 2 and "--resume_from_checkpoint true" in again.stderr  # no silent second run
+    resumed = subprocess.run(_command(cache, killed, "--resume_from_checkpoint", "true"), env=_env(),
+                             capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"done: {STEPS} steps" in resumed.stdout
+    assert [m["step"] for m in _metrics(killed)] == [m["step"] for m in _metrics(whole)]  # no duplicate, no gap
+    for got, expected in zip(_metrics(killed), _metrics(whole), strict=True):
+        assert got.keys() == expected.keys()
+        for key in expected:
+            assert got[key] == pytest.approx(expected[key], rel=1e-4, abs=1e-6), (got["step"], key)
+    final, reference = load_file(str(killed / "final" / "model.safetensors")), load_file(
+        str(whole / "final" / "model.safetensors"))
+    for name, tensor in reference.items():
+        torch.testing.assert_close(final[name], tensor, rtol=1e-5, atol=1e-6)
+    assert json.loads((killed / "resumed.jsonl").read_text())["step"] >= SAVE_EVERY
