@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from grail import grader
-from grail.grader import GradeResult, GradingPool, gold_latex, grade, grade_many
+from grail.grader import GradeResult, GradingPool, grade, grade_many
 from grail.grader_check import format_grader_check, grader_check
+from grail.reference_text import gold_latex
 
 POWER_TOWER = "\\boxed{9^{9^{9^{9}}}}"  # sympy would compute 9^(9^9) exactly: only a timeout stops it
 SHARED_BENCHMARKS = Path(__file__).resolve().parents[2] / "shared" / "data" / "benchmarks"
@@ -38,9 +39,6 @@ def limit(reason):
 
 ROUNDING = "math-verify compares floats after rounding to 6 decimals (verify's float_rounding=6; its docstring: " \
            "verify(Rational(1, 3), 0.333333) is True), so a close decimal approximation counts as exact"
-
-UNSOLVED = "two equations sympy finds no solution of (a vector-valued side, |M| = d) compare equal: math-verify's " \
-           "solve-and-compare zips the two empty solution lists and all() of nothing is True"
 
 # (reference, box content, mathematically correct?)
 TRICKY = [
@@ -107,19 +105,44 @@ TRICKY = [
                              "for a percent), so 50% counts as 50 although 50% = 0.5")),  # 0.5 != 50
     # equations and inequalities
     ("3", "x=3", True),  # the assignment x = 3 gives the value 3
-    pytest.param("0", "x^2-2x+10=0", False,
-                 marks=limit("a predicted equation is compared by its right-hand side with a reference that is not "
-                             "an equation (so that x=3 matches 3), even when its left-hand side is not a variable")),
+    ("3", "y(t)=3", True),  # ... and so does a named function's value
+    # an equation whose left side is not a name is not a value (math-verify alone compares its right-hand side)
+    ("0", "x^2-2x+10=0", False),  # an equation is not the number 0
+    ("3", "2x=3", False),  # 2x = 3 gives x = 3/2, not 3
+    ("x=3", "x=3", True),  # identical equations
+    ("y=2x+1", "y=1+2x", True),  # addition commutes
+    ("y=2x+1", "2x+1=y", True),  # the sides swapped: the same equation
+    ("2x=4", "4=2x", True),  # the sides swapped
+    ("2x=4", "x+x=4", True),  # x + x = 2x
+    ("y=2x+1", "y=2x+2", False),  # different lines
     pytest.param("(1,2)", "1<x<2", True,
                  marks=limit("an inequality answer is not compared with an interval reference "
                              "(verify's allow_set_relation_comp=False); the reverse direction is")),  # {x: 1<x<2}
     ("1<x<2", "(1,2)", True),  # the interval (1,2) is the solution set of 1 < x < 2
-    pytest.param("\\left|\\begin{array}{rr}1 & 0 \\\\ 0 & 4\\end{array}\\right|=4",
-                 "\\left|\\begin{array}{rr}1 & 2 \\\\ 3 & 4\\end{array}\\right|=-2", False,  # |M| = -2 is false
-                 marks=limit(UNSOLVED)),
-    pytest.param("\\mathbf{y}=\\left[\\begin{array}{l}3 \\\\ 4\\end{array}\\right] e^{t}",
-                 "\\mathbf{y}=\\left[\\begin{array}{l}1 \\\\ 2\\end{array}\\right] e^{t}", False,  # (1,2) != (3,4)
-                 marks=limit(UNSOLVED)),
+    # two equations sympy cannot solve (|M| = d, a vector-valued side): math-verify alone zips their two empty
+    # solution lists and accepts (all() of nothing is True); grail requires the sides to match
+    ("\\left|\\begin{array}{rr}1 & 0 \\\\ 0 & 4\\end{array}\\right|=4",
+     "\\left|\\begin{array}{rr}1 & 2 \\\\ 3 & 4\\end{array}\\right|=-2", False),  # |M| = 1*4 - 2*3 = -2, not 4
+    ("\\mathbf{y}=\\left[\\begin{array}{l}3 \\\\ 4\\end{array}\\right] e^{t}",
+     "\\mathbf{y}=\\left[\\begin{array}{l}1 \\\\ 2\\end{array}\\right] e^{t}", False),  # (1,2) != (3,4)
+    ("\\mathbf{y}=\\left[\\begin{array}{l}3 \\\\ 4\\end{array}\\right] e^{t}",
+     "\\mathbf{y}=\\left[\\begin{array}{l}3 \\\\ 4\\end{array}\\right] e^{t}", True),  # the same equation
+    ("\\mathbf{y}=\\left[\\begin{array}{l}3 \\\\ 4\\end{array}\\right] e^{t}",
+     "\\mathbf{y}=e^{t}\\left[\\begin{array}{l}3 \\\\ 4\\end{array}\\right]", True),  # a scalar times a vector commutes
+    # upright e, i, d and \operatorname (ISO style): math-verify stops at "1 - \frac{1}{\mathrm{e}}" and keeps the
+    # text "1 - \frac{1}{" of both sides, which used to match any answer that starts the same way
+    ("1 - \\frac{1}{\\mathrm{e}}", "1 - \\frac{1}{e}", True),  # the same e
+    ("1 - \\frac{1}{\\mathrm{e}}", "1 - \\frac{1}{\\mathrm{e}}", True),
+    ("1 - \\frac{1}{\\mathrm{e}}", "1 - e^{-1}", True),  # 1/e = e^(-1)
+    ("1 - \\frac{1}{\\mathrm{e}}", "1 - \\frac{1}{\\mathrm{e}^2}", False),  # 1/e^2 != 1/e
+    ("1 - \\frac{1}{\\mathrm{e}}", "1 - \\frac{1}{\\mathrm{x}}", False),  # x is not e
+    ("2\\mathrm{e}", "2", False),  # 2e, not 2 with a unit "e"
+    ("\\mathrm{e}^{x}+1", "e^x+1", True),
+    ("1+\\mathrm{i}", "1+i", True),
+    ("\\operatorname{arcsin}(x)", "\\arcsin x", True),
+    ("\\operatorname{arcsin}(x)", "\\arccos x", False),  # arcsin != arccos
+    ("\\frac{5}{\\mathrm{m}}", "\\frac{5}{\\mathrm{s}}", False),  # 5 per metre != 5 per second; both cut to "\frac{5}{"
+    ("\\frac{5}{\\mathrm{m}}", "\\frac{5}{\\mathrm{m}}", True),  # text only, and identical
     # text answers: the same word, with or without \text
     ("\\text{Evelyn}", "Evelyn", True),
     ("\\text{even}", "\\text{odd}", False),
@@ -186,6 +209,11 @@ def test_gold_latex_normalisation_is_idempotent():
     assert gold_latex("x_1 000") == "\\boxed{x_1 000}"  # a subscript is not the head of a number
     assert gold_latex("2 3") == "\\boxed{2 3}"  # only groups of exactly three digits are joined
     assert gold_latex("-1~000~000") == "\\boxed{-1000000}"
+    assert gold_latex("x\\cdot\\mathrm{e}") == "\\boxed{x\\cdot e}"  # not the unknown command \cdote
+    assert gold_latex("\\operatorname{ln}x") == "\\boxed{\\ln x}"  # not \lnx
+    assert gold_latex("5\\,\\mathrm{m}") == "\\boxed{5\\,\\mathrm{m}}"  # a unit stays a unit
+    for text in ("x\\cdot\\mathrm{e}", "\\operatorname{ln}x", "1-\\frac{1}{\\mathrm{e}}"):
+        assert gold_latex(gold_latex(text)) == gold_latex(text), text
 
 
 @pytest.mark.parametrize(

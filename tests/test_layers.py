@@ -17,8 +17,8 @@ LAYERS = {
     "core": ["core", "bilevel", "diagnostics", "spans", "metrics"],  # pure tensor functions
     "model": ["probes", "oar_probes", "tiny", "warmstart"],  # functions of a Hugging Face model
     "methods": ["methods", "weighting"],  # the method table and the functional API (no TRL)
-    "evaluation": ["grader", "release_scoring", "rewards", "benchmark_sources", "benchmarks", "grader_check",
-                   "eval_harness"],  # no TRL
+    "evaluation": ["reference_text", "grader_guards", "grader", "release_scoring", "rewards", "benchmark_sources",
+                   "benchmarks", "grader_check", "eval_harness"],  # no TRL
     "training": ["config", "data", "trainer", "resume", "overrides", "train", "demo"],  # TRL
     "cli": ["cli", "eval_cli", "__main__", "__init__"],
 }

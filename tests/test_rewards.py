@@ -6,7 +6,7 @@ import time
 import pytest
 
 from grail import grader, rewards
-from grail.grader import gold_latex
+from grail.reference_text import gold_latex
 from grail.rewards import completion_text, exact_int_reward, math_verify_reward
 
 POWER_TOWER = "\\boxed{9^{9^{9^{9}}}}"  # sympy would compute 9^(9^9) exactly: only a timeout stops it

@@ -64,6 +64,8 @@ def _train(args, rest: list[str]) -> int:
     from grail.overrides import build_config, merge, parse_flags  # the training layer (TRL) only when training
     from grail.train import train
 
+    _quiet_libraries()
+
     flags = parse_flags(rest)
     if args.preset:
         flags["preset"] = args.preset

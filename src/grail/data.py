@@ -23,6 +23,7 @@ def _load_raw(cfg: GRAILConfig) -> Dataset:
         if not path.is_file():
             raise FileNotFoundError(f"dataset file {str(path)!r} does not exist; check the path given as "
                                     f"dataset, or give a Hub dataset id.")
+        _check_text_file(path, cfg)
         try:
             return load_dataset("json", data_files=str(path), split="train")
         except Exception as err:  # datasets raises several types for malformed JSON
@@ -30,6 +31,22 @@ def _load_raw(cfg: GRAILConfig) -> Dataset:
                              f"be one JSON object with a {cfg.prompt_column!r} and an {cfg.answer_column!r} "
                              f"field.") from err
     return load_dataset(cfg.dataset, cfg.dataset_config, split=cfg.dataset_split)
+
+
+def _check_text_file(path: Path, cfg: GRAILConfig) -> None:
+    """A local data file must be UTF-8 text with at least one line; checked line by line (the JSON reader's own
+    errors name neither the line nor the cause)."""
+    lines = 0
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                lines += bool(raw.decode("utf-8").strip())
+            except UnicodeDecodeError as err:
+                raise ValueError(f"dataset file {str(path)!r}, line {number}: not UTF-8 text ({err.reason} at byte "
+                                 f"{err.start} of the line); save the file as UTF-8.") from None
+    if not lines:
+        raise ValueError(f"dataset file {str(path)!r} is empty; it needs one JSON object per line with a "
+                         f"{cfg.prompt_column!r} and an {cfg.answer_column!r} field.")
 
 
 def load_train_dataset(cfg: GRAILConfig) -> Dataset:
@@ -52,6 +69,11 @@ def load_train_dataset(cfg: GRAILConfig) -> Dataset:
         if prompt in (None, "", []) or answer in (None, "", []):
             raise ValueError(f"dataset {cfg.dataset!r}, row {index}: empty {cfg.prompt_column!r} or "
                              f"{cfg.answer_column!r}; remove or fix that row.")
+        is_chat = isinstance(prompt, list) and all(isinstance(m, dict) and "content" in m for m in prompt)
+        if not (isinstance(prompt, str) or is_chat):
+            raise ValueError(f"dataset {cfg.dataset!r}, row {index}: {cfg.prompt_column!r} is a "
+                             f"{type(prompt).__name__} ({str(prompt)[:40]!r}); it must be a string or a list of chat "
+                             f"messages with 'role' and 'content'. Fix that row, or point prompt_column at the text.")
         # JSON readers infer numbers ("2" may arrive as 2): one type for the reward functions.
         return {"prompt": fmt.training_prompt(prompt),
                 "answer": answer if isinstance(answer, list) else str(answer)}

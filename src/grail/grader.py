@@ -16,6 +16,15 @@ What is compared
    to both sides: `\text{}` units are dropped ("5 \text{ cm}" = 5), `\left`/`\right` and LaTeX spacing are
    ignored, "50\%" = 0.5, "1,000" = 1000, floats compare after rounding to 6 decimals.
 
+Guards (grail's layer over math-verify: a wrong answer accepted costs more than a right one rejected). A pair that
+`verify` accepts is rejected when
+a. the match is text only (math-verify compares the extracted text, which for a partial parse is only the start of
+   each side: "1 - \frac{1}{" of "1 - \frac{1}{\mathrm{x}}") and the two `gold_latex` texts differ;
+b. the prediction is an equation, the reference is not, and the equation's left side is not a name: math-verify
+   compares the prediction's last right-hand side, so that "x = 3" is 3, but "x^2-2x+10=0" is not 0;
+c. both are equations whose sides do not match (side by side, swapped, or as differences) and the reference has no
+   solution sympy finds: math-verify's last resort zips the two solution lists, and two empty ones count as equal.
+
 Reasons (`GradeResult.reason`): "ok" = compared (`correct` holds the verdict: True, or both sides parsed as
 mathematics and differ); "no_box"; "too_long"; "parse_error" = the box content did not parse as mathematics
 (math-verify extracted nothing, or only text, which differs from the reference's); "bad_reference" = the same
@@ -57,7 +66,6 @@ import itertools
 import math
 import multiprocessing
 import os
-import re
 import signal
 import threading
 import time
@@ -72,9 +80,11 @@ from math_verify.errors import TimeoutException
 from sympy import Basic, MatrixBase
 
 from grail.boxed import last_boxed_content
+from grail.grader_guards import guarded_verify
+from grail.reference_text import gold_latex
 
 __all__ = [
-    "default_workers", "first_answer", "gold_latex", "grade", "grade_many", "GradeResult", "GradingPool",
+    "default_workers", "grade", "grade_many", "GradeResult", "GradingPool",
     "GRAIL_SCORING", "MAX_ANSWER_CHARS", "MAX_WORKERS", "Scoring", "TIMEOUT_S", "verify_pairs", "WORKER_START_S"
 ]
 
@@ -83,12 +93,6 @@ MAX_ANSWER_CHARS = 1000  # longer box contents are not parsed: no reference answ
 WORKER_START_S = 60  # bound on spawning a worker process and importing math-verify in it
 MAX_WORKERS = 8  # default cap on grading processes: grading keeps up with generation well below it
 _EXTRACTION = (LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig())
-_DELIMITERS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
-# a whole number written in groups of three digits separated by spacing: "1\,000", "12 345", "1~000~000"
-_SPACE = r"(?:\s|~|\\[,:; ])+"
-_SPACED_NUMBER_RE = re.compile(rf"(?<![\w.^_])\d{{1,3}}(?:{_SPACE}\d{{3}})+(?!\d)")
-_SPACE_RE = re.compile(_SPACE)
-
 
 @dataclass(frozen=True)
 class GradeResult:
@@ -98,43 +102,6 @@ class GradeResult:
     correct: bool
     extracted: str | None
     reason: str
-
-
-def first_answer(answer: Any) -> Any:
-    """A reference given as a list or tuple of accepted forms: the first one ("" if empty)."""
-    if isinstance(answer, list | tuple):
-        return answer[0] if answer else ""
-    return answer
-
-
-def gold_latex(answer: Any) -> str:
-    r"""A reference answer, or a box content, as the `\boxed{...}` string math-verify parses.
-
-    Accepts "27.0", 27, "$\frac{1}{2}$", "\boxed{5}" (its last box is used) or a list of such (the first is
-    used). One pair of math delimiters ($$..$$, $..$, \(..\), \[..\]) around the whole answer is removed, unless
-    the inside holds a "$" ("$1$ and $2$" is two formulas, not one); so is one final full stop, inside or
-    outside the delimiters ("104." is 104, "$x+1$." is x+1; math-verify parses neither with the stop); and
-    the spacing in a whole number written in groups of three digits, a thousands separator ("1\,000",
-    "12 345", "1~000~000"; math-verify reads "1\,000" as the product 1*000 = 0). Idempotent.
-    """
-    text = str(first_answer(answer)).strip()
-    boxed = last_boxed_content(text)
-    if boxed is not None:
-        text = boxed.strip()
-    text = _without_full_stop(text)
-    for left, right in _DELIMITERS:
-        if len(text) >= len(left) + len(right) and text.startswith(left) and text.endswith(right):
-            inner = text[len(left) : len(text) - len(right)]
-            if "$" not in inner:
-                text = inner.strip()
-            break
-    text = _SPACED_NUMBER_RE.sub(lambda m: _SPACE_RE.sub("", m.group()), _without_full_stop(text))
-    return "\\boxed{" + text + "}"
-
-
-def _without_full_stop(text: str) -> str:
-    """`text` without one final "." that ends a sentence (not an ellipsis "..")."""
-    return text[:-1].rstrip() if text.endswith(".") and not text.endswith("..") else text
 
 
 # ---- grading in this process (main thread: the alarms need it) ----------------------------------------------
@@ -151,6 +118,11 @@ def _parse_reference(latex: str, seconds: int) -> tuple:
     except Exception:
         return ()
 
+
+
+def _same_text(a: str, b: str) -> bool:
+    """Two `gold_latex` texts that are the same, whitespace runs aside."""
+    return " ".join(a.split()) == " ".join(b.split())
 
 
 def verify_pairs(gold: Sequence, pred: Sequence, seconds) -> tuple[bool, bool]:
@@ -176,21 +148,22 @@ def _grade_content(content: str | None, reference: Any, timeout_s: float) -> Gra
     if len(content) > MAX_ANSWER_CHARS:
         return GradeResult(False, content, "too_long")
     seconds = _alarm_seconds(timeout_s)
+    gold_text, pred_text = gold_latex(reference), gold_latex(content)
     try:
-        gold = _parse_reference(gold_latex(reference), seconds)
+        gold = _parse_reference(gold_text, seconds)
     except TimeoutException:
         return GradeResult(False, content, "timeout")
     if not gold:
         return GradeResult(False, content, "bad_reference")
     try:
-        pred = parse(gold_latex(content), extraction_config=_EXTRACTION, parsing_timeout=seconds, raise_on_error=True)
+        pred = parse(pred_text, extraction_config=_EXTRACTION, parsing_timeout=seconds, raise_on_error=True)
     except TimeoutException:  # a BaseException
         return GradeResult(False, content, "timeout")
     except Exception:
         return GradeResult(False, content, "parse_error")
     if not pred:
         return GradeResult(False, content, "parse_error")
-    matched, timed_out = verify_pairs(gold, pred, seconds)
+    matched, timed_out = guarded_verify(gold, pred, _same_text(gold_text, pred_text), seconds)
     if matched:
         return GradeResult(True, content, "ok")
     if timed_out:

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from grail.benchmarks import BENCHMARK_NAMES, load_benchmark
-from grail.grader import gold_latex, grade_many
+from grail.grader import grade_many
+from grail.reference_text import gold_latex
 from grail.release_scoring import SCORINGS, scoring_reference
 
 __all__ = ["CHECKS", "format_grader_check", "grader_check", "SOLUTION_FIELDS", "SOLUTION_NOTES", "TARGETS"]

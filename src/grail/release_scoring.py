@@ -17,7 +17,7 @@ figures can be put next to the paper's table:
    (`grail.benchmarks.release_reference`) into `Problem.release_answer`.
 3. Comparison (`verify_ans` in eval_results_base.py). No answer: incorrect. Otherwise each side is parsed by
    math-verify as `parse("$" + text + "$")` with its default extraction settings, and `verify(gold, answer)`
-   decides; any error or timeout counts as incorrect. Neither side is normalised (grail.grader.gold_latex is not
+   decides; any error or timeout counts as incorrect. Neither side is normalised (grail.reference_text.gold_latex is not
    applied), so "$['$2n$']$" is compared as it stands: its math is "['" and "']", and it cannot match a model's
    `2n`; from such text math-verify extracts whatever fragment it finds (a number, or "['1,3']" as the interval
    [1, 3]).

@@ -24,7 +24,8 @@ from typing import Any
 
 from grail import grader
 from grail.boxed import last_boxed_content
-from grail.grader import TIMEOUT_S, first_answer
+from grail.grader import TIMEOUT_S
+from grail.reference_text import first_answer
 
 __all__ = ["completion_text", "exact_int_reward", "math_verify_reward", "reward_named", "REWARDS"]
 
