@@ -92,9 +92,13 @@ def _previous_run(run_dir: Path) -> list[Path]:
 
 def prepare_run_dir(run_dir: str | Path, resume_from: Path | None, overwrite: bool, main_process: bool) -> None:
     """Before training: refuse to mix two runs in one directory; on resume, cut metrics.jsonl back to the
-    checkpoint's step and record the resume; with `overwrite`, remove the previous run's files (only those)."""
+    checkpoint's step and record the resume; with `overwrite`, remove the previous run's files (only those).
+    Every process decides on what the directory held before any of them wrote to it."""
+    from accelerate import PartialState
+
     run_dir = Path(run_dir)
     previous = _previous_run(run_dir)
+    PartialState().wait_for_everyone()  # every process looks before the main process writes anything
     if resume_from is None:
         if previous and not overwrite:
             names = ", ".join(p.name for p in previous[:4]) + (", ..." if len(previous) > 4 else "")
