@@ -71,9 +71,21 @@ def _train(args, rest: list[str]) -> int:
         flags["preset"] = args.preset
     values = merge(args.config, flags)
     values.setdefault("output_dir", _default_run_dir("train"))
-    result = train(build_config(values), values)
+    try:
+        result = train(build_config(values), values)
+    finally:
+        _close_process_group()
     print(f"done: {result.steps} steps in {result.train_seconds:.1f} s; model saved to {result.final_dir}")
     return 0
+
+
+def _close_process_group() -> None:
+    """Under `accelerate launch`, end the process group before the interpreter exits: left to exit-time teardown,
+    gloo's threads can abort a process after its work is done ("terminate called without an active exception")."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _quiet_libraries() -> None:
