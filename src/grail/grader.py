@@ -80,7 +80,7 @@ from math_verify.errors import TimeoutException
 from sympy import Basic, MatrixBase
 
 from grail.boxed import last_boxed_content
-from grail.grader_guards import guarded_verify
+from grail.grader_guards import accepted
 from grail.reference_text import gold_latex
 
 __all__ = [
@@ -125,14 +125,16 @@ def _same_text(a: str, b: str) -> bool:
     return " ".join(a.split()) == " ".join(b.split())
 
 
-def verify_pairs(gold: Sequence, pred: Sequence, seconds) -> tuple[bool, bool]:
+def verify_pairs(gold: Sequence, pred: Sequence, seconds,
+                 accept: Callable[[Any, Any], bool] | None = None) -> tuple[bool, bool]:
     """(any pair equal, some pair timed out). math-verify's verify(gold_list, pred_list) is `any` over the pairs,
     a pair that raises counting as unequal; this runs the same loop one pair at a time, to tell a timeout apart
-    from a plain mismatch."""
+    from a plain mismatch. `accept(gold, pred)`: a further test a pair math-verify accepted must pass (grail's
+    guards, `grail.grader_guards.accepted`); a timeout inside it counts as a timeout."""
     timed_out = False
     for g, p in itertools.product(gold, pred):
         try:
-            if verify(g, p, timeout_seconds=seconds, raise_on_error=True):
+            if verify(g, p, timeout_seconds=seconds, raise_on_error=True) and (accept is None or accept(g, p)):
                 return True, timed_out
         except TimeoutException:
             timed_out = True
@@ -163,7 +165,8 @@ def _grade_content(content: str | None, reference: Any, timeout_s: float) -> Gra
         return GradeResult(False, content, "parse_error")
     if not pred:
         return GradeResult(False, content, "parse_error")
-    matched, timed_out = guarded_verify(gold, pred, _same_text(gold_text, pred_text), seconds)
+    same_text = _same_text(gold_text, pred_text)
+    matched, timed_out = verify_pairs(gold, pred, seconds, accept=lambda g, p: accepted(g, p, same_text, seconds))
     if matched:
         return GradeResult(True, content, "ok")
     if timed_out:

@@ -1,13 +1,12 @@
 """grail's guards against math-verify's false accepts (grail.grader's docstring, "Guards"): a pair math-verify
-accepts stays accepted only if it passes `_accepted`. A wrong answer accepted costs more than a right one rejected:
-a policy learns to exploit the first.
+accepts stays accepted only if it passes `accepted` (`grail.grader.verify_pairs(..., accept=...)`). A wrong
+answer accepted costs more than a right one rejected: a policy learns to exploit the first.
 """
 
 from __future__ import annotations
 
-import itertools
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from math_verify import verify
@@ -15,7 +14,7 @@ from math_verify.errors import TimeoutException
 from sympy import And, Eq, Symbol, solve
 from sympy.core.function import AppliedUndef
 
-__all__ = ["guarded_verify"]
+__all__ = ["accepted"]
 
 
 def _alarmed(seconds: int, func: Callable, *args: Any) -> Any:
@@ -65,7 +64,7 @@ def _same_equation(gold: Eq, pred: Eq, seconds: int) -> bool:
     return bool(_alarmed(seconds, solve, gold, gold.free_symbols))
 
 
-def _accepted(gold: Any, pred: Any, same_text: bool, seconds: int) -> bool:
+def accepted(gold: Any, pred: Any, same_text: bool, seconds: int) -> bool:
     """Whether a pair math-verify accepted stays accepted (module docstring, "Guards")."""
     # a text-only match: math-verify compares extracted text, which may be the cut-off start of each side
     # ("1 - \\frac{1}{" of "1 - \\frac{1}{\\mathrm{x}}")
@@ -81,17 +80,3 @@ def _accepted(gold: Any, pred: Any, same_text: bool, seconds: int) -> bool:
         pred_links = [Eq(pred_links[0].lhs, pred_links[-1].rhs, evaluate=False)]
     return len(gold_links) == len(pred_links) and all(
         _same_equation(g, p, seconds) for g, p in zip(gold_links, pred_links, strict=True))
-
-
-def guarded_verify(gold: Sequence, pred: Sequence, same_text: bool, seconds: int) -> tuple[bool, bool]:
-    """`verify_pairs` where an accepted pair must also pass `_accepted`: (any pair accepted, some pair timed out)."""
-    timed_out = False
-    for g, p in itertools.product(gold, pred):
-        try:
-            if verify(g, p, timeout_seconds=seconds, raise_on_error=True) and _accepted(g, p, same_text, seconds):
-                return True, timed_out
-        except TimeoutException:
-            timed_out = True
-        except Exception:
-            pass
-    return False, timed_out
