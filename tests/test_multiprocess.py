@@ -356,18 +356,19 @@ def _fake_trainer(zero_stage=None, fsdp=False):
 @pytest.mark.parametrize("method", ["oar_p", "oar_g"])
 @pytest.mark.parametrize("sharding", [{"zero_stage": 3}, {"fsdp": True}])
 def test_oar_on_a_sharded_model_is_refused_before_training(method, sharding):
-    from grail.config import GRAILConfig
-    from grail.train import check_sharding
-    from grail.trainer import sharded_by
+    from grail.methods import method_spec
+    from grail.trainer import refuse_if_unshardable, sharded_by
 
-    cfg = GRAILConfig(output_dir="unused", token_weighting=method)
+    def check(name, trainer):  # what GRAILTrainer runs when it is built
+        refuse_if_unshardable(method_spec(name), sharded_by(trainer))
+
     trainer = _fake_trainer(**sharding)
     with pytest.raises(ValueError, match=f"token_weighting='{method}' cannot train a model sharded by "
                                          f"{sharded_by(trainer)}.*ZeRO-2 or DDP"):
-        check_sharding(cfg, trainer)
-    check_sharding(cfg, _fake_trainer(zero_stage=2))  # ZeRO-2 and DDP keep whole parameters: fine
-    check_sharding(cfg, _fake_trainer())
-    check_sharding(GRAILConfig(output_dir="unused", token_weighting="grail"), trainer)
+        check(method, trainer)
+    check(method, _fake_trainer(zero_stage=2))  # ZeRO-2 and DDP keep whole parameters: fine
+    check(method, _fake_trainer())
+    check("grail", trainer)
 
 
 def test_checkpoint_evaluation_on_a_sharded_model_is_refused_before_training():

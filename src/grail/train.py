@@ -26,11 +26,10 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from grail.config import GRAILConfig
 from grail.config_fields import SYNTHETIC_DATASET
 from grail.data import load_train_dataset
-from grail.methods import method_spec
 from grail.prompts import PromptFormat
 from grail.resume import CheckpointMarker, prepare_run_dir, resolve_resume
 from grail.rewards import reward_named
-from grail.trainer import GRAILTrainer, refuse_if_unshardable, sharded_by
+from grail.trainer import GRAILTrainer, sharded_by
 from grail.warmstart import resolve_model
 
 __all__ = [
@@ -182,12 +181,10 @@ class CheckpointEval(TrainerCallback):
 
 
 def check_sharding(cfg: GRAILConfig, trainer) -> None:
-    """Refuse, before training, what cannot run on a sharded model (ZeRO-3, FSDP); ZeRO-1/2 and DDP are fine."""
+    """Refuse, before training, checkpoint evaluation on a sharded model (ZeRO-3, FSDP); ZeRO-1/2 and DDP are fine.
+    (A method whose probe cannot run sharded is refused by GRAILTrainer itself, when it is built.)"""
     sharded = sharded_by(trainer)
-    if sharded is None:
-        return
-    refuse_if_unshardable(method_spec(cfg.token_weighting), sharded)  # GRAILTrainer refuses these too
-    if cfg.eval_benchmarks:
+    if sharded is not None and cfg.eval_benchmarks:
         raise ValueError(f"eval_benchmarks={cfg.eval_benchmarks!r} cannot run at checkpoints of a model sharded by "
                          f"{sharded} (each process's generate would run its own number of forwards and hang): leave "
                          f"eval_benchmarks empty and evaluate the saved checkpoints with `grail eval --model "
