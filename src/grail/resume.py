@@ -115,7 +115,7 @@ def prepare_run_dir(run_dir: str | Path, resume_from: Path | None, overwrite: bo
     metrics = run_dir / "metrics.jsonl"
     if metrics.is_file():
         kept = [line for line in metrics.read_text().splitlines()
-                if line.strip() and _line_step(line) is not None and _line_step(line) <= step]
+                if (line_step := _line_step(line)) is not None and line_step <= step]
         temporary = metrics.with_suffix(".jsonl.tmp")
         temporary.write_text("".join(line + "\n" for line in kept))
         os.replace(temporary, metrics)
