@@ -62,8 +62,9 @@ def test_weight_diagnostics_hand_case():
     # top10: row 0 k = .4 → .4 · 5 / 7 = 2/7; row 1 |Â| = [2, 10], k = .2 → .2 · 10 / 12 = 1/6.
     # profile (4 bins): row 0 R = 3: j = 0, 1, 2 → bins 0, floor(4/3) = 1, floor(8/3) = 2; row 1 R = 1: bin 0.
     # bin 0: (.5 + 1)/2 = .75; bin 1: .5; bin 2: 1; bin 3: empty → 0.
+    # reasoning std: w = .5, .5, 1, 1 → mean .75, E[w²] = 2.5/4 = .625, var = .625 − .5625 = .0625 → .25.
     expected = {"mean": 13 / 6, "max": 5.0, "clip_low_frac": 0.4, "clip_high_frac": 0.2, "adv_scale_ratio": 19 / 8,
-                "ess_ratio": (49 / 106 + 9 / 13) / 2, "top10_mass": (2 / 7 + 1 / 6) / 2}
+                "ess_ratio": (49 / 106 + 9 / 13) / 2, "top10_mass": (2 / 7 + 1 / 6) / 2, "reasoning_std": 0.25}
     assert set(d) == set(expected) | {"position_profile", "position_count"}
     for key, value in expected.items():
         assert d[key].shape == () and d[key].dtype == torch.float32, key
@@ -77,7 +78,7 @@ def test_weight_diagnostics_defaults_when_no_row_carries_a_gradient():
     d = weight_diagnostics(w, torch.zeros(3), mask, reasoning, normalised, weight_min=0.5, weight_max=5.0)
     assert {k: v.tolist() for k, v in d.items()} == {
         "mean": 0.0, "max": 0.0, "clip_low_frac": 0.0, "clip_high_frac": 0.0, "adv_scale_ratio": 1.0,
-        "ess_ratio": 1.0, "top10_mass": pytest.approx(0.1), "position_profile": [0.0] * 10,
+        "ess_ratio": 1.0, "top10_mass": pytest.approx(0.1), "reasoning_std": 0.0, "position_profile": [0.0] * 10,
         "position_count": [0.0] * 10}
 
 

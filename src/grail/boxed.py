@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 __all__ = [
-    "BOX_MARKER", "BoxSpan", "char_span_to_token_positions", "find_boxed_spans", "first_boxed", "last_boxed",
-    "last_boxed_content", "release_boxes", "release_last_box"
+    "all_boxed_content", "BOX_MARKER", "BoxSpan", "char_span_to_token_positions", "find_boxed_spans", "first_boxed",
+    "last_boxed", "last_boxed_content", "release_boxes", "release_last_box"
 ]
 
 BOX_MARKER = "\\boxed{"
@@ -100,6 +100,13 @@ def last_boxed_content(text: str) -> str | None:
     """Content of the last complete box, or None if `text` has no complete box ("" if it is empty)."""
     span = last_boxed(text)
     return None if span is None else span.content(text)
+
+
+def all_boxed_content(text: str) -> str | None:
+    """The contents of every outermost complete box, in order, joined by ", " (the opt-in "all boxes" rule:
+    "\\boxed{1}, \\boxed{2}" reads as "1, 2"); None if `text` has no complete box."""
+    spans = find_boxed_spans(text)
+    return ", ".join(span.content(text) for span in spans) if spans else None
 
 
 # ---- the GRAIL release's evaluation extraction (grail.release_scoring, rule 1) ---------------------------------

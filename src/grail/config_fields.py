@@ -23,7 +23,9 @@ from grail.options import (
     ScoringName,
     WarmStartConfig,
     WeightingOptions,
+    WeightRescale,
     WeightsFrom,
+    ZscoreScope,
 )
 from grail.sampling import SamplingParams
 from grail.tasks import SyntheticSet, TaskConfig
@@ -89,7 +91,9 @@ class GRAILFields:
         default="auto",
         metadata={"help": "`math_verify`: 1.0 iff the last \\boxed{} is equivalent to the answer under "
                   "math-verify (5 s timeout). `exact_int`: 1.0 iff the last \\boxed{} is the answer as an "
-                  "integer (the synthetic task). `auto`: exact_int for the synthetic task, else math_verify."},
+                  "integer (the synthetic task). `math_verify_all_boxes`: math_verify with the opt-in all-boxes rule (every "
+                  "\\boxed{} of the completion, and of the reference, read as one list: `\\boxed{1}, \\boxed{2}` is "
+                  "`1, 2`). `auto`: exact_int for the synthetic task, else math_verify."},
     )
     overwrite_output_dir: bool = field(
         default=False,
@@ -155,6 +159,31 @@ class GRAILFields:
     weight_min: float = field(default=_W.weight_min, metadata={"help": "GRAIL w_min (lower clip). Release 0.5."})
     weight_max: float = field(default=_W.weight_max, metadata={"help": "GRAIL w_max (upper clip; also the "
                               "weight of the tokens inside the answer box). Release 5.0."})
+    weight_rescale: WeightRescale = field(
+        default=_W.weight_rescale,
+        metadata={"help": "Scale matching, opt-in (neither release has it). `none` (release): the weights as "
+                  "computed. GRAIL's mean weight exceeds 1, mostly because the answer tokens get weight_max, so "
+                  "its mean |Â| exceeds GRPO's |A| (weights/adv_scale_ratio): at a learning rate tuned for GRPO it "
+                  "takes larger steps. `row_mean`: each row's final weights (after the answer-span overrides and "
+                  "the random control's permutation, which does not change a row's mean) are divided by their "
+                  "mean over the row's real tokens. Every row's mean weight is then 1 and its mean |Â| is |A|, so "
+                  "the method only moves GRPO's advantage between tokens. Applies to every method. Uniform rows "
+                  "stay as they are. OAR's reshaping already preserves mass, so only rounding changes there. "
+                  "weights/clip_* still count the clipping before the rescale."},
+    )
+    zscore_scope: ZscoreScope = field(
+        default=_W.zscore_scope,
+        metadata={"help": "The tokens GRAIL's per-row z-score of log(signal) is taken over (grail, random, "
+                  "entropy). `to_answer` is opt-in, not the release. `completion` (release): every real token. "
+                  "That includes the tokens after the answer box: ℓ cannot depend on them, so their saliency is "
+                  "exactly 0 and log(1e-8) ≈ −18.4 pulls the mean down and the std up, which squeezes the "
+                  "reasoning tokens' weights together (on short completions GRAIL nears 'GRPO with the answer "
+                  "tokens × weight_max'; see weights/reasoning_std). `to_answer`: only the tokens up to and "
+                  "including the last token of the answer NLL span (answer_nll_span: the closing brace for `box`, "
+                  "the last content token for `content`). The tokens after it get z = 0 (weight_mean), and the "
+                  "answer-span overrides give them that anyway. Rows without a box are unchanged. Not for "
+                  "oar_g/oar_p: they have no z-score, and oar_scope picks their scored tokens."},
+    )
     oar_variant: OarVariant = field(
         default=_W.oar_variant,
         metadata={"help": "Which OAR to run. `oar_excerpt` (Li et al. 2026, as METHODS.md 3 excerpts it): noise "
@@ -267,7 +296,7 @@ class GRAILFields:
     eval_scoring: ScoringName = field(
         default="grail",
         metadata={"help": "How checkpoint samples are graded (as `grail eval --scoring`): `grail` (the grader: "
-                  "every reference read correctly) or `release` (the GRAIL release's own scoring, for figures "
+                  "every reference read correctly), `grail_all_boxes` (the grader with the opt-in all-boxes rule) or `release` (the GRAIL release's own scoring, for figures "
                   "comparable with the paper's; it cannot match 197 of 675 OlympiadBench references)."},
     )
     eval_samples: int = field(

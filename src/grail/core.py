@@ -18,8 +18,9 @@ from grail.options import RolloutSymmetry
 
 __all__ = [
     "answer_span_overrides", "entropy_from_logits", "gradient_activation_saliency", "grail_weights_from_saliency",
-    "kl_divergence", "log_zscore", "permuted_weights", "reweighted_rows", "ROLLOUT_SYMMETRIES", "saliency_weights",
-    "SaliencyWeights", "token_advantages", "uniform_weights", "valid_signal_rows"
+    "kl_divergence", "log_zscore", "permuted_weights", "reweighted_rows", "ROLLOUT_SYMMETRIES", "row_mean_rescaled",
+    "saliency_weights", "SaliencyWeights", "token_advantages", "tokens_through_span", "uniform_weights",
+    "valid_signal_rows"
 ]
 
 
@@ -133,20 +134,23 @@ def log_zscore(signal_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
 
 
 def saliency_weights(signal_BT: torch.Tensor, mask_BT: torch.Tensor, *, weight_mean: float, weight_std: float,
-                     weight_min: float, weight_max: float) -> torch.Tensor:
+                     weight_min: float, weight_max: float, scope_BT: torch.Tensor | None = None) -> torch.Tensor:
     """GRAIL's affine-and-clip of the log z-score (METHODS.md 2.5): w = clip(w_mean + w_std · z, w_min, w_max).
 
     Release values: w_mean 1.0, w_std 0.5, w_min 0.5, w_max 5.0. No renormalisation (the mean weight can
-    exceed 1).
+    exceed 1; `row_mean_rescaled` is the opt-in one).
 
     Args:
         signal_BT: (B, T) non-negative signal; see `log_zscore`.
         mask_BT: (B, T) bool, True on real completion tokens.
+        scope_BT: (B, T) bool, the tokens the z-score is taken over (ANDed with mask_BT); None = every real token
+            (the release). Real tokens outside it get z = 0, i.e. w_mean; their signal is ignored, even NaN.
     Returns:
         (B, T) float32, detached; 0 on padding, in [w_min, w_max] on real tokens of rows with finite signal.
         Invariant (tested): a constant row gives exactly w_mean on its real tokens.
     """
-    z = log_zscore(signal_BT, mask_BT)
+    scope = mask_BT.bool() if scope_BT is None else scope_BT.bool() & mask_BT.bool()
+    z = log_zscore(signal_BT, scope)  # 0 outside the scope
     w = (weight_mean + weight_std * z).clamp(min=weight_min, max=weight_max)
     return torch.where(mask_BT.bool(), w, 0.0)
 
@@ -192,6 +196,45 @@ def valid_signal_rows(signal_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.T
     return mask.any(dim=1) & finite & nonzero
 
 
+def tokens_through_span(span_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
+    """Each row's real tokens up to and including its last `span_BT` token; every real token of a row without one.
+
+    GRAIL's `zscore_scope="to_answer"` z-scores these (opt-in; the release uses every real token). With span_BT =
+    the answer NLL span, the tokens left out are exactly those ℓ cannot depend on: token t's saliency is read at
+    the position that predicts it, which lies after the last span token's predicting position iff t lies after
+    the last span token (causal attention), so their saliency is exactly 0.
+
+    Args:
+        span_BT: (B, T) bool, e.g. `AnswerSpans.probe_span(answer_nll_span)`; ANDed with mask_BT.
+        mask_BT: (B, T) bool, True on real completion tokens.
+    Returns:
+        (B, T) bool ⊆ mask_BT.
+    """
+    mask = mask_BT.bool()
+    span = span_BT.bool() & mask
+    past_last_BT = span.flip(1).long().cumsum(1).flip(1) == 0  # no span token at t or later
+    return mask & ~(past_last_BT & span.any(dim=1, keepdim=True))
+
+
+def row_mean_rescaled(weights_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
+    """Opt-in scale matching (`weight_rescale="row_mean"`, not in either release): w_{i,t} / mean_t w_{i,t}, the
+    mean over row i's real tokens, so that every row's mean weight is 1 and its mean |Â| = |A_i| (GRPO's).
+
+    Args:
+        weights_BT: (B, T) weights >= 0 (the final ones: after the answer-span overrides and any permutation; the
+            row mean does not depend on the order of a row's values).
+        mask_BT: (B, T) bool, True on real completion tokens.
+    Returns:
+        (B, T) float32, detached; 0 on padding. Rows whose mean is 1 come back unchanged (uniform rows exactly:
+        their float32 sum is their count), as do rows with no real token or mean 0 (all-zero weights).
+    Invariants (tested): per row, the mean over real tokens is 1 and the ratios of weights are kept.
+    """
+    mask = mask_BT.bool()
+    w = torch.where(mask, weights_BT.detach().float(), 0.0)
+    mean_B1 = w.sum(dim=1, keepdim=True) / mask.sum(dim=1, keepdim=True).clamp(min=1)
+    return w / torch.where(mean_B1 > 0, mean_B1, 1.0)
+
+
 def answer_span_overrides(weights_BT: torch.Tensor, answer_BT: torch.Tensor, after_BT: torch.Tensor, *,
                           weight_mean: float, weight_max: float) -> torch.Tensor:
     """GRAIL's answer-span overrides (METHODS.md 2.7): w_max strictly inside the box, w_mean on the rest.
@@ -223,8 +266,8 @@ class SaliencyWeights(NamedTuple):
 
 def grail_weights_from_saliency(saliency_BT: torch.Tensor, adv_B: torch.Tensor, mask_BT: torch.Tensor,
                                 answer_BT: torch.Tensor, after_BT: torch.Tensor, *, rollout_symmetry: str,
-                                weight_mean: float, weight_std: float, weight_min: float,
-                                weight_max: float) -> SaliencyWeights:
+                                weight_mean: float, weight_std: float, weight_min: float, weight_max: float,
+                                scope_BT: torch.Tensor | None = None) -> SaliencyWeights:
     """GRAIL's token weights for a micro-batch (METHODS.md 2.5–2.8); with token entropy as the signal, the
     entropy control (METHODS.md 4).
 
@@ -232,7 +275,8 @@ def grail_weights_from_saliency(saliency_BT: torch.Tensor, adv_B: torch.Tensor, 
     2. selected = reweighted_rows(A, rollout_symmetry) & has_box;
        fallback = selected & ~valid_signal_rows(signal); reweighted = selected & ~fallback.
     3. Reweighted rows: `saliency_weights`, z-scored over ALL the row's real tokens (answer span included,
-       then overridden, as the release does). Every other row: 1 on real tokens (METHODS.md 2.8 for rows
+       then overridden, as the release does), or over scope_BT's (validity checked over the same tokens; the
+       tokens left out get w_mean). Every other row: 1 on real tokens (METHODS.md 2.8 for rows
        without a box; GRPO's weight for rows step 2 did not choose; a fallback row has nothing to normalise).
     4. Rows with a box that are not fallback rows, whatever rollout_symmetry chose (METHODS.md 2.7):
        `answer_span_overrides`. A fallback row stays uniform, overrides included.
@@ -243,7 +287,8 @@ def grail_weights_from_saliency(saliency_BT: torch.Tensor, adv_B: torch.Tensor, 
         mask_BT: (B, T) bool, True on real completion tokens.
         answer_BT, after_BT: (B, T) bool spans from the box finder (see `answer_span_overrides`); ANDed with
             mask_BT here, so they may spill onto padding.
-        rollout_symmetry, weight_*: see `reweighted_rows`, `saliency_weights`.
+        rollout_symmetry, weight_*, scope_BT: see `reweighted_rows`, `saliency_weights`. scope_BT None = every
+            real token (the release); `tokens_through_span` gives `zscore_scope="to_answer"`'s.
     Returns:
         SaliencyWeights(weights_BT (B, T) float32 detached, 0 on padding, never NaN;
         normalised_BT (B, T) bool = reweighted rows' real tokens outside answer_BT and after_BT;
@@ -253,10 +298,12 @@ def grail_weights_from_saliency(saliency_BT: torch.Tensor, adv_B: torch.Tensor, 
     answer, after = answer_BT.bool() & mask, after_BT.bool() & mask
     has_box_B = answer.any(dim=1)
     selected_B = reweighted_rows(adv_B, rollout_symmetry) & has_box_B
-    fallback_B = selected_B & ~valid_signal_rows(saliency_BT, mask)
+    scope = mask if scope_BT is None else scope_BT.bool() & mask
+    fallback_B = selected_B & ~valid_signal_rows(saliency_BT, scope)
     reweighted_B = selected_B & ~fallback_B
     salient = saliency_weights(saliency_BT, mask, weight_mean=weight_mean, weight_std=weight_std,
-                               weight_min=weight_min, weight_max=weight_max)  # NaN on invalid rows: not selected
+                               weight_min=weight_min, weight_max=weight_max,
+                               scope_BT=scope)  # NaN on invalid rows: not selected
     weights = torch.where(reweighted_B[:, None], salient, uniform_weights(mask))  # (B, T)
     overridden_B = (has_box_B & ~fallback_B)[:, None]
     weights = answer_span_overrides(weights, answer & overridden_B, after & overridden_B,

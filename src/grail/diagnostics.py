@@ -25,16 +25,22 @@ RELEASE_KEYS = ("clip_low_frac", "clip_high_frac", "adv_scale_ratio")  # weights
 
 def weight_sums(weights_BT: torch.Tensor, adv_B: torch.Tensor, adv_BT: torch.Tensor, mask_BT: torch.Tensor,
                 reasoning_BT: torch.Tensor, normalised_BT: torch.Tensor, *, weight_min: float, weight_max: float,
-                num_bins: int = 10) -> dict[str, torch.Tensor]:
+                num_bins: int = 10, clip_BT: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Additive statistics of one batch's weights (see the module docstring); `finish` turns them into metrics.
 
     Args:
         weights_BT: (B, T) weights ≥ 0. adv_B: (B,) advantages. adv_BT: (B, T) Â = w · A. mask_BT: (B, T) bool
             real tokens. reasoning_BT: (B, T) bool, the reasoning tokens (before `\\boxed{`). normalised_BT:
             (B, T) bool, the tokens whose weight came from normalisation (`SaliencyWeights.normalised_BT`).
+        clip_BT: optional (B, T) int8, −1 / +1 where the affine weight was clipped at w_min / w_max before any
+            override or rescale (`SaliencyWeights.clip_BT`). Given, clip_low / clip_high count it on the normalised
+            tokens instead of comparing weights_BT with the bounds: with `weight_rescale="row_mean"` the final
+            weights no longer sit at them. (The random control permutes a row's values over its reasoning tokens,
+            which are its normalised tokens, so the row's counts are the same either way.)
     Returns float32 tensors: `max` (reduce by max) and sums (reduce by sum): tokens, weight_sum, abs_token_adv
     (Σ|Â|), abs_adv (Σ|A| over the same tokens), normalised, clip_low, clip_high (token counts), rows, ess_sum,
-    ess_rows, top10_sum, top10_rows (row sums and counts), position_sum, position_count ((num_bins,)).
+    ess_rows, top10_sum, top10_rows (row sums and counts), reasoning_tokens, reasoning_dev_sum, reasoning_dev_sq
+    (count, Σ(w − 1) and Σ(w − 1)² over reasoning tokens), position_sum, position_count ((num_bins,)).
     """
     w = weights_BT.detach().float()
     mask = mask_BT.bool()
@@ -47,14 +53,19 @@ def weight_sums(weights_BT: torch.Tensor, adv_B: torch.Tensor, adv_BT: torch.Ten
                                                                                     .flatten(), zero[None]]).max()}
     norm = normalised_BT.bool() & tok
     out["normalised"] = norm.float().sum()
-    out["clip_low"] = ((w <= weight_min + CLIP_TOL) & norm).float().sum()
-    out["clip_high"] = ((w >= weight_max - CLIP_TOL) & norm).float().sum()
+    if clip_BT is None:
+        out["clip_low"] = ((w <= weight_min + CLIP_TOL) & norm).float().sum()
+        out["clip_high"] = ((w >= weight_max - CLIP_TOL) & norm).float().sum()
+    else:
+        out["clip_low"] = ((clip_BT < 0) & norm).float().sum()
+        out["clip_high"] = ((clip_BT > 0) & norm).float().sum()
     a_BT = adv_BT.detach().float()
     out["abs_token_adv"] = (a_BT.abs() * tokf).sum()
     out["abs_adv"] = (adv.abs()[:, None] * tokf).sum()
     out["rows"] = rows_B.float().sum()
     out.update(_ess(w, tokf, rows_B))
     out.update(_top10(a_BT, tok, rows_B))
+    out.update(_reasoning_spread(w, reasoning_BT.bool() & tok))
     out.update(_position_profile(w, reasoning_BT.bool() & tok, num_bins))
     return out
 
@@ -80,6 +91,15 @@ def _top10(a_BT: torch.Tensor, tok: torch.Tensor, rows_B: torch.Tensor) -> dict[
             "top10_rows": ok.float().sum()}
 
 
+def _reasoning_spread(w: torch.Tensor, reason: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Count, Σ(w − 1) and Σ(w − 1)² over the reasoning tokens: `finish` makes their pooled std. The shift by GRPO's
+    weight 1 (a constant, so the sums still add up) keeps the one-pass variance E[d²] − E[d]² accurate in float32,
+    where the weights sit near 1 and E[w²] − E[w]² would cancel."""
+    d = torch.where(reason, w - 1.0, 0.0)
+    return {"reasoning_tokens": reason.float().sum(), "reasoning_dev_sum": d.sum(),
+            "reasoning_dev_sq": d.square().sum()}
+
+
 def _position_profile(w: torch.Tensor, reason: torch.Tensor, num_bins: int) -> dict[str, torch.Tensor]:
     """Weight sums and token counts per position bin: the j-th (0-based) of a row's R reasoning tokens goes to bin
     floor(num_bins · j / R)."""
@@ -99,6 +119,9 @@ def finish(sums: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             0 if there is no normalised token.
         adv_scale_ratio: Σ|Â| / Σ|A| over the described tokens; 1 if none.
         ess_ratio, top10_mass: row means (1 and 0.1, the uniform values, if no row).
+        reasoning_std: population std of the weights of the reasoning tokens (before `\\boxed{`), pooled over
+            tokens; 0 if none. How far the weights of the tokens that carry the reasoning spread: GRAIL's z-score
+            over the whole completion compresses it (README "Token weighting", zscore_scope).
         position_profile: (num_bins,) token-pooled mean weight per bin (0 for an empty bin); position_count.
     """
     def ratio(num, den, empty):
@@ -112,18 +135,26 @@ def finish(sums: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         "adv_scale_ratio": ratio(sums["abs_token_adv"], sums["abs_adv"], 1.0),
         "ess_ratio": ratio(sums["ess_sum"], sums["ess_rows"], 1.0),
         "top10_mass": ratio(sums["top10_sum"], sums["top10_rows"], 0.1),
+        "reasoning_std": _pooled_std(sums["reasoning_dev_sum"], sums["reasoning_dev_sq"], sums["reasoning_tokens"]),
         "position_profile": sums["position_sum"] / sums["position_count"].clamp(min=1.0),
         "position_count": sums["position_count"],
     }
 
 
+def _pooled_std(dev_sum: torch.Tensor, dev_sq: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """sqrt(E[d²] − E[d]²) from the sums of d and d² over `count` values (0 if none; rounding below 0 → 0)."""
+    n = count.clamp(min=1.0)
+    return ((dev_sq / n) - (dev_sum / n).square()).clamp(min=0.0).sqrt()
+
+
 def weight_diagnostics(weights_BT: torch.Tensor, adv_B: torch.Tensor, mask_BT: torch.Tensor,
                        reasoning_BT: torch.Tensor, normalised_BT: torch.Tensor, *, weight_min: float,
-                       weight_max: float, num_bins: int = 10) -> dict[str, torch.Tensor]:
+                       weight_max: float, num_bins: int = 10,
+                       clip_BT: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """`finish(weight_sums(...))` for one batch, with Â = w · A formed here (arguments as `weight_sums`)."""
     adv_BT = weights_BT.detach().float() * adv_B.detach().float()[:, None]
     return finish(weight_sums(weights_BT, adv_B, adv_BT, mask_BT, reasoning_BT, normalised_BT,
-                              weight_min=weight_min, weight_max=weight_max, num_bins=num_bins))
+                              weight_min=weight_min, weight_max=weight_max, num_bins=num_bins, clip_BT=clip_BT))
 
 
 def release_diagnostics(adv_B: torch.Tensor, adv_BT: torch.Tensor, mask_BT: torch.Tensor, clip_BT: torch.Tensor,

@@ -79,13 +79,14 @@ from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, veri
 from math_verify.errors import TimeoutException
 from sympy import Basic, MatrixBase
 
-from grail.boxed import last_boxed_content
+from grail.boxed import all_boxed_content, last_boxed_content
 from grail.grader_guards import accepted
-from grail.reference_text import gold_latex
+from grail.reference_text import first_answer, gold_latex
 
 __all__ = [
-    "default_workers", "grade", "grade_many", "GradeResult", "GradingPool",
-    "GRAIL_SCORING", "MAX_ANSWER_CHARS", "MAX_WORKERS", "Scoring", "TIMEOUT_S", "verify_pairs", "WORKER_START_S"
+    "ALL_BOXES_SCORING", "default_workers", "grade", "grade_many", "GradeResult", "GradingPool", "GRAIL_SCORING",
+    "MAX_ANSWER_CHARS", "MAX_WORKERS", "PARSE_KINDS", "reference_parse", "Scoring", "TIMEOUT_S", "verify_pairs",
+    "WORKER_START_S"
 ]
 
 TIMEOUT_S = 5  # per math-verify parse and per comparison (METHODS.md section 1)
@@ -143,14 +144,15 @@ def verify_pairs(gold: Sequence, pred: Sequence, seconds,
     return False, timed_out
 
 
-def _grade_content(content: str | None, reference: Any, timeout_s: float) -> GradeResult:
-    """`grade` of a box content (None: no box) in this thread, which must be a main thread."""
+def _grade_content(content: str | None, reference: Any, timeout_s: float, boxes: str = "last") -> GradeResult:
+    """`grade` of a box content (None: no box) in this thread, which must be a main thread. `boxes`: how a
+    reference holding several boxes reads (`gold_latex`)."""
     if content is None:
         return GradeResult(False, None, "no_box")
     if len(content) > MAX_ANSWER_CHARS:
         return GradeResult(False, content, "too_long")
     seconds = _alarm_seconds(timeout_s)
-    gold_text, pred_text = gold_latex(reference), gold_latex(content)
+    gold_text, pred_text = gold_latex(reference, boxes), gold_latex(content, boxes)
     try:
         gold = _parse_reference(gold_text, seconds)
     except TimeoutException:
@@ -178,6 +180,38 @@ def _grade_content(content: str | None, reference: Any, timeout_s: float) -> Gra
     return GradeResult(False, content, "ok")
 
 
+PARSE_KINDS = ("math", "partial", "text", "none")
+
+
+def reference_parse(reference: Any, *, normalise: bool = True, timeout_s: float = TIMEOUT_S) -> tuple[str, str | None]:
+    r"""How math-verify reads a reference: (kind, the text it extracted).
+
+    kind: "math" (a mathematical value: a sympy expression, set, interval, matrix ...); "partial" (text only, and
+    only the start of the answer, a strict prefix of it, spaces aside: math-verify stopped parsing, e.g. "1 - rac{1}{" of
+    "1 - rac{1}{\mathrm{e}}", so every answer that starts the same way would match it as text); "text" (text
+    only, the whole answer: compared as text); "none" (nothing extracted, or a timeout). normalise: read
+    `gold_latex(reference)`, as the grader does; False reads "oxed{" + reference + "}", as it would be
+    without grail's normalisation (`grail grader-check` counts both). The alarm is used on a main thread only;
+    elsewhere the parse is unbounded (references are data, not model output).
+    """
+    text = gold_latex(reference) if normalise else "\\boxed{" + str(first_answer(reference)).strip() + "}"
+    main = threading.current_thread() is threading.main_thread()
+    try:
+        parsed = parse(text, extraction_config=_EXTRACTION, parsing_timeout=_alarm_seconds(timeout_s) if main else None,
+                       raise_on_error=True)
+    except BaseException as err:  # TimeoutException is a BaseException; a KeyboardInterrupt must still stop us
+        if isinstance(err, KeyboardInterrupt):
+            raise
+        return "none", None
+    if not parsed:
+        return "none", None
+    extracted = next((p for p in parsed if isinstance(p, str)), None)
+    if any(isinstance(p, Basic | MatrixBase) for p in parsed):
+        return "math", extracted
+    kept, whole = ("".join(t.split()) for t in (extracted or "", last_boxed_content(text) or ""))
+    return ("partial" if len(kept) < len(whole) and whole.startswith(kept) else "text"), extracted
+
+
 @dataclass(frozen=True)
 class Scoring:
     """How a completion is graded. `extract(completion)`: the answer text (None: no answer), taken in the calling
@@ -194,6 +228,15 @@ class Scoring:
 GRAIL_SCORING = Scoring("grail", last_boxed_content, _grade_content,
                         "grail (grail.grader: the last complete box against the normalised reference, both sides "
                         "normalised alike; mean tokens over all samples)")
+
+
+def _grade_all_boxes(content: str | None, reference: Any, timeout_s: float) -> GradeResult:
+    return _grade_content(content, reference, timeout_s, boxes="all")
+
+
+ALL_BOXES_SCORING = Scoring("grail_all_boxes", all_boxed_content, _grade_all_boxes,
+                            "grail_all_boxes (grail.grader with the opt-in all-boxes rule: every complete box of the "
+                            "completion, and of the reference, joined as one list; mean tokens over all samples)")
 
 
 # ---- worker processes -----------------------------------------------------------------------------------------

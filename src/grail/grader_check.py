@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from grail.benchmarks import BENCHMARK_NAMES, load_benchmark
-from grail.grader import grade_many
+from grail.grader import PARSE_KINDS, grade_many, reference_parse
 from grail.reference_text import gold_latex
 from grail.release_scoring import SCORINGS, scoring_reference
 
@@ -92,9 +92,10 @@ def grader_check(data_dir: str | Path, benchmarks: Sequence[str] | None = None, 
                 jobs.append((name, "neighbour", p.id, box, following, False))
     results = grade_many([j[3] for j in jobs], [j[4] for j in jobs], workers=workers,
                          scoring=SCORINGS[scoring])
+    parses = {name: reference_parses(load_benchmark(name, data_dir=data_dir, size=None).problems) for name in names}
     out: dict[str, Any] = {"data_dir": str(data_dir), "scoring": scoring, "benchmarks": {}, "targets": []}
     for name in names:
-        entry: dict[str, Any] = {"n": sizes[name], "solution_note": SOLUTION_NOTES.get(name)}
+        entry: dict[str, Any] = {"n": sizes[name], "solution_note": SOLUTION_NOTES.get(name), "parse": parses[name]}
         for check in CHECKS:
             picked = [(j, r) for j, r in zip(jobs, results, strict=True) if j[0] == name and j[1] == check]
             disagreements = [{"id": j[2], "reference": j[4], "extracted": r.extracted, "reason": r.reason}
@@ -109,6 +110,24 @@ def grader_check(data_dir: str | Path, benchmarks: Sequence[str] | None = None, 
                                        "fraction": fraction, "met": fraction >= threshold})
         out["benchmarks"][name] = entry
     return out
+
+
+def reference_parses(problems) -> dict:
+    """How math-verify reads each problem's reference (`grail.grader.reference_parse`), before grail's normalisation
+    ("\\boxed{" + answer + "}") and after it (`gold_latex`, what the grader parses): {"before": {kind: count},
+    "after": {kind: count}, "listed": [{"id", "reference", "before", "after", "extracted"}]}, listing every
+    reference that is not "math" before or after (a text fallback or a partial parse; "extracted": the text
+    math-verify kept, after normalisation)."""
+    counts: dict[str, dict[str, int]] = {"before": dict.fromkeys(PARSE_KINDS, 0), "after": dict.fromkeys(PARSE_KINDS, 0)}
+    listed = []
+    for p in problems:
+        before, _ = reference_parse(p.answer, normalise=False)
+        after, extracted = reference_parse(p.answer)
+        counts["before"][before] += 1
+        counts["after"][after] += 1
+        if before != "math" or after != "math":
+            listed.append({"id": p.id, "reference": p.answer, "before": before, "after": after, "extracted": extracted})
+    return {**counts, "listed": listed}
 
 
 def _cell(check: dict | None, note: str | None = None) -> str:
@@ -132,11 +151,25 @@ def format_grader_check(result: dict, show: int | None = None) -> str:
     for name, entry in result["benchmarks"].items():
         lines.append(f"| {name} | {entry['n']} | {_cell(entry['solution'], entry['solution_note'])} "
                      f"| {_cell(entry['round_trip'])} | {_cell(entry['neighbour'], 'not run')} |")
+    lines += ["", "References math-verify does not read as mathematics (grail.grader.reference_parse): partial = text "
+              "only, cut off; text = text only, whole; none = nothing. Before = boxed as written, after = grail's "
+              "normalisation (what the grader parses).", "",
+              "| benchmark | partial before | partial after | text before | text after | none before | none after |",
+              "|---|---|---|---|---|---|---|"]
+    for name, entry in result["benchmarks"].items():
+        before, after = entry["parse"]["before"], entry["parse"]["after"]
+        lines.append(f"| {name} | " + " | ".join(f"{before[k]} | {after[k]}" for k in ("partial", "text", "none")) + " |")
     lines.append("")
     for target in result["targets"]:
         lines.append(f"- {target['benchmark']} {target['check']}: {100 * target['fraction']:.2f}% "
                      f"(target >= {100 * target['threshold']:.1f}%): {'met' if target['met'] else 'NOT MET'}")
     for name, entry in result["benchmarks"].items():
+        listed = entry["parse"]["listed"]
+        if listed:
+            lines += ["", f"{name}: {len(listed)} reference(s) not read as mathematics before or after", "",
+                      "| id | reference | before | after | extracted (after) |", "|---|---|---|---|---|"]
+            lines += [f"| {_short(d['id'], 50)} | {_short(d['reference'])} | {d['before']} | {d['after']} "
+                      f"| {_short(d['extracted'])} |" for d in (listed if show is None else listed[:show])]
         for check in CHECKS:
             if entry[check] is None or not entry[check]["disagreements"]:
                 continue

@@ -23,7 +23,7 @@ from grail.options import WeightingOptions
 from grail.spans import AnswerSpans
 
 __all__ = ["METHODS", "OAR_P_FLOOR", "MethodSpec", "ProbeBatch", "TokenWeights", "method_spec", "oar_p_floor",
-           "scored_tokens"]
+           "scored_tokens", "zscore_tokens"]
 
 
 @dataclass
@@ -102,6 +102,14 @@ def scored_tokens(spans: AnswerSpans, mask_BT: torch.Tensor, options: WeightingO
     return mask_BT.clone() if options.oar_scope == "completion" else spans.reasoning_BT & mask_BT
 
 
+def zscore_tokens(spans: AnswerSpans, mask_BT: torch.Tensor, options: WeightingOptions) -> torch.Tensor:
+    """(B, T) bool: the tokens GRAIL's per-row z-score uses: every real token (`zscore_scope="completion"`, the
+    release), or those up to and including the last token of the answer NLL span (`"to_answer"`)."""
+    if options.zscore_scope == "to_answer":
+        return core.tokens_through_span(spans.probe_span(options.answer_nll_span), mask_BT)
+    return mask_BT.bool()
+
+
 def probed_rows(spec: MethodSpec, adv_B: torch.Tensor, spans: AnswerSpans, mask_BT: torch.Tensor,
                 options: WeightingOptions) -> torch.Tensor:
     """(B,) bool: rows whose weights can change the loss under `spec`, the only rows its probe needs."""
@@ -176,7 +184,7 @@ def saliency_pipeline(spec, signal_BT, adv_B, spans, mask_BT, rows_B, options, g
     out = core.grail_weights_from_saliency(
         signal_BT, adv_B, mask_BT, spans.answer_BT, spans.after_BT, rollout_symmetry=options.rollout_symmetry,
         weight_mean=options.weight_mean, weight_std=options.weight_std, weight_min=options.weight_min,
-        weight_max=options.weight_max)
+        weight_max=options.weight_max, scope_BT=zscore_tokens(spans, mask_BT, options))
     weights_BT = out.weights_BT
     if spec.permutes:
         weights_BT = core.permuted_weights(weights_BT, spans.reasoning_BT & mask_BT, generator)

@@ -13,14 +13,14 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields
-from typing import Literal
+from typing import Literal, get_args
 
 from grail.tasks import TaskConfig
 
 __all__ = [
     "AnswerBox", "AnswerNllSpan", "Distribution", "Leaf", "Method", "OAR_VARIANT_DEFAULTS",
     "OarScope", "OarVariant", "RewardName", "RolloutSymmetry", "SaliencyPath", "ScoringName",
-    "WarmStartConfig", "WeightingOptions", "WeightsFrom",
+    "WarmStartConfig", "WeightRescale", "WeightingOptions", "WeightsFrom", "ZSCORE_FREE", "ZscoreScope",
 ]
 
 # ---- the choices: one Literal per option; the registries they name check against them in the tests ----------
@@ -34,8 +34,11 @@ Distribution = Literal["last_position", "answer_mean"]  # OAR's answer distribut
 OarVariant = Literal["oar_excerpt", "grail_release"]
 WeightsFrom = Literal["current_policy", "rollout_policy"]
 SaliencyPath = Literal["auto", "fused", "separate"]
-RewardName = Literal["auto", "exact_int", "math_verify"]  # grail.rewards.REWARDS (+ auto)
-ScoringName = Literal["grail", "release"]  # grail.release_scoring.SCORINGS
+RewardName = Literal["auto", "exact_int", "math_verify", "math_verify_all_boxes"]  # grail.rewards.REWARDS (+ auto)
+ScoringName = Literal["grail", "grail_all_boxes", "release"]  # grail.release_scoring.SCORINGS
+WeightRescale = Literal["none", "row_mean"]  # opt-in scale matching (not the release): grail.core.row_mean_rescaled
+ZscoreScope = Literal["completion", "to_answer"]  # tokens GRAIL's z-score uses (to_answer: opt-in, not the release)
+ZSCORE_FREE = ("oar_g", "oar_p")  # methods with no z-score (grail.methods' bilevel pipeline; a test keeps them equal)
 
 # Per OAR variant, the values that `None` in the scope / quantile / beta fields stands for (METHODS.md 3):
 # the OAR release's excerpt, and the GRAIL release's own OAR-G baseline (`qwen3_oar_g.yaml`).
@@ -65,6 +68,8 @@ class WeightingOptions:
     weight_std: float = 0.5
     weight_min: float = 0.5
     weight_max: float = 5.0
+    weight_rescale: WeightRescale = "none"
+    zscore_scope: ZscoreScope = "completion"
     oar_variant: OarVariant = "oar_excerpt"
     oar_scope: OarScope | None = None
     oar_distribution: Distribution = "answer_mean"
@@ -99,6 +104,13 @@ class WeightingOptions:
             (not (release and self.oar_distribution != "answer_mean"), "oar_variant/oar_distribution",
              "the GRAIL release's OAR-G reads the mean logits over the answer box; use "
              "oar_distribution='answer_mean' or oar_variant='oar_excerpt'"),
+            (self.weight_rescale in get_args(WeightRescale), "weight_rescale",
+             f"choose one of {', '.join(map(repr, get_args(WeightRescale)))}"),
+            (self.zscore_scope in get_args(ZscoreScope), "zscore_scope",
+             f"choose one of {', '.join(map(repr, get_args(ZscoreScope)))}"),
+            (not (self.zscore_scope != "completion" and self.token_weighting in ZSCORE_FREE),
+             "zscore_scope/token_weighting", "OAR has no z-score (its scored tokens are oar_scope's, and "
+             "oar_scope='reasoning' already stops before the box); use zscore_scope='completion' with oar_g/oar_p"),
             (self.perturbation_chunk_tokens >= 1, "perturbation_chunk_tokens", "must be >= 1"),
             (self.temperature > 0, "temperature", "must be > 0"),
         ]

@@ -42,7 +42,7 @@ from math_verify import parse
 from math_verify.errors import TimeoutException
 
 from grail.boxed import release_last_box
-from grail.grader import GRAIL_SCORING, GradeResult, Scoring, _alarm_seconds, verify_pairs
+from grail.grader import ALL_BOXES_SCORING, GRAIL_SCORING, GradeResult, Scoring, _alarm_seconds, verify_pairs
 
 __all__ = ["grade_release_content", "release_mean_tokens", "RELEASE_SCORING", "scoring_reference", "SCORINGS"]
 
@@ -86,13 +86,14 @@ RELEASE_SCORING = Scoring("release", release_last_box, grade_release_content,
                           "release (grail.release_scoring: the GRAIL release's extraction and un-normalised $...$ "
                           "parse, OlympiadBench graded against the text of its answer list, mean tokens over samples "
                           "with a box)")
-SCORINGS = {"grail": GRAIL_SCORING, "release": RELEASE_SCORING}  # the scorings `grail eval --scoring` offers
+SCORINGS = {"grail": GRAIL_SCORING, "grail_all_boxes": ALL_BOXES_SCORING, "release": RELEASE_SCORING}  # the scorings `grail eval --scoring` offers
 
 
 def scoring_reference(problem, scoring: str) -> str:
-    """The reference a grail.benchmarks.Problem is graded against: its `answer` under "grail", its
-    `release_answer` (rule 2) under "release". ValueError for a problem no loader built (no release_answer)."""
-    if scoring == "grail":
+    """The reference a grail.benchmarks.Problem is graded against: its `answer` under "grail" and
+    "grail_all_boxes", its `release_answer` (rule 2) under "release". ValueError for a problem no loader built (no
+    release_answer)."""
+    if scoring != "release":
         return problem.answer
     if problem.release_answer is None:
         raise ValueError(f"{problem.source} problem {problem.id!r} has no release_answer (it was not built by a "

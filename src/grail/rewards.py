@@ -27,7 +27,7 @@ from grail.boxed import last_boxed_content
 from grail.grader import TIMEOUT_S
 from grail.reference_text import first_answer
 
-__all__ = ["completion_text", "exact_int_reward", "math_verify_reward", "reward_named", "REWARDS"]
+__all__ = ["completion_text", "exact_int_reward", "math_verify_all_boxes_reward", "math_verify_reward", "reward_named", "REWARDS"]
 
 _NOT_COLUMNS = {"prompts", "completion_ids", "trainer_state", "log_extra", "log_metric", "environments"}
 _INT_RE = re.compile(r"\s*-?[0-9]+\s*")
@@ -87,6 +87,19 @@ def math_verify_reward(
     return [1.0 if r.correct else 0.0 for r in results]
 
 
+def math_verify_all_boxes_reward(
+    completions: Sequence[Any], answer: Sequence[Any] | None = None, **kwargs: Any
+) -> list[float]:
+    r"""`math_verify_reward` under the opt-in all-boxes rule (`grail.grader.ALL_BOXES_SCORING`): the contents of
+    every complete box of the completion, joined by ", ", against the reference's (all its boxes, if it has
+    several), so `\boxed{1}, \boxed{2}, \boxed{3}` matches "1, 2, 3" (as a set, in any order). A completion
+    that also boxes an intermediate result is then graded on the list, and loses the point."""
+    answers = _answer_column(answer, completions, "math_verify_all_boxes_reward", kwargs)
+    texts = [completion_text(c) for c in completions]
+    results = grader.grade_many(texts, answers, workers=1, timeout_s=TIMEOUT_S, scoring=grader.ALL_BOXES_SCORING)
+    return [1.0 if r.correct else 0.0 for r in results]
+
+
 def exact_int_reward(
     completions: Sequence[Any], answer: Sequence[Any] | None = None, **kwargs: Any
 ) -> list[float]:
@@ -115,7 +128,8 @@ def exact_int_reward(
     return rewards
 
 
-REWARDS = {"exact_int": exact_int_reward, "math_verify": math_verify_reward}  # grail.options.RewardName, less auto
+REWARDS = {"exact_int": exact_int_reward, "math_verify": math_verify_reward,
+           "math_verify_all_boxes": math_verify_all_boxes_reward}  # grail.options.RewardName, less auto
 
 
 def reward_named(name: str, *, synthetic: bool) -> Callable[..., list[float]]:

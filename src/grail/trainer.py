@@ -49,7 +49,8 @@ NUM_BINS = 10  # weights/position_0..9
 # Additive statistics accumulated per micro-batch (grail.diagnostics.weight_sums plus row counts and the release
 # values' sums), in the order they are packed into one device tensor for the one gather per logging step.
 SUM_KEYS = ("tokens", "weight_sum", "normalised", "clip_low", "clip_high", "abs_token_adv", "abs_adv", "rows",
-            "ess_sum", "ess_rows", "top10_sum", "top10_rows", "rows_without_box", "fallback_rows",
+            "ess_sum", "ess_rows", "top10_sum", "top10_rows", "reasoning_tokens", "reasoning_dev_sum",
+            "reasoning_dev_sq", "rows_without_box", "fallback_rows",
             "probed_rows", "micro_batches",
             *(f"release_{k}_{part}" for k in diagnostics.RELEASE_KEYS for part in ("sum", "count")))
 DIAGNOSTIC_KEYS = ("mean", "max", "clip_low_frac", "clip_high_frac", "adv_scale_ratio", "ess_ratio", "top10_mass")
@@ -326,9 +327,11 @@ class GRAILTrainer(GRPOTrainer):
     def _accumulate(self, adv_B, adv_BT, mask_BT, weights: TokenWeights) -> None:
         """Add this micro-batch's weight statistics to the mode's device sums (no host synchronisation)."""
         options = self.weighting
+        rescaled = options.weight_rescale != "none"  # the weights left the clip bounds: count the clips themselves
         stats = diagnostics.weight_sums(weights.weights_BT, adv_B, adv_BT, mask_BT, weights.reasoning_BT & mask_BT,
                                         weights.normalised_BT, weight_min=options.weight_min,
-                                        weight_max=options.weight_max, num_bins=NUM_BINS)
+                                        weight_max=options.weight_max, num_bins=NUM_BINS,
+                                        clip_BT=weights.clip_BT if rescaled else None)
         signal_B = mask_BT.any(1) & (adv_B != 0)  # the rows the diagnostics describe (weight_sums' "rows")
         stats.update(rows_without_box=(signal_B & ~weights.has_box_B).sum(),
                      fallback_rows=weights.fallback_B.sum(), probed_rows=(weights.probed_B & signal_B).sum(),
@@ -369,6 +372,8 @@ class GRAILTrainer(GRPOTrainer):
             out.update({f"weights/{key}": float(values[key]) for key in DIAGNOSTIC_KEYS})
             out.update({f"weights/position_{b}": float(values["position_profile"][b]) for b in range(NUM_BINS)
                         if values["position_count"][b] > 0})
+            if total["reasoning_tokens"] > 0:
+                out["weights/reasoning_std"] = float(values["reasoning_std"])
             out["weights/rows_without_box"] = float(total["rows_without_box"] / total["rows"])
             out["weights/probed_rows"] = float(total["probed_rows"] / total["rows"])
         for key in diagnostics.RELEASE_KEYS:

@@ -22,6 +22,7 @@ from dataclasses import replace
 
 import torch
 
+from grail import core
 from grail.methods import (
     METHODS,
     PIPELINES,
@@ -69,12 +70,17 @@ def weights_from_signal(signal_BT: torch.Tensor, adv_B: torch.Tensor, spans: Ans
                         rows_B: torch.Tensor, options: WeightingOptions,
                         generator: torch.Generator | None = None, min_importance: float = 0.0) -> TokenWeights:
     """Turn a probe's signal into weights with the method's pipeline (pure tensor code). `min_importance`: the
-    signal's rounding floor (`MethodSpec.min_importance`; 0 for methods without one)."""
+    signal's rounding floor (`MethodSpec.min_importance`; 0 for methods without one). With
+    `weight_rescale="row_mean"`, the pipeline's final weights (overrides and the random control's permutation
+    done) are divided by their row mean (`grail.core.row_mean_rescaled`), whatever the method."""
     spec = method_spec(options.token_weighting)
     # Rows not probed get a constant signal: the weights the method gives a row with no information.
     signal_BT = torch.where(rows_B[:, None], signal_BT.float(), torch.ones_like(signal_BT, dtype=torch.float32))
-    return PIPELINES[spec.pipeline](spec, signal_BT, adv_B, spans, mask_BT, rows_B, options, generator,
-                                    min_importance)
+    result = PIPELINES[spec.pipeline](spec, signal_BT, adv_B, spans, mask_BT, rows_B, options, generator,
+                                      min_importance)
+    if options.weight_rescale == "row_mean":
+        result.weights_BT = core.row_mean_rescaled(result.weights_BT, mask_BT)
+    return result
 
 
 def token_weights(model, tokenizer, input_ids_BL: torch.Tensor, attention_mask_BL: torch.Tensor,
