@@ -119,3 +119,21 @@ def test_grader_check_exit_status_says_whether_its_targets_are_met(tiny_data, ca
     # math500's second worked solution boxes 1/3 against the answer 1/2: 50% < the 99% target, exit 1
     assert main(["grader-check", "--data-dir", str(tiny_data), "--benchmarks", "math500", "--workers", "1"]) == 1
     assert "targets NOT MET (math500 solution)" in capsys.readouterr().err
+
+
+def test_grader_check_counts_and_lists_references_read_as_text_or_in_part(tmp_path):
+    """Before = boxed as written, after = grail's normalisation: the \\mathrm{e} reference parses only in part before
+    and fully after; the multi-letter \\mathrm name stays partial; the code-like reference stays text."""
+    rows = [{"data_source": "b", "question_number": str(i), "question": "q", "answer": answer}
+            for i, answer in enumerate(["1 - \\frac{1}{\\mathrm{e}}", "x=\\frac{\\mathrm{gb}}{f}", "np.arcsin(10/13)", "4"])]
+    (tmp_path / "college_math").mkdir()
+    (tmp_path / "college_math" / "test.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    parse = grader_check(tmp_path, benchmarks=["college_math"], workers=1)["benchmarks"]["college_math"]["parse"]
+    assert parse["before"] == {"math": 1, "partial": 2, "text": 1, "none": 0}
+    assert parse["after"] == {"math": 2, "partial": 1, "text": 1, "none": 0}
+    assert [(d["reference"], d["before"], d["after"]) for d in parse["listed"]] == [
+        ("1 - \\frac{1}{\\mathrm{e}}", "partial", "math"), ("x=\\frac{\\mathrm{gb}}{f}", "partial", "partial"),
+        ("np.arcsin(10/13)", "text", "text")]
+    table = format_grader_check(grader_check(tmp_path, benchmarks=["college_math"], workers=1))
+    assert "| college_math | 2 | 1 | 1 | 1 | 0 | 0 |" in table
+    assert "college_math: 3 reference(s) not read as mathematics before or after" in table
