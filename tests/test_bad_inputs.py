@@ -6,6 +6,7 @@ import json
 import pytest
 
 from grail.cli import main
+from grail.tiny import build_tokenizer, save_tiny
 
 
 def _jsonl(path, rows):
@@ -51,3 +52,58 @@ def test_bad_input_exits_2_naming_it_before_any_work(tmp_path, capsys, name, fil
     err = capsys.readouterr().err
     assert err.strip().splitlines()[-1].startswith("grail: error:") and named in err and "Traceback" not in err
     assert not (run / "final").exists() and not (run / "metrics.jsonl").exists()
+
+
+def _no_tokenizer(path):
+    save_tiny(path, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (path / name).unlink(missing_ok=True)
+
+
+def _no_chat_template(path):
+    save_tiny(path, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64)
+    (path / "chat_template.jinja").unlink()
+
+
+def _no_pad_or_eos(path):
+    save_tiny(path, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64)
+    tokenizer = build_tokenizer()
+    tokenizer.pad_token = tokenizer.eos_token = None
+    tokenizer.save_pretrained(path)
+
+
+MODEL_CASES = [  # (name, how the model directory is made, extra argv, what the message must name)
+    ("a missing tokenizer", _no_tokenizer, [], "no tokenizer could be loaded"),
+    ("no pad and no EOS token", _no_pad_or_eos, [], "neither a pad token nor an EOS token"),
+    ("a chat template required but absent", _no_chat_template, ["--conversational", "true"], "has none: use conversational=false"),
+    ("no decoder layer for the chosen leaf",
+     lambda p: save_tiny(p, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64),
+     ["--token_weighting", "grail", "--saliency_leaf", "middle"], "leaf='middle'"),
+]
+
+
+@pytest.mark.parametrize("name, make, argv, named", MODEL_CASES, ids=[c[0] for c in MODEL_CASES])
+def test_a_bad_model_exits_2_naming_it_before_any_work(tmp_path, capsys, name, make, argv, named):
+    model = tmp_path / "model"
+    make(model)
+    run = tmp_path / "run"
+    assert main(["train", "--max_steps", "1", "--output_dir", str(run), "--model_name_or_path", str(model), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1].startswith("grail: error:") and named in err and "Traceback" not in err
+    assert not run.exists() or not any(run.iterdir())  # nothing written: a rerun after the fix is not refused
+
+
+def test_a_model_without_input_embeddings_is_refused_when_the_trainer_is_built(tmp_path, capsys, monkeypatch):
+    """A causal LM whose get_input_embeddings() gives nothing (a custom architecture) cannot be probed: refused
+    before the first step, naming the accessor to add."""
+    from transformers import Qwen3ForCausalLM
+
+    save_tiny(tmp_path / "model", hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64)
+    monkeypatch.setattr(Qwen3ForCausalLM, "get_input_embeddings", lambda self: None)
+    run = tmp_path / "run"
+    argv = ["train", "--max_steps", "1", "--output_dir", str(run), "--model_name_or_path", str(tmp_path / "model"),
+            "--token_weighting", "grail"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "get_input_embeddings() is missing or returned None" in err and "Traceback" not in err
+    assert not run.exists() or not any(run.iterdir())

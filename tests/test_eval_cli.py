@@ -139,3 +139,23 @@ def test_vllm_backend_loads_only_the_tokenizer(tmp_path, tiny_dir, data_dir, mon
     results = json.loads((out / "results.json").read_text())
     math500 = next(b for b in results["benchmarks"] if b["name"] == "math500")
     assert math500["acc_at_n"]["value"] == pytest.approx(1 / 3)  # only "What is 1+1?" has the answer 2
+
+
+@pytest.mark.parametrize("damage, named", [
+    (lambda out: (out / "samples.jsonl").write_bytes(b'{"benchmark": "math500"\n' + (out / "samples.jsonl").read_bytes()),
+     "samples.jsonl, line 1 is not a sample record"),
+    (lambda out: (out / "samples.jsonl").write_bytes((out / "samples.jsonl").read_bytes() + b"\xff\xfe\n"),
+     "samples.jsonl, line 11 is not a sample record"),
+    (lambda out: (out / "run.json").write_text("{not json"), "run.json is damaged"),
+])
+def test_a_resumed_evaluation_with_a_damaged_file_exits_2_and_keeps_it(tmp_path, tiny_dir, data_dir, capsys, damage,
+                                                                        named):
+    out = tmp_path / "eval"
+    assert main(_argv(tiny_dir, data_dir, out)) == 0
+    damage(out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    capsys.readouterr()
+    assert main(_argv(tiny_dir, data_dir, out)) == 2
+    err = capsys.readouterr().err
+    assert "grail: error:" in err and named in err and "Traceback" not in err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the damaged run is left as it was

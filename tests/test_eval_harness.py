@@ -181,7 +181,7 @@ def test_release_scoring_needs_loader_built_problems_and_a_known_name(tmp_path):
     with pytest.raises(ValueError, match="no release_answer"):
         run_evaluation(sampler, None, spec, tmp_path, workers=1, log=lambda s: None, progress=False, loaded=_loaded())
     assert sampler.calls == 0  # refused before any sampling
-    with pytest.raises(ValueError, match="scoring='paper'; choose from 'grail', 'release'"):
+    with pytest.raises(ValueError, match="scoring='paper'; choose from 'grail', 'grail_all_boxes', 'release'"):
         EvalSpec(benchmarks=("bench_a",), scoring="paper")
 
 

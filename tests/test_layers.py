@@ -19,7 +19,7 @@ LAYERS = {
     "methods": ["methods", "weighting"],  # the method table and the functional API (no TRL)
     "evaluation": ["reference_text", "grader_guards", "grader", "release_scoring", "rewards", "benchmark_sources",
                    "benchmarks", "grader_check", "eval_harness"],  # no TRL
-    "training": ["config", "data", "trainer", "resume", "overrides", "train", "demo"],  # TRL
+    "training": ["config", "data", "model_checks", "trainer", "resume", "overrides", "train", "demo"],  # TRL
     "cli": ["cli", "eval_cli", "__main__", "__init__"],
 }
 RANK = {module: rank for rank, modules in enumerate(LAYERS.values()) for module in modules}

@@ -113,9 +113,9 @@ def read_samples(path: Path) -> dict[tuple[str, str, int], dict]:
         with path.open("r+b") as f:  # drop the partial line so the next append starts clean
             f.truncate(good_end)
     records = {}
-    for number, line in enumerate(raw[:good_end].decode().splitlines(), start=1):
+    for number, line in enumerate(raw[:good_end].split(b"\n")[:-1], start=1):
         try:
-            r = json.loads(line)
+            r = json.loads(line.decode("utf-8"))
             records[_key(r["benchmark"], r["problem_id"], r["sample_index"])] = r
         except (ValueError, KeyError) as err:
             raise ValueError(f"{path}, line {number} is not a sample record ({err}); the file is damaged: move it "
@@ -140,7 +140,11 @@ def _check_run_record(out_dir: Path, spec: EvalSpec) -> None:
     path = out_dir / "run.json"
     record = spec.record()
     if path.is_file():
-        previous = json.loads(path.read_text())
+        try:
+            previous = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
+            raise ValueError(f"{path} is damaged ({err}), so this evaluation's arguments are unknown: move {out_dir} "
+                             f"away (or delete run.json to resume with the current arguments) and rerun.") from err
         if previous != record:
             changed = sorted(k for k in record if previous.get(k) != record[k])
             raise ValueError(f"{out_dir} holds an evaluation with other arguments ({', '.join(changed)} differ); "

@@ -29,6 +29,7 @@ from grail.data import load_train_dataset
 from grail.prompts import PromptFormat
 from grail.resume import CheckpointMarker, prepare_run_dir, resolve_resume
 from grail.rewards import reward_named
+from grail.model_checks import check_tokenizer
 from grail.trainer import GRAILTrainer, sharded_by
 from grail.warmstart import resolve_model
 
@@ -222,12 +223,13 @@ def train(cfg: GRAILConfig, overrides: dict | None = None, log: Log = print,
     resume_from = resolve_resume(cfg.resume_from_checkpoint, run_dir)
     prepare_run_dir(run_dir, resume_from, cfg.overwrite_output_dir, main_process)
     callbacks.append(CheckpointMarker())
-    if main_process and resume_from is None:  # a resumed run keeps its config files; resumed.jsonl records it
-        write_run_config(cfg, overrides or {}, run_dir)
     model_path = model_path or resolve_model_path(cfg, log)
+    check_tokenizer(cfg.model_name_or_path, model_path, bool(cfg.conversational))
     trainer = GRAILTrainer(model=model_path, reward_funcs=[reward_function(cfg)], args=cfg,
                            train_dataset=dataset, callbacks=callbacks)
     check_sharding(cfg, trainer)
+    if main_process and resume_from is None:  # the run's first file, once every check has passed (a resumed run
+        write_run_config(cfg, overrides or {}, run_dir)  # keeps its config files; resumed.jsonl records the resume)
     for noisy in (PrinterCallback, ProgressCallback):  # our Progress line replaces both
         trainer.remove_callback(noisy)
     log(f"training {cfg.model_name_or_path} on {cfg.dataset} for {cfg.max_steps} steps "

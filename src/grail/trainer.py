@@ -100,6 +100,7 @@ class GRAILTrainer(GRPOTrainer):
         self.weighting = self.args.weighting_options()
         self.method = method_spec(self.weighting.token_weighting)
         refuse_if_unshardable(self.method, sharded_by(self))
+        self._check_probe_reaches_the_model()
         device = self.accelerator.device
         self._generator = torch.Generator(device=device).manual_seed(self.args.seed + self.accelerator.process_index)
         self._weight_sums: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # mode → (sums (K,), max ()) on device
@@ -108,6 +109,17 @@ class GRAILTrainer(GRPOTrainer):
             raise ValueError(f"saliency_path='fused' cannot work here: {self.fused_unavailable}. Use "
                              f"saliency_path='auto' (falls back to a separate pass) or 'separate'.")
         self.last_token_weights: TokenWeights | None = None  # the latest micro-batch's weights (inspection, tests)
+
+    def _check_probe_reaches_the_model(self) -> None:
+        """Before any step: a method with a probe needs the model's input embeddings (the saliency leaf by default,
+        OAR-G's perturbation point) and, for saliency, the chosen leaf; a model without them is refused now, with
+        the probes' message naming the accessor to add, instead of at the first probe."""
+        if self.method.probe is None:
+            return
+        model = self.accelerator.unwrap_model(self.model)
+        probes.leaf_module(model, "embeddings")
+        if self.method.fuse == "saliency":
+            probes.leaf_module(model, self.weighting.saliency_leaf)
 
     # ---- which path ---------------------------------------------------------------------------------------
     def _fused_unavailable_reason(self) -> str | None:
