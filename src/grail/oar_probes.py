@@ -39,6 +39,7 @@ from grail.probes import (
     check_batch,
     completion_mask_BT,
     hidden_states_BLD,
+    leaf_gradient,
     output_is_linear,
     output_logits,
     zeros_BT,
@@ -151,7 +152,7 @@ def oar_g_importance(model: nn.Module, input_ids_BL: torch.Tensor, attention_mas
         align_to_completion(noise_BLD, T, at=at).copy_(noise_BTD.to(embeds_BLD) * noise_std * scored_BT[..., None])
         hidden_BLD = hidden_states_BLD(model, attention_mask_BL, inputs_embeds=embeds_BLD + noise_BLD)
         kl_B = kl_divergence(clean_BV, _pooled_logits(model, hidden_BLD, pool_BL, temperature))
-        (grad_BLD,) = torch.autograd.grad((kl_B * valid_B).sum(), inputs=[embeds_BLD])
+        grad_BLD = leaf_gradient((kl_B * valid_B).sum(), embeds_BLD)
     product_BLD = embeds_BLD.detach() + noise_BLD if noisy_product else embeds_BLD.detach()
     dtype = at_least_float32(grad_BLD)  # the sum over D cancels: a float64 model keeps float64
     importance_BL = (grad_BLD.to(dtype) * product_BLD.to(dtype)).sum(dim=-1).abs()

@@ -42,7 +42,7 @@ from grail.spans import align_to_completion
 
 __all__ = [
     "answer_nll_saliency", "at_least_float32", "backbone", "check_batch", "completion_mask_BT", "decoder_layers",
-    "hidden_states_BLD", "leaf_module", "leaf_output_tensor", "LEAVES", "logit_transform", "output_is_linear",
+    "hidden_states_BLD", "leaf_gradient", "leaf_module", "leaf_output_tensor", "LEAVES", "logit_transform", "output_is_linear",
     "output_logits", "token_entropies", "zeros_BT"
 ]
 
@@ -174,6 +174,16 @@ def hidden_states_BLD(model: nn.Module, attention_mask_BL: torch.Tensor, **input
     return hidden_BLD
 
 
+def leaf_gradient(output: torch.Tensor, leaf: torch.Tensor, retain_graph: bool = False) -> torch.Tensor:
+    """∂output/∂leaf with `torch.autograd.grad` (no parameter `.grad` is written), zeros where the output does not
+    depend on the leaf: a model that detaches between the leaf and the logits (a zero-gradient leaf) gives a zero
+    signal, which the weighting routes to uniform weights and counts (`weights/fallback_rows`), never a crash."""
+    if not output.requires_grad:
+        return torch.zeros_like(leaf)
+    (grad,) = torch.autograd.grad(output, inputs=[leaf], retain_graph=retain_graph, allow_unused=True)
+    return torch.zeros_like(leaf) if grad is None else grad
+
+
 def at_least_float32(values: torch.Tensor) -> torch.dtype:
     return torch.promote_types(values.dtype, torch.float32)  # float32 at least (float64 stays float64)
 
@@ -281,7 +291,7 @@ def answer_nll_saliency(model: nn.Module, input_ids_BL: torch.Tensor, attention_
         hidden_ND = align_to_completion(hidden_BLD, T, at="predicting")[rows, cols]
         logp_NV = torch.log_softmax(output_logits(model, hidden_ND, temperature), dim=-1)
         nll = -logp_NV.gather(1, targets_N[:, None]).sum()
-        (grad_BLD,) = torch.autograd.grad(nll, inputs=[captured[0]])
+        grad_BLD = leaf_gradient(nll, captured[0])
     saliency_BT = align_to_completion(gradient_activation_saliency(grad_BLD, captured[0]), T, at="predicting")
     return (saliency_BT * completion_mask_BT(attention_mask_BL, T)).detach()  # (B, T)
 

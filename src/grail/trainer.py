@@ -290,7 +290,7 @@ class GRAILTrainer(GRPOTrainer):
             hidden_BLD = captured[0]
             answer_BT = spans.probe_span(options.answer_nll_span) & rows_B[:, None]
             nll = -(logps_BT * answer_BT).sum()  # the answer NLL: a sum of the log-probs TRL computed
-            (grad_BLD,) = torch.autograd.grad(nll, hidden_BLD, retain_graph=True)
+            grad_BLD = probes.leaf_gradient(nll, hidden_BLD, retain_graph=True)
             saliency_BL = core.gradient_activation_saliency(grad_BLD, hidden_BLD)
             signal_BT = align_to_completion(saliency_BL, logits_to_keep, at="predicting")
         else:
