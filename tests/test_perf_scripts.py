@@ -88,3 +88,19 @@ def test_gpu_check_smoke_runs_every_method_on_the_cpu(capsys):
     assert case["methods"]["grail_fused"]["fused"] and not case["methods"]["grail_separate"]["fused"]
     assert all(row["median_step_s"] > 0 and row["tokens_per_s"] > 0 for row in case["methods"].values())
     assert case["fused_vs_separate"]["grail"]["max_abs_diff"] < 1e-4
+
+
+def test_oar_p_memory_smoke_measures_each_chunk_size_in_its_own_process():
+    """perf/oar_p_memory.py on a short row: one table row and one JSON record per chunk size, with the copies per
+    chunk the bound allows and a measured peak (the figures themselves are the script's report, not checked here)."""
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, str(SCRIPT.parent / "oar_p_memory.py"), "--length", "64", "--chunks",
+                          "80,400", "--stride", "8", "--hidden", "32", "--intermediate", "64"],
+                         check=True, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}).stdout
+    rows = json.loads(out.strip().splitlines()[-1])
+    assert [(r["chunk_tokens"], r["copies_per_chunk"], r["copies"]) for r in rows] == [(80, 1, 8), (400, 5, 8)]
+    assert all(r["measured_bytes"] >= 0 and r["bound"]["total"] > 0 for r in rows)
+    assert "| 400 | 5 |" in out
