@@ -14,13 +14,14 @@ PACKAGE = Path(grail.__file__).parent
 # Bottom to top. A module may import modules of its own layer or below, never above.
 LAYERS = {
     "options": ["options", "config_fields", "tasks", "boxed", "prompts", "sampling", "presets"],  # no torch
-    "core": ["core", "bilevel", "diagnostics", "spans", "metrics"],  # pure tensor functions
+    "core": ["core", "bilevel", "diagnostics", "spans", "metrics", "token_labels"],  # pure tensor functions
     "model": ["probes", "oar_probes", "tiny", "warmstart"],  # functions of a Hugging Face model
     "methods": ["methods", "weighting"],  # the method table and the functional API (no TRL)
     "evaluation": ["reference_text", "grader_guards", "grader", "release_scoring", "rewards", "benchmark_sources",
                    "benchmarks", "grader_check", "eval_harness"],  # no TRL
-    "training": ["config", "data", "model_checks", "trainer", "resume", "overrides", "train", "demo"],  # TRL
-    "cli": ["cli", "eval_cli", "__main__", "__init__"],
+    "analysis": ["explain", "explain_html", "saliency_quality", "compare_auroc", "compare_report"],  # what the weights do: uses methods and evaluation, no TRL
+    "training": ["config", "data", "model_checks", "trainer", "resume", "overrides", "train", "demo", "compare"],  # TRL
+    "cli": ["cli", "eval_cli", "explain_cli", "compare_cli", "__main__", "__init__"],
 }
 RANK = {module: rank for rank, modules in enumerate(LAYERS.values()) for module in modules}
 SIBLINGS = {("methods", "evaluation")}  # side by side: neither may import the other

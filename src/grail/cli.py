@@ -1,7 +1,9 @@
-"""Command line: `grail train`, `grail demo`, `grail eval`, `grail grader-check`, `grail presets`.
+"""Command line: `grail train`, `grail demo`, `grail compare`, `grail eval`, `grail grader-check`, `grail explain`,
+`grail presets`.
 
-`main(argv) -> exit code`, testable in process. Only the training commands (`train`, `demo`) import the
-training layer (TRL, transformers); `--help`, `presets`, `eval` and `grader-check` start without it.
+`main(argv) -> exit code`, testable in process. Only the training commands (`train`, `demo`, `compare`) and
+`explain` (which reads the run's config) import the training layer (TRL, transformers); `--help`, `presets`, `eval` and
+`grader-check` start without it.
 
 Exit codes: 0 done; 2 a configuration or input problem (the message says what to fix).
 Set GRAIL_DEBUG=1 to get the traceback instead of the one-line message.
@@ -16,7 +18,7 @@ import textwrap
 import time
 from dataclasses import fields
 
-from grail import __version__, eval_cli, presets
+from grail import __version__, compare_cli, eval_cli, explain_cli, presets
 from grail.config_fields import GRAILFields
 from grail.presets import PRESETS, TINY_CPU
 
@@ -51,6 +53,8 @@ def _parser() -> argparse.ArgumentParser:
                       help="token_weighting methods to train and compare, comma-separated, from the same start and "
                       "seeds (default: none,grail = GRPO vs GRAIL; e.g. none,grail,random,entropy,oar_g,oar_p)")
     eval_cli.add_parsers(sub)
+    explain_cli.add_parser(sub)
+    compare_cli.add_parser(sub)
     presets = sub.add_parser("presets", help="print the presets (or one) as YAML")
     presets.add_argument("name", nargs="?", choices=sorted(PRESETS))
     return parser
@@ -126,6 +130,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "train":
             return _train(args, rest)
+        if args.command == "explain":
+            return explain_cli.run(args, rest)
+        if args.command == "compare":
+            return compare_cli.run(args, rest)
         if args.command in ("eval", "grader-check"):
             eval_cli.check_no_extra(args.command, rest)
             return eval_cli.run_eval(args) if args.command == "eval" else eval_cli.run_grader_check(args)

@@ -1,0 +1,215 @@
+"""`grail explain`: the command-line side of `grail.explain` (computing) and `grail.explain_html` (the page).
+
+The run's settings come from the config system, as for `grail train`: GRAILConfig defaults (for `--model tiny`,
+the `tiny-cpu` preset's values, as `grail demo`) < `--preset` < `--config FILE.yaml` < `--FIELD VALUE` flags. So
+`--config RUN/config.yaml` explains with a training run's reward, `scale_rewards`, rollout sampling, prompt format
+and weighting options. torch and TRL are imported inside `run`, so `grail explain --help` stays light.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import typing
+from pathlib import Path
+
+from grail.config_fields import TINY_MODEL
+from grail.options import Method
+from grail.presets import PRESETS, TINY_CPU
+
+__all__ = ["DEFAULT_ADVANTAGE", "add_parser", "parse_methods", "run"]
+
+DEFAULT_ADVANTAGE = -1.0  # a bare --prompt: A of every completion (a wrong answer: GRAIL's rows by default)
+_PROMPT_FIELDS = ("prompt_suffix", "conversational", "chat_template_kwargs")
+_OWN_FIELDS = {"model_name_or_path": "--model", "dataset": "--dataset"}
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "explain", allow_abbrev=False,
+        help="an HTML page of each completion's tokens coloured by each method's weight",
+        usage="grail explain --model PATH|tiny --method grail[,oar_g,...] (--prompt TEXT | --dataset FILE --rows K) "
+              "[--output out.html] [--FIELD VALUE ...]",
+        description="Sample completions (or take given ones), grade them with the run's reward, form GRPO's group "
+        "advantages, compute each method's per-token signal and weights as training does, and write one "
+        "self-contained HTML page (tokens coloured by weight, white at w = 1; hover for signal, weight and "
+        "Â = w·A; answer span underlined; position profile per method) and a PNG of the profiles next to it. "
+        "Every config field is accepted as --FIELD VALUE (e.g. --rollout_symmetry both, --oar_variant "
+        "grail_release, --scale_rewards group, --temperature 0.7); see grail train --help.")
+    p.add_argument("--model", help="a save_pretrained directory, a Hub id, or `tiny` (the warm-started embedded "
+                   "model, resolved as by grail train: cached under cache_dir, keyed by the warm-start settings)")
+    p.add_argument("--method", default="grail", help="token_weighting methods, comma-separated, shown one above the "
+                   "other for each completion (default grail; e.g. grail,oar_g,oar_p,random,entropy,none)")
+    p.add_argument("--prompt", help="one problem, rendered in the run's prompt format (prompt_suffix, "
+                   "conversational, chat_template_kwargs; or the model's saved grail_prompt.json)")
+    p.add_argument("--answer", help="the reference answer of --prompt: completions are then graded and get group "
+                   "advantages, as with dataset rows")
+    p.add_argument("--completion", action="append", help="a completion of --prompt to explain instead of sampling; "
+                   "repeat for a group (tokenised as given, nothing appended)")
+    p.add_argument("--dataset", help="a .jsonl/.json file (prompt_column, answer_column), a Hub dataset id, or "
+                   "`synthetic` (the embedded task's training problems); its first --rows rows are explained")
+    p.add_argument("--rows", type=int, default=3, help="rows of --dataset to explain (default 3, from the first)")
+    p.add_argument("--samples", type=int, help="completions sampled per prompt (default num_generations, the "
+                   "group size training uses), with training's temperature, top_p, top_k and max_completion_length")
+    p.add_argument("--seed", type=int, help="sampling seed (prompt i uses seed + i) and the probes' seed "
+                   "(random control, OAR-G noise); default the config's seed")
+    p.add_argument("--advantage", type=float, help="every completion's advantage A, instead of graded group "
+                   f"advantages (default {DEFAULT_ADVANTAGE:g} when no answer is known; the page says which)")
+    p.add_argument("--output", help="the HTML file (default runs/explain-<timestamp>/explain.html); the profile "
+                   "PNG is written next to it as <name>_profile.png")
+    p.add_argument("--config", help="YAML file of field: value, e.g. a training run's config.yaml")
+    p.add_argument("--preset", choices=sorted(PRESETS), help="start from these values (file and flags win)")
+
+
+def parse_methods(text: str | None) -> tuple[str, ...]:
+    """`grail,oar_g` → ("grail", "oar_g"); each must be a `token_weighting` choice, none twice."""
+    allowed = typing.get_args(Method)
+    methods = tuple(m.strip() for m in (text or "").split(",") if m.strip())
+    bad = [m for m in methods if m not in allowed]
+    if bad or not methods:
+        raise ValueError(f"--method {text!r}: {'unknown method ' + ', '.join(bad) if bad else 'no method'}; give "
+                         f"one or more of {', '.join(allowed)}, comma-separated (e.g. --method grail,oar_g).")
+    if len(set(methods)) != len(methods):
+        raise ValueError(f"--method {text!r} names a method twice.")
+    return methods
+
+
+def _check_args(args) -> None:
+    """The command's own arguments, checked before anything heavy is imported."""
+    if not args.model:
+        raise ValueError("grail explain needs --model: a save_pretrained directory, a Hub id, or `tiny`.")
+    if (args.prompt is None) == (args.dataset is None):
+        raise ValueError("grail explain needs exactly one of --prompt TEXT or --dataset FILE (with --rows K); "
+                         f"got {'both' if args.prompt is not None else 'neither'}.")
+    if args.dataset is not None and (args.completion or args.answer is not None):
+        raise ValueError("--completion and --answer go with --prompt; dataset rows carry their own answers.")
+    if args.rows < 1:
+        raise ValueError(f"--rows {args.rows}: give at least 1.")
+    if args.samples is not None and args.samples < 1:
+        raise ValueError(f"--samples {args.samples}: give at least 1.")
+    if args.output is not None and not args.output.endswith((".html", ".htm")):
+        raise ValueError(f"--output {args.output!r}: give a file name ending in .html.")
+
+
+def _config(args, rest: list[str]):
+    from grail.overrides import build_config, merge, parse_flags
+
+    flags = parse_flags(rest)
+    for key, flag in _OWN_FIELDS.items():
+        if key in flags:
+            raise ValueError(f"--{key}: use {flag} with grail explain.")
+    if args.preset:
+        flags["preset"] = args.preset
+    values = merge(args.config, flags, base=TINY_CPU if args.model == TINY_MODEL else None)
+    values["model_name_or_path"] = args.model
+    if args.dataset is not None:
+        values["dataset"] = args.dataset
+    return build_config(values), values
+
+
+def _prompt_format(cfg, values: dict, model_path: str):
+    """The model's saved format (grail_prompt.json, written by training) unless a prompt field was set; else the
+    config's, as training renders prompts."""
+    from grail.prompts import PromptFormat
+
+    saved = PromptFormat.load(model_path) if Path(model_path).is_dir() else None
+    if saved is not None and not any(k in values for k in _PROMPT_FIELDS):
+        return saved
+    return PromptFormat.from_config(cfg)
+
+
+def _rows(args, cfg, values: dict, fmt, tokenizer):
+    from grail.data import load_train_dataset
+    from grail.explain import ExplainRow
+    from grail.overrides import build_config
+
+    if args.prompt is not None:
+        completions = tuple(args.completion) if args.completion else None
+        return [ExplainRow(fmt.render(tokenizer, args.prompt), args.answer, completions, "--prompt")]
+    # the raw rows (no suffix, no chat wrapping), rendered below with the chosen format
+    raw = load_train_dataset(build_config({**values, "prompt_suffix": "", "conversational": False}))
+    if len(raw) < args.rows:
+        raise ValueError(f"--rows {args.rows}: dataset {cfg.dataset!r} has only {len(raw)} rows.")
+    return [ExplainRow(fmt.render(tokenizer, raw[i]["prompt"]), raw[i]["answer"], None, f"{cfg.dataset} row {i}")
+            for i in range(args.rows)]
+
+
+def _load_model(model_path: str):
+    """On the GPU if there is one (bf16) else on the CPU (fp32), as `grail eval` loads it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device)
+
+
+def _settings(args, cfg, model, model_path, fmt, reward_fn, sampling, seed, rows) -> dict[str, str]:
+    from dataclasses import asdict
+
+    from grail.options import WeightingOptions
+
+    options = asdict(cfg.weighting_options())
+    defaults = asdict(WeightingOptions())
+    changed = {k: v for k, v in options.items() if k != "token_weighting" and v != defaults[k]}
+    param = next(model.parameters())
+    given = all(r.completions is not None for r in rows)
+    return {
+        "model": f"{args.model} ({model_path}; {param.dtype}, {param.device})",
+        "methods": args.method,
+        "prompt format": f"suffix {fmt.suffix!r}, " + (f"chat template {fmt.chat_template_kwargs}" if fmt.chat
+                                                       else "plain text"),
+        "completions": "given (--completion)" if given else (
+            f"sampled, {sampling.n} per prompt: temperature {sampling.temperature:g}, top_p {sampling.top_p:g}, "
+            f"top_k {sampling.top_k}, at most {sampling.max_new_tokens} new tokens, seed {seed} + prompt index"),
+        "reward": getattr(reward_fn, "__name__", "reward") if all(r.answer is not None for r in rows)
+        else "none (no reference answer)",
+        "scale_rewards": str(cfg.scale_rewards),
+        "weighting options": ", ".join(f"{k}={v!r}" for k, v in changed.items()) or "the released defaults",
+    }
+
+
+def run(args, rest: list[str]) -> int:
+    parse_methods(args.method)
+    _check_args(args)
+    if args.model != TINY_MODEL:  # a missing directory stops here, before TRL is imported
+        from grail.warmstart import resolve_model
+
+        resolve_model(args.model)
+    cfg, values = _config(args, rest)
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    from grail.explain import explain
+    from grail.explain_html import render_page, write_profile_png
+    from grail.sampling import SamplingParams
+    from grail.train import resolve_model_path, reward_function
+
+    hf_logging.disable_progress_bar()  # "Loading weights" bars would bury the command's own lines
+    methods = parse_methods(args.method)
+    model_path = resolve_model_path(cfg)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = _load_model(model_path)
+    fmt = _prompt_format(cfg, values, model_path)
+    rows = _rows(args, cfg, values, fmt, tokenizer)
+    reward_fn = reward_function(cfg)
+    known = all(r.answer is not None for r in rows)
+    advantage = args.advantage if args.advantage is not None or known else DEFAULT_ADVANTAGE
+    seed = cfg.seed if args.seed is None else args.seed
+    sampling = SamplingParams(n=args.samples or cfg.num_generations, temperature=cfg.temperature, top_p=cfg.top_p,
+                              top_k=cfg.top_k or 0, max_new_tokens=cfg.max_completion_length)
+    ex = explain(model, tokenizer, rows, methods, cfg.weighting_options(), sampling=sampling, seed=seed,
+                 reward_fn=reward_fn if known else None, scale_rewards=cfg.scale_rewards, advantage=advantage)
+    out = Path(args.output or os.path.join("runs", f"explain-{time.strftime('%Y%m%d-%H%M%S')}", "explain.html"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_page(ex, _settings(args, cfg, model, model_path, fmt, reward_fn, sampling, seed, rows)),
+                   encoding="utf-8")
+    png = out.with_name(out.stem + "_profile.png")
+    wrote_png = write_profile_png(ex, png)
+    count = len(ex.completions())
+    print(f"wrote {out} ({len(rows)} prompts, {count} completions, {len(methods)} methods; advantages "
+          f"{ex.advantage_source})")
+    print(f"profile: {png}" if wrote_png else "profile PNG skipped: matplotlib is not installed (pip install "
+          "matplotlib); the page has the profiles as SVG")
+    print(f"open it in a browser: python -m webbrowser {out.resolve().as_uri()}")
+    return 0

@@ -1,0 +1,329 @@
+"""`grail compare`: arms × seeds from one warm start, every run evaluated the same way, resumable after a kill, with a
+report over seeds whose numbers are recomputed here from the runs' own files.
+
+One 2-arm × 2-seed comparison (2 steps per run, 8 held-out problems) is shared by the module; tests that change a
+comparison's files work on a copy. Bad arguments are refused before any training."""
+
+import json
+import math
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import WARM_STEPS
+from grail import compare
+from grail.cli import main
+from grail.compare_report import RESULT_FILE, seeds_needed, t_cdf, t_interval, t_quantile
+
+ARMS = "none,grail@saliency_leaf=middle"
+# lr 1e-3 moves the tiny model in 2 steps, so arms and seeds differ; 2 prompts × 8 completions per step
+FAST = ["--max_steps", "2", "--save_steps", "1", "--per_device_train_batch_size", "16", "--task_num_train", "64",
+        "--task_num_heldout", "8", "--learning_rate", "1e-3", "--warmstart_steps", str(WARM_STEPS)]
+
+
+def _argv(cache, out, arms=ARMS, seeds="2", *extra):
+    return ["compare", "--arms", arms, "--seeds", seeds, *FAST, "--auroc-rows", "8", "--cache_dir", str(cache),
+            "--output_dir", str(out), *extra]
+
+
+def _result(out, slug, seed):
+    return json.loads((out / "runs" / slug / f"seed{seed}" / RESULT_FILE).read_text())
+
+
+@pytest.fixture(scope="module")
+def comparison(tmp_path_factory, warm_cache):
+    """(output_dir, cache) of a finished 2 × 2 comparison, run in process (jobs=1)."""
+    cache, _ = warm_cache
+    out = tmp_path_factory.mktemp("compare") / "cmp"
+    assert main(_argv(cache, out)) == 0
+    return out, cache
+
+
+def _t975_df1() -> float:
+    return math.tan(math.pi * (0.975 - 0.5))  # Student t with 1 degree of freedom is the Cauchy distribution
+
+
+def test_the_report_is_the_t_interval_of_the_runs_results(comparison):
+    out, _ = comparison
+    plan = json.loads((out / "compare.json").read_text())
+    report = json.loads((out / "report.json").read_text())
+    assert [a["label"] for a in plan["arms"]] == report["arms"] == ["none", "grail@saliency_leaf=middle"]
+    widths = []
+    for metric, stats in report["metrics"].items():
+        per_seed = {a["label"]: [_result(out, a["slug"], s)["metrics"][metric] for s in range(2)] for a in plan["arms"]}
+        for arm, (x0, x1) in per_seed.items():
+            mean, sd = (x0 + x1) / 2, abs(x0 - x1) / math.sqrt(2)
+            got = stats["per_arm"][arm]
+            assert got["n"] == 2 and got["mean"] == pytest.approx(mean)
+            assert got["half_width"] == pytest.approx(_t975_df1() * sd / math.sqrt(2), abs=1e-9)
+            assert got["low"] == pytest.approx(mean - got["half_width"])
+            widths.append(got["half_width"])
+        base, other = per_seed["none"], per_seed["grail@saliency_leaf=middle"]
+        diffs = [o - b for b, o in zip(base, other, strict=True)]
+        paired = stats["paired"]["grail@saliency_leaf=middle"]
+        assert paired["values"] == pytest.approx(diffs) and paired["mean"] == pytest.approx(sum(diffs) / 2)
+        assert paired["half_width"] == pytest.approx(_t975_df1() * abs(diffs[0] - diffs[1]) / 2, abs=1e-9)
+    assert max(widths) > 0  # the seeds differ, so the intervals are not degenerate
+    # each run's figures are its harness evaluation's, with the per-problem results that pair arms by problem
+    run = _result(out, "none", 1)
+    harness = json.loads((out / "runs/none/seed1/eval/final/sampled/results.json").read_text())
+    assert run["metrics"]["sampled/synthetic/acc@4"] == harness["benchmarks"][0]["acc_at_n"]["value"]
+    (sampled,) = run["evaluations"]["sampled"]
+    assert len(sampled["problem_ids"]) == len(sampled["per_problem_acc"]) == 8
+    assert statistics.fmean(sampled["per_problem_acc"]) == pytest.approx(run["metrics"]["sampled/synthetic/acc@4"])
+    assert report["primary_metric"] == "sampled/synthetic/acc@4"
+    assert set(report["weights"]["weights/ess_ratio"]) == set(report["arms"])
+    assert report["weights"]["weights/ess_ratio"]["none"]["mean"] == pytest.approx(1.0)  # GRPO: uniform weights
+    for name in report["plots"]:
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert set(report["plots"]) == {"accuracy.png", "differences.png", "learning_curves.png", "weights.png"}
+    text = (out / "report.md").read_text()
+    assert "t-interval" in text and "Seeds needed" in text and "grail@saliency_leaf=middle" in text
+
+
+def test_each_run_reports_the_saliency_auroc_of_its_final_model_and_of_the_warm_start(comparison):
+    """extra_metrics.json holds grail.compare_auroc's figures, which recomputing on the final model reproduces; the
+    warm start's are in auroc_warmstart.json and in report.md."""
+    from grail.compare_auroc import AUROC_METHODS, run_auroc
+    from grail.overrides import build_config
+
+    out, _ = comparison
+    plan = json.loads((out / "compare.json").read_text())
+    assert plan["auroc_rows"] == 8
+    for arm in plan["arms"]:
+        for seed in range(2):
+            extra = json.loads((out / "runs" / arm["slug"] / f"seed{seed}" / "extra_metrics.json").read_text())
+            assert {f"auroc/{m}/signal" for m in AUROC_METHODS} <= set(extra)
+            assert all(0.0 <= v <= 1.0 for v in extra.values())
+    run_dir = out / "runs" / "grail_saliency_leaf_middle" / "seed0"
+    if not run_dir.is_dir():
+        run_dir = next(p / "seed0" for p in (out / "runs").iterdir() if p.name != "none")
+    cfg = build_config(compare.run_values(plan, plan["arms"][1], 0, out))
+    assert run_auroc(run_dir / "final", cfg, 8) == json.loads((run_dir / "extra_metrics.json").read_text())
+    warm = json.loads((out / "auroc_warmstart.json").read_text())
+    assert set(warm) >= {f"auroc/{m}/weights" for m in AUROC_METHODS}
+    assert "The warm start every run began from" in (out / "report.md").read_text()
+
+
+def test_arms_of_one_seed_differ_only_in_the_arms_fields(comparison):
+    out, _ = comparison
+
+    def resolved(slug, seed):
+        return json.loads((out / "runs" / slug / f"seed{seed}" / "resolved_config.json").read_text())
+
+    def differing(a, b):
+        return {k for k in a.keys() | b.keys() if a.get(k) != b.get(k)}
+
+    for seed in range(2):
+        none, grail = resolved("none", seed), resolved("grail@saliency_leaf=middle", seed)
+        assert differing(none, grail) == {"token_weighting", "saliency_leaf", "output_dir"}
+        assert none["seed"] == grail["seed"] == none["data_seed"] == seed
+    assert differing(resolved("none", 0), resolved("none", 1)) == {"seed", "data_seed", "output_dir"}
+
+
+def test_a_resumed_comparison_redoes_only_what_is_missing(comparison, tmp_path, monkeypatch):
+    """A copy with four states: finished (kept), trained but not evaluated (evaluated only), half trained with a
+    complete checkpoint (resumed from it), half trained without one (started over). An extra evaluation hook runs
+    on the runs it evaluates; a hand-written extra_metrics.json is read as well."""
+    source, cache = comparison
+    out = tmp_path / "cmp"
+    shutil.copytree(source, out)
+    runs = out / "runs"
+    kept, evaluate_only = runs / "none/seed0", runs / "grail@saliency_leaf=middle/seed0"
+    resumed, restarted = runs / "none/seed1", runs / "grail@saliency_leaf=middle/seed1"
+    (evaluate_only / RESULT_FILE).unlink()
+    for run in (resumed, restarted):
+        for name in (RESULT_FILE, "compare_trained.json"):
+            (run / name).unlink()
+        shutil.rmtree(run / "final")
+    shutil.rmtree(resumed / "checkpoint-2")
+    for checkpoint in restarted.glob("checkpoint-*"):
+        (checkpoint / "grail_checkpoint_complete.json").unlink()  # as if the kill came during each save
+    (kept / "extra_metrics.json").write_text(json.dumps({"probe/seed": 0.0}))
+    untouched = [kept / RESULT_FILE, kept / "final/model.safetensors", evaluate_only / "final/model.safetensors",
+                 evaluate_only / "checkpoint-2/model.safetensors"]
+    before = {p: p.stat().st_mtime_ns for p in untouched}
+    samples = (evaluate_only / "eval/final/sampled/samples.jsonl").read_text()
+    monkeypatch.setattr(compare, "EXTRA_EVALUATIONS", [lambda final_dir, cfg, log: {"probe/seed": float(cfg.seed)}])
+
+    assert main(_argv(cache, out)) == 0
+    assert {p: p.stat().st_mtime_ns for p in untouched} == before
+    assert (evaluate_only / "eval/final/sampled/samples.jsonl").read_text() == samples  # nothing sampled again
+    assert all((run / RESULT_FILE).is_file() for run in (kept, evaluate_only, resumed, restarted))
+    (resume,) = [json.loads(line) for line in (resumed / "resumed.jsonl").read_text().splitlines()]
+    assert resume["step"] == 1 and _result(out, "none", 1)["resumed"] is True
+    assert not (restarted / "resumed.jsonl").exists()
+    assert _result(out, "grail@saliency_leaf=middle", 1)["resumed"] is False
+    for run in (resumed, restarted):
+        steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()
+                 if "reward" in json.loads(line)]
+        assert steps == [1, 2]  # no step twice, none missing
+    report = json.loads((out / "report.json").read_text())
+    probe = report["extra_metrics"]["probe/seed"]
+    assert probe["per_arm"]["none"]["values"] == [0.0, 1.0]  # the file of the kept run and the hook's value
+    assert probe["per_arm"]["grail@saliency_leaf=middle"]["mean"] == pytest.approx(0.5)
+    assert probe["paired"]["grail@saliency_leaf=middle"]["values"] == [0.0, 0.0]
+    assert report["timing"]["train_seconds"]["none"]["n"] == 1  # the resumed run's clock is left out
+
+
+def test_a_killed_comparison_resumes_without_redoing_finished_runs(tmp_path, warm_cache):
+    cache, _ = warm_cache
+    out = tmp_path / "cmp"
+    argv = _argv(cache, out, "none,grail", "1")
+    process = subprocess.Popen([sys.executable, "-m", "grail", *argv], env={**os.environ, "OMP_NUM_THREADS": "1"},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    first = out / "runs/none/seed0"
+    deadline = time.monotonic() + 300
+    while not (first / RESULT_FILE).exists():
+        assert process.poll() is None, process.stderr.read().decode()
+        assert time.monotonic() < deadline, "the first run did not finish in 300 s"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (out / "runs/grail/seed0" / RESULT_FILE).exists()
+    files = [first / name for name in (RESULT_FILE, "compare_trained.json", "final/model.safetensors",
+                                       "eval/final/sampled/samples.jsonl")]
+    before = {p: p.stat().st_mtime_ns for p in files}
+
+    assert main(argv) == 0
+    assert {p: p.stat().st_mtime_ns for p in files} == before
+    assert (out / "runs/grail/seed0" / RESULT_FILE).is_file()
+    text = (out / "report.md").read_text()
+    assert "With one seed there is no interval" in text and "(1 seed)" in text
+
+
+@pytest.mark.parametrize("change, named", [
+    (["--seeds", "3"], "seeds"),
+    (["--learning_rate", "2e-3"], "learning_rate"),
+    (["--arms", "none,grail"], "arms"),
+])
+def test_a_rerun_with_other_arguments_is_refused(comparison, capsys, change, named):
+    out, cache = comparison
+    argv = _argv(cache, out)
+    for flag, value in zip(change[::2], change[1::2], strict=True):
+        argv[argv.index(flag) + 1] = value
+    plan = (out / "compare.json").read_text()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert named in err and "--output_dir" in err and "same arguments" in err
+    assert (out / "compare.json").read_text() == plan
+
+
+@pytest.mark.parametrize("arms, extra, named", [
+    ("none,,grail", [], "none empty"),
+    ("gral", [], "not a method"),
+    ("grail@saliency_leaf", [], "field=value"),
+    ("grail@learning_rat=1e-4", [], "learning_rate"),  # the unknown key, and the closest field
+    ("grail@saliency_leaf=bogus", [], "saliency_leaf"),
+    ("grail@seed=3", [], "sets seed"),
+    ("none,none", [], "two arms"),
+    ("grail@learning_rate=1e-4", ["--sweep", "learning_rate=1e-4,2e-4"], "sweep it or set it"),
+    ("none", ["--sweep", "learning_rate"], "FIELD=v1,v2"),
+    ("none", ["--seed", "3"], "--seeds"),
+    ("none", ["--dataset", "data.jsonl"], "--eval_benchmarks"),
+    ("none", ["--dataset", "missing.jsonl", "--eval_benchmarks", "synthetic"], "missing.jsonl"),
+])
+def test_bad_arms_and_fields_exit_2_before_any_work(tmp_path, capsys, arms, extra, named):
+    out = tmp_path / "cmp"
+    assert main(["compare", "--arms", arms, "--seeds", "2", "--output_dir", str(out), *extra]) == 2
+    assert named in capsys.readouterr().err
+    assert not (out / "compare.json").exists() and not (out / "runs").exists()  # nothing to refuse a fixed rerun
+
+
+def test_a_sweep_crosses_every_arm_with_every_value():
+    arms = compare.parse_arms("none,grail@saliency_leaf=middle", ["learning_rate=2.5e-5,1e-4", "beta=0,0.1"])
+    assert [a.label for a in arms] == [
+        f"{arm}@learning_rate={lr}@beta={beta}" for arm in ("none", "grail@saliency_leaf=middle")
+        for lr in ("2.5e-5", "1e-4") for beta in ("0", "0.1")]
+    assert arms[-1].fields == {"saliency_leaf": "middle", "learning_rate": 1e-4, "beta": 0.1}  # typed
+    assert arms[-1].method == "grail" and "/" not in arms[-1].slug
+
+
+def test_compare_help_imports_neither_torch_nor_trl():
+    code = ("from grail.cli import main\ntry:\n    main(['compare', '--help'])\nexcept SystemExit:\n    pass\n"
+            "import sys\nprint(' '.join(sorted(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "--arms" in out and not {name.split(".")[0] for name in out.split()} & {"torch", "trl"}
+
+
+# ---- the statistics ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("p", [0.6, 0.8, 0.9, 0.975, 0.995])
+def test_t_quantile_matches_the_closed_forms(p):
+    assert t_quantile(p, 1) == pytest.approx(math.tan(math.pi * (p - 0.5)), rel=1e-9)  # Cauchy
+    assert t_quantile(p, 2) == pytest.approx((2 * p - 1) / math.sqrt(2 * p * (1 - p)), rel=1e-9)
+    normal = statistics.NormalDist().inv_cdf(p)
+    assert t_quantile(p, 1e7) == pytest.approx(normal, rel=1e-5)  # t → normal as df → ∞
+    assert t_quantile(1 - p, 7) == pytest.approx(-t_quantile(p, 7))
+    assert t_cdf(t_quantile(p, 4.5), 4.5) == pytest.approx(p, abs=1e-12)
+    assert t_quantile(0.975, 4) == pytest.approx(2.776, abs=5e-4)  # the textbook table's 4 degrees of freedom
+
+
+def test_t_interval_by_hand_and_without_a_spread():
+    # values 1, 2, 3: mean 2, sd 1, half-width t_{0.975,2} / sqrt(3); t_{0.975,2} = 0.95 / sqrt(2·0.975·0.025)
+    got = t_interval([1.0, 2.0, 3.0])
+    assert got.mean == 2.0 and got.sd == pytest.approx(1.0)
+    assert got.half_width == pytest.approx(0.95 / math.sqrt(2 * 0.975 * 0.025) / math.sqrt(3))
+    one = t_interval([0.7])
+    assert one.mean == 0.7 and one.sd is None and one.half_width is None and one.low is None
+
+
+@pytest.mark.parametrize("sd, d, power", [(4.0, 1.0, None), (4.0, 2.0, None), (4.0, 2.0, 0.8), (0.5, 5.0, 0.8)])
+def test_seeds_needed_is_the_first_count_that_is_enough(sd, d, power):
+    def enough(s):
+        factor = t_quantile(0.975, s - 1) + (t_quantile(power, s - 1) if power else 0.0)
+        return factor * sd / math.sqrt(s) <= d
+
+    s = seeds_needed(sd, d, power=power)
+    assert enough(s) and (s == 2 or not enough(s - 1))
+
+
+def _workers_of(out) -> list[int]:
+    """Live worker processes of the comparison in `out` (Linux: read from /proc)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+            state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if b"grail.compare_cli" in cmdline and str(out).encode() in cmdline and state != "Z":
+            found.append(int(pid))
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the workers through /proc")
+def test_jobs_run_in_worker_processes_that_end_with_their_comparison(tmp_path, warm_cache):
+    """--jobs 2: two worker processes train at once; killing the comparison ends them (no orphan keeps training);
+    a rerun finishes every run with the workers again."""
+    cache, _ = warm_cache
+    out = tmp_path / "cmp"
+    argv = _argv(cache, out, "none,grail", "2", "--jobs", "2")
+    process = subprocess.Popen([sys.executable, "-m", "grail", *argv], env={**os.environ, "OMP_NUM_THREADS": "2"},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    while len(_workers_of(out)) < 2:
+        assert process.poll() is None, process.stderr.read().decode()
+        assert time.monotonic() < deadline, "the two workers did not start in 300 s"
+        time.sleep(0.1)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    deadline = time.monotonic() + 30
+    while _workers_of(out):
+        assert time.monotonic() < deadline, "workers outlived their comparison by 30 s"
+        time.sleep(0.2)
+
+    assert main(argv) == 0
+    for slug in ("none", "grail"):
+        for seed in range(2):
+            run = out / "runs" / slug / f"seed{seed}"
+            assert (run / RESULT_FILE).is_file() and "step 2/2" in (run / "compare.log").read_text()
+    report = json.loads((out / "report.json").read_text())
+    assert report["metrics"]["sampled/synthetic/acc@4"]["per_arm"]["none"]["n"] == 2
