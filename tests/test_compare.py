@@ -327,3 +327,11 @@ def test_jobs_run_in_worker_processes_that_end_with_their_comparison(tmp_path, w
             assert (run / RESULT_FILE).is_file() and "step 2/2" in (run / "compare.log").read_text()
     report = json.loads((out / "report.json").read_text())
     assert report["metrics"]["sampled/synthetic/acc@4"]["per_arm"]["none"]["n"] == 2
+
+
+def test_the_learning_curves_are_a_trailing_moving_average():
+    from grail.compare_report import smoothed
+
+    values = {1: 1.0, 2: 0.0, 3: 1.0, 5: 0.0}  # step 4 not logged: the window counts logged steps
+    assert smoothed(values, 2) == {1: 1.0, 2: 0.5, 3: 0.5, 5: 0.5}
+    assert smoothed(values, 1) == values

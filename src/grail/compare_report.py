@@ -33,6 +33,7 @@ __all__ = [
 
 RESULT_FILE = "compare_result.json"  # written last by a run: its presence means finished
 EXTRA_METRICS_FILE = "extra_metrics.json"
+SMOOTH_STEPS = 10  # the learning-curve plot's moving-average window (report.json keeps the raw values)
 LEVEL = 0.95
 POWER = 0.80
 WEIGHT_KEYS = ("weights/ess_ratio", "weights/top10_mass", "weights/clip_low_frac", "weights/clip_high_frac",
@@ -444,9 +445,9 @@ def _plots(s: dict, runs: list[RunData], out_dir: Path) -> list[str]:
         save(fig, "differences.png")
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for arm in arms:
-        _band(ax, [curve(r.log, "reward") for r in runs if r.arm == arm], colours[arm], arm)
+        _band(ax, [smoothed(curve(r.log, "reward"), SMOOTH_STEPS) for r in runs if r.arm == arm], colours[arm], arm)
     ax.set_xlabel("optimizer step")
-    ax.set_ylabel("mean reward per completion")
+    ax.set_ylabel(f"mean reward per completion ({SMOOTH_STEPS}-step moving average)")
     ax.set_title(f"Training reward: mean over seeds (band: min–max over {s['seeds']} seeds)")
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.legend(fontsize=8)
@@ -473,6 +474,14 @@ def _plots(s: dict, runs: list[RunData], out_dir: Path) -> list[str]:
             a.legend(fontsize=7)
     save(fig, "weights.png")
     return written
+
+
+def smoothed(values: dict[int, float], window: int) -> dict[int, float]:
+    """Trailing moving average over the last `window` logged steps (fewer at the start): a step's reward is the mean
+    of one small batch, too noisy to compare arms by eye."""
+    steps = sorted(values)
+    return {step: sum(values[s] for s in steps[max(0, i - window + 1) : i + 1]) / (i + 1 - max(0, i - window + 1))
+            for i, step in enumerate(steps)}
 
 
 def _band(ax, curves: list[dict[int, float]], colour, label: str) -> None:
