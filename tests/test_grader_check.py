@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from grail.cli import main
 from grail.grader_check import format_grader_check, grader_check
 
 SHARED_BENCHMARKS = Path(__file__).resolve().parents[2] / "shared" / "data" / "benchmarks"
@@ -137,3 +138,11 @@ def test_grader_check_counts_and_lists_references_read_as_text_or_in_part(tmp_pa
     table = format_grader_check(grader_check(tmp_path, benchmarks=["college_math"], workers=1))
     assert "| college_math | 2 | 1 | 1 | 1 | 0 | 0 |" in table
     assert "college_math: 3 reference(s) not read as mathematics before or after" in table
+
+
+def test_grader_check_cli_runs_the_neighbour_check_on_request(tiny_data, capsys):
+    argv = ["grader-check", "--data-dir", str(tiny_data), "--benchmarks", "amc23", "--workers", "1"]
+    assert main(argv) == 0
+    assert "| amc23 | 2 | — (no worked solution in the data) | 2/2 (100.0%) | — (not run) |" in capsys.readouterr().out
+    assert main([*argv, "--neighbour"]) == 0
+    assert "| amc23 | 2 | — (no worked solution in the data) | 2/2 (100.0%) | 2/2 (100.0%) |" in capsys.readouterr().out

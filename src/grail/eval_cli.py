@@ -77,6 +77,9 @@ def add_parsers(sub) -> None:
                        help="grade with grail's grader, or the release's scoring reproduced (see grail eval --help)")
     check.add_argument("--workers", type=int, help=WORKERS_HELP)
     check.add_argument("--show", type=int, default=5, help="disagreements to print per benchmark (default 5)")
+    check.add_argument("--neighbour", action="store_true",
+                       help="also grade each answer against the next row's reference, which should be rejected: it "
+                       "catches false accepts (slow: sympy times out on unrelated equations; minutes per benchmark)")
 
 
 def _load_model(model_path: str):
@@ -158,7 +161,8 @@ def run_grader_check(args) -> int:
     from grail.grader_check import format_grader_check, grader_check
 
     names = parse_benchmark_list(args.benchmarks)
-    result = grader_check(args.data_dir, benchmarks=names, workers=args.workers, scoring=args.scoring)
+    result = grader_check(args.data_dir, benchmarks=names, workers=args.workers, scoring=args.scoring,
+                          neighbour=args.neighbour)
     print(format_grader_check(result, show=args.show))
     missed = [t for t in result["targets"] if not t["met"]]
     if missed:  # a self-test that misses its targets must not look like a pass to a script or CI
