@@ -50,10 +50,10 @@ def _bound_bytes(args, n: int, chunk_tokens: int, vocab: int) -> dict[str, int]:
 
 def measure_one(args) -> dict:
     import torch
+    from step_overhead import RssPeakSampler, tune_glibc_malloc
 
     from grail.oar_probes import oar_p_importance
     from grail.tiny import build_tiny_model, build_tokenizer
-    from step_overhead import RssPeakSampler, tune_glibc_malloc
 
     malloc = tune_glibc_malloc()
     torch.manual_seed(0)

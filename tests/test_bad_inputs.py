@@ -75,7 +75,8 @@ def _no_pad_or_eos(path):
 MODEL_CASES = [  # (name, how the model directory is made, extra argv, what the message must name)
     ("a missing tokenizer", _no_tokenizer, [], "no tokenizer could be loaded"),
     ("no pad and no EOS token", _no_pad_or_eos, [], "neither a pad token nor an EOS token"),
-    ("a chat template required but absent", _no_chat_template, ["--conversational", "true"], "has none: use conversational=false"),
+    ("a chat template required but absent", _no_chat_template, ["--conversational", "true"],
+     "has none: use conversational=false"),
     ("no decoder layer for the chosen leaf",
      lambda p: save_tiny(p, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64),
      ["--token_weighting", "grail", "--saliency_leaf", "middle"], "leaf='middle'"),

@@ -142,7 +142,8 @@ def test_vllm_backend_loads_only_the_tokenizer(tmp_path, tiny_dir, data_dir, mon
 
 
 @pytest.mark.parametrize("damage, named", [
-    (lambda out: (out / "samples.jsonl").write_bytes(b'{"benchmark": "math500"\n' + (out / "samples.jsonl").read_bytes()),
+    (lambda out: (out / "samples.jsonl").write_bytes(b'{"benchmark": "math500"\n'
+                                                     + (out / "samples.jsonl").read_bytes()),
      "samples.jsonl, line 1 is not a sample record"),
     (lambda out: (out / "samples.jsonl").write_bytes((out / "samples.jsonl").read_bytes() + b"\xff\xfe\n"),
      "samples.jsonl, line 11 is not a sample record"),

@@ -126,7 +126,8 @@ def test_grader_check_counts_and_lists_references_read_as_text_or_in_part(tmp_pa
     """Before = boxed as written, after = grail's normalisation: the \\mathrm{e} reference parses only in part before
     and fully after; the multi-letter \\mathrm name stays partial; the code-like reference stays text."""
     rows = [{"data_source": "b", "question_number": str(i), "question": "q", "answer": answer}
-            for i, answer in enumerate(["1 - \\frac{1}{\\mathrm{e}}", "x=\\frac{\\mathrm{gb}}{f}", "np.arcsin(10/13)", "4"])]
+            for i, answer in enumerate(["1 - \\frac{1}{\\mathrm{e}}", "x=\\frac{\\mathrm{gb}}{f}", "np.arcsin(10/13)",
+                                        "4"])]
     (tmp_path / "college_math").mkdir()
     (tmp_path / "college_math" / "test.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     parse = grader_check(tmp_path, benchmarks=["college_math"], workers=1)["benchmarks"]["college_math"]["parse"]

@@ -50,7 +50,8 @@ def test_the_all_boxes_rule_runs_in_worker_processes_and_is_offered_by_eval():
     results = grade_many(completions, references, workers=2, scoring=ALL_BOXES_SCORING)
     assert [r.correct for r in results] == [True, False, False]
     assert results[0].extracted == "1, 2, 3"
-    assert "grail_all_boxes" in SCORING_NAMES and EvalSpec(("synthetic",), scoring="grail_all_boxes").scoring == "grail_all_boxes"
+    assert "grail_all_boxes" in SCORING_NAMES
+    assert EvalSpec(("synthetic",), scoring="grail_all_boxes").scoring == "grail_all_boxes"
 
 
 def test_gold_latex_rejects_an_unknown_box_rule():

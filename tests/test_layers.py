@@ -19,7 +19,8 @@ LAYERS = {
     "methods": ["methods", "weighting"],  # the method table and the functional API (no TRL)
     "evaluation": ["reference_text", "grader_guards", "grader", "release_scoring", "rewards", "benchmark_sources",
                    "benchmarks", "grader_check", "eval_harness"],  # no TRL
-    "analysis": ["explain", "explain_html", "saliency_quality", "compare_auroc", "compare_report"],  # what the weights do: uses methods and evaluation, no TRL
+    # what the weights do: uses methods and evaluation, not TRL
+    "analysis": ["explain", "explain_html", "saliency_quality", "compare_auroc", "compare_report"],
     "training": ["config", "data", "model_checks", "trainer", "resume", "overrides", "train", "demo", "compare"],  # TRL
     "cli": ["cli", "eval_cli", "explain_cli", "compare_cli", "__main__", "__init__"],
 }

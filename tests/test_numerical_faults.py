@@ -6,9 +6,9 @@ from contextlib import contextmanager
 
 import pytest
 import torch
-from batches import loss_and_grads, make_trainer, trl_batch
 
 import grail.trainer
+from batches import loss_and_grads, make_trainer, trl_batch
 from grail.options import WeightingOptions
 from grail.tiny import build_tiny_model
 from grail.trainer import GRAILTrainer

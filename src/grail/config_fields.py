@@ -91,7 +91,8 @@ class GRAILFields:
         default="auto",
         metadata={"help": "`math_verify`: 1.0 iff the last \\boxed{} is equivalent to the answer under "
                   "math-verify (5 s timeout). `exact_int`: 1.0 iff the last \\boxed{} is the answer as an "
-                  "integer (the synthetic task). `math_verify_all_boxes`: math_verify with the opt-in all-boxes rule (every "
+                  "integer (the synthetic task). `math_verify_all_boxes`: math_verify with the opt-in all-boxes rule "
+                  "(every "
                   "\\boxed{} of the completion, and of the reference, read as one list: `\\boxed{1}, \\boxed{2}` is "
                   "`1, 2`). `auto`: exact_int for the synthetic task, else math_verify."},
     )
@@ -296,7 +297,8 @@ class GRAILFields:
     eval_scoring: ScoringName = field(
         default="grail",
         metadata={"help": "How checkpoint samples are graded (as `grail eval --scoring`): `grail` (the grader: "
-                  "every reference read correctly), `grail_all_boxes` (the grader with the opt-in all-boxes rule) or `release` (the GRAIL release's own scoring, for figures "
+                  "every reference read correctly), `grail_all_boxes` (the grader with the opt-in all-boxes rule) "
+                  "or `release` (the GRAIL release's own scoring, for figures "
                   "comparable with the paper's; it cannot match 197 of 675 OlympiadBench references)."},
     )
     eval_samples: int = field(

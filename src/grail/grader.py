@@ -187,10 +187,10 @@ def reference_parse(reference: Any, *, normalise: bool = True, timeout_s: float 
     r"""How math-verify reads a reference: (kind, the text it extracted).
 
     kind: "math" (a mathematical value: a sympy expression, set, interval, matrix ...); "partial" (text only, and
-    only the start of the answer, a strict prefix of it, spaces aside: math-verify stopped parsing, e.g. "1 - rac{1}{" of
-    "1 - rac{1}{\mathrm{e}}", so every answer that starts the same way would match it as text); "text" (text
-    only, the whole answer: compared as text); "none" (nothing extracted, or a timeout). normalise: read
-    `gold_latex(reference)`, as the grader does; False reads "oxed{" + reference + "}", as it would be
+    only the start of the answer, a strict prefix of it, spaces aside: math-verify stopped parsing, e.g.
+    "1 - \frac{1}{" of "1 - \frac{1}{\mathrm{e}}", so every answer that starts the same way would match it as
+    text); "text" (text only, the whole answer: compared as text); "none" (nothing extracted, or a timeout).
+    normalise: read `gold_latex(reference)`, as the grader does; False reads "\boxed{" + reference + "}", as it would be
     without grail's normalisation (`grail grader-check` counts both). The alarm is used on a main thread only;
     elsewhere the parse is unbounded (references are data, not model output).
     """

@@ -118,7 +118,8 @@ def reference_parses(problems) -> dict:
     "after": {kind: count}, "listed": [{"id", "reference", "before", "after", "extracted"}]}, listing every
     reference that is not "math" before or after (a text fallback or a partial parse; "extracted": the text
     math-verify kept, after normalisation)."""
-    counts: dict[str, dict[str, int]] = {"before": dict.fromkeys(PARSE_KINDS, 0), "after": dict.fromkeys(PARSE_KINDS, 0)}
+    counts: dict[str, dict[str, int]] = {"before": dict.fromkeys(PARSE_KINDS, 0),
+                                         "after": dict.fromkeys(PARSE_KINDS, 0)}
     listed = []
     for p in problems:
         before, _ = reference_parse(p.answer, normalise=False)
@@ -158,7 +159,8 @@ def format_grader_check(result: dict, show: int | None = None) -> str:
               "|---|---|---|---|---|---|---|"]
     for name, entry in result["benchmarks"].items():
         before, after = entry["parse"]["before"], entry["parse"]["after"]
-        lines.append(f"| {name} | " + " | ".join(f"{before[k]} | {after[k]}" for k in ("partial", "text", "none")) + " |")
+        cells = " | ".join(f"{before[k]} | {after[k]}" for k in ("partial", "text", "none"))
+        lines.append(f"| {name} | {cells} |")
     lines.append("")
     for target in result["targets"]:
         lines.append(f"- {target['benchmark']} {target['check']}: {100 * target['fraction']:.2f}% "

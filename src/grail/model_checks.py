@@ -34,7 +34,8 @@ def check_tokenizer(model_name_or_path: str, model_path: str, conversational: bo
                          f"or Hub id that has one.")
     if tokenizer.pad_token is None and tokenizer.eos_token is None:
         raise ValueError(f"model_name_or_path={model_name_or_path!r}: the tokenizer has neither a pad token nor an EOS "
-                         f"token; GRPO pads completions (with EOS when there is no pad token) and ends them at EOS. Set "
+                         f"token; GRPO pads completions (with EOS when there is no pad token) and ends them at EOS. "
+                         f"Set "
                          f"them and save the tokenizer, e.g. tokenizer.add_special_tokens({{'eos_token': ..., "
                          f"'pad_token': ...}}); tokenizer.save_pretrained(...).")
     if conversational and getattr(tokenizer, "chat_template", None) is None:

@@ -42,7 +42,8 @@ from grail.spans import align_to_completion
 
 __all__ = [
     "answer_nll_saliency", "at_least_float32", "backbone", "check_batch", "completion_mask_BT", "decoder_layers",
-    "hidden_states_BLD", "leaf_gradient", "leaf_module", "leaf_output_tensor", "LEAVES", "logit_transform", "output_is_linear",
+    "hidden_states_BLD", "leaf_gradient", "leaf_module", "leaf_output_tensor", "LEAVES", "logit_transform",
+    "output_is_linear",
     "output_logits", "token_entropies", "zeros_BT"
 ]
 

@@ -86,7 +86,8 @@ RELEASE_SCORING = Scoring("release", release_last_box, grade_release_content,
                           "release (grail.release_scoring: the GRAIL release's extraction and un-normalised $...$ "
                           "parse, OlympiadBench graded against the text of its answer list, mean tokens over samples "
                           "with a box)")
-SCORINGS = {"grail": GRAIL_SCORING, "grail_all_boxes": ALL_BOXES_SCORING, "release": RELEASE_SCORING}  # the scorings `grail eval --scoring` offers
+# the scorings `grail eval --scoring` offers
+SCORINGS = {"grail": GRAIL_SCORING, "grail_all_boxes": ALL_BOXES_SCORING, "release": RELEASE_SCORING}
 
 
 def scoring_reference(problem, scoring: str) -> str:

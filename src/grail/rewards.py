@@ -27,7 +27,8 @@ from grail.boxed import last_boxed_content
 from grail.grader import TIMEOUT_S
 from grail.reference_text import first_answer
 
-__all__ = ["completion_text", "exact_int_reward", "math_verify_all_boxes_reward", "math_verify_reward", "reward_named", "REWARDS"]
+__all__ = ["completion_text", "exact_int_reward", "math_verify_all_boxes_reward", "math_verify_reward", "reward_named",
+           "REWARDS"]
 
 _NOT_COLUMNS = {"prompts", "completion_ids", "trainer_state", "log_extra", "log_metric", "environments"}
 _INT_RE = re.compile(r"\s*-?[0-9]+\s*")

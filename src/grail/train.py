@@ -26,10 +26,10 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from grail.config import GRAILConfig
 from grail.config_fields import SYNTHETIC_DATASET
 from grail.data import load_train_dataset
+from grail.model_checks import check_tokenizer
 from grail.prompts import PromptFormat
 from grail.resume import CheckpointMarker, prepare_run_dir, resolve_resume
 from grail.rewards import reward_named
-from grail.model_checks import check_tokenizer
 from grail.trainer import GRAILTrainer, sharded_by
 from grail.warmstart import resolve_model
 
