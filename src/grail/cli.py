@@ -20,6 +20,7 @@ from dataclasses import fields
 
 from grail import __version__, compare_cli, eval_cli, explain_cli, presets
 from grail.config_fields import GRAILFields
+from grail.options import parse_methods
 from grail.presets import PRESETS, TINY_CPU
 
 __all__ = ["GRAIL_FIELDS", "main", "run"]
@@ -66,9 +67,9 @@ def _default_run_dir(command: str) -> str:
 
 def _train(args, rest: list[str]) -> int:
     from grail.overrides import build_config, merge, parse_flags  # the training layer (TRL) only when training
-    from grail.train import train
+    from grail.train import quiet_libraries, train
 
-    _quiet_libraries()
+    quiet_libraries()
 
     flags = parse_flags(rest)
     if args.preset:
@@ -92,27 +93,13 @@ def _close_process_group() -> None:
         dist.destroy_process_group()
 
 
-def _quiet_libraries() -> None:
-    """Progress bars and info chatter of transformers/datasets would bury the demo's own progress lines."""
-    import warnings
-
-    import datasets
-    from transformers.utils import logging as hf_logging
-
-    # TRL 1.16 still calls transformers 5's deprecated `is_gradient_checkpointing`; nothing for a user to do.
-    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    datasets.disable_progress_bars()
-    datasets.logging.set_verbosity_error()
-
-
 def _demo(args, rest: list[str]) -> int:
-    from grail.demo import parse_methods, run_demo
+    from grail.demo import run_demo
     from grail.overrides import build_config, merge, parse_flags
+    from grail.train import quiet_libraries
 
-    methods = parse_methods(args.method)
-    _quiet_libraries()
+    methods = parse_methods(args.method, example="none,grail")
+    quiet_libraries()
 
     values = merge(None, parse_flags(rest), base=TINY_CPU)
     values.setdefault("output_dir", _default_run_dir("demo"))

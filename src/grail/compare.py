@@ -440,20 +440,6 @@ def _prepare(plan: dict, out_dir: Path, log: Log) -> None:
                 _write_json(auroc_path, run_auroc(start_dir, cfg, plan["auroc_rows"]))
 
 
-def _quiet_libraries() -> None:
-    """No progress bars or info chatter from transformers and datasets in the run logs."""
-    import warnings
-
-    import datasets
-    from transformers.utils import logging as hf_logging
-
-    # TRL 1.16 still calls transformers 5's deprecated `is_gradient_checkpointing`; nothing for a user to do.
-    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    datasets.disable_progress_bars()
-
-
 def run_comparison(plan: dict, out_dir: str | Path, jobs: int = 1, log: Log = print) -> dict:
     """Every run of the plan (finished ones skipped), then the report; returns report.json's content. The plan is
     written to out_dir/compare.json once the data and the warm start are found, or must equal the one there."""
@@ -486,7 +472,9 @@ def run_comparison(plan: dict, out_dir: str | Path, jobs: int = 1, log: Log = pr
 
 
 def _in_process(plan: dict, out_dir: Path, pending: list, jobs: int, progress: _Progress) -> list[str]:
-    _quiet_libraries()
+    from grail.train import quiet_libraries
+
+    quiet_libraries()
     for slug, seed in pending:
         name = f"{slug}/seed{seed}"
         run_dir = run_path(out_dir, slug, seed)
@@ -554,8 +542,10 @@ def run_worker(out_dir: Path, slug: str, seed: int, threads: int) -> int:
     """One run of the plan in out_dir/compare.json, in a worker process with `threads` CPU threads."""
     import torch
 
+    from grail.train import quiet_libraries
+
     torch.set_num_threads(threads)
-    _quiet_libraries()
+    quiet_libraries()
     try:
         plan = json.loads((out_dir / PLAN_FILE).read_text())
         run_one(plan, out_dir, slug, seed, lambda line: print(line, flush=True), grading_workers=1)

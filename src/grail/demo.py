@@ -34,7 +34,7 @@ from grail.sampling import HFSampler, SamplingParams
 from grail.train import Log, resolve_model_path, train
 
 __all__ = [
-    "DEFAULT_METHODS", "eval_specs", "format_table", "heldout_accuracy", "LABELS", "parse_methods", "run_demo",
+    "DEFAULT_METHODS", "eval_specs", "format_table", "heldout_accuracy", "LABELS", "run_demo",
     "SAMPLES_PER_PROBLEM"
 ]
 
@@ -42,19 +42,6 @@ SAMPLES_PER_PROBLEM = 4  # sampled accuracy: acc@4 at the training temperature
 ROWS_PER_CALL = 64  # completions per `generate` call: batches of 64 problems greedy, 16 sampled
 DEFAULT_METHODS = ("none", "grail")
 LABELS = {name: spec.label for name, spec in METHODS.items()}  # the table's column names
-
-
-def parse_methods(text: str) -> tuple[str, ...]:
-    """`grail,oar_g` → ("grail", "oar_g"); every name must be a `token_weighting` choice."""
-    methods = tuple(m.strip() for m in text.split(",") if m.strip())
-    allowed = tuple(METHODS)
-    bad = [m for m in methods if m not in allowed]
-    if bad or not methods:
-        raise ValueError(f"--method {text!r}: give one or more of {', '.join(allowed)}, comma-separated "
-                         f"(e.g. --method none,grail).")
-    if len(set(methods)) != len(methods):
-        raise ValueError(f"--method {text!r} names a method twice.")
-    return methods
 
 
 def eval_specs(cfg: GRAILConfig) -> dict[str, EvalSpec]:

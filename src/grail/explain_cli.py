@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import os
 import time
-import typing
 from pathlib import Path
 
 from grail.config_fields import TINY_MODEL
-from grail.options import Method
+from grail.options import parse_methods
 from grail.presets import PRESETS, TINY_CPU
 
-__all__ = ["DEFAULT_ADVANTAGE", "add_parser", "parse_methods", "run"]
+__all__ = ["DEFAULT_ADVANTAGE", "add_parser", "run"]
 
 DEFAULT_ADVANTAGE = -1.0  # a bare --prompt: A of every completion (a wrong answer: GRAIL's rows by default)
 _PROMPT_FIELDS = ("prompt_suffix", "conversational", "chat_template_kwargs")
@@ -59,19 +58,6 @@ def add_parser(sub) -> None:
                    "PNG is written next to it as <name>_profile.png")
     p.add_argument("--config", help="YAML file of field: value, e.g. a training run's config.yaml")
     p.add_argument("--preset", choices=sorted(PRESETS), help="start from these values (file and flags win)")
-
-
-def parse_methods(text: str | None) -> tuple[str, ...]:
-    """`grail,oar_g` → ("grail", "oar_g"); each must be a `token_weighting` choice, none twice."""
-    allowed = typing.get_args(Method)
-    methods = tuple(m.strip() for m in (text or "").split(",") if m.strip())
-    bad = [m for m in methods if m not in allowed]
-    if bad or not methods:
-        raise ValueError(f"--method {text!r}: {'unknown method ' + ', '.join(bad) if bad else 'no method'}; give "
-                         f"one or more of {', '.join(allowed)}, comma-separated (e.g. --method grail,oar_g).")
-    if len(set(methods)) != len(methods):
-        raise ValueError(f"--method {text!r} names a method twice.")
-    return methods
 
 
 def _check_args(args) -> None:
@@ -170,7 +156,7 @@ def _settings(args, cfg, model, model_path, fmt, reward_fn, sampling, seed, rows
 
 
 def run(args, rest: list[str]) -> int:
-    parse_methods(args.method)
+    methods = parse_methods(args.method, example="grail,oar_g")  # checked before anything heavy is imported
     _check_args(args)
     if args.model != TINY_MODEL:  # a missing directory stops here, before TRL is imported
         from grail.warmstart import resolve_model
@@ -186,7 +172,6 @@ def run(args, rest: list[str]) -> int:
     from grail.train import resolve_model_path, reward_function
 
     hf_logging.disable_progress_bar()  # "Loading weights" bars would bury the command's own lines
-    methods = parse_methods(args.method)
     model_path = resolve_model_path(cfg)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = _load_model(model_path)

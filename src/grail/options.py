@@ -19,7 +19,7 @@ from grail.tasks import TaskConfig
 
 __all__ = [
     "AnswerBox", "AnswerNllSpan", "Distribution", "Leaf", "Method", "OAR_VARIANT_DEFAULTS",
-    "OarScope", "OarVariant", "RewardName", "RolloutSymmetry", "SaliencyPath", "ScoringName",
+    "OarScope", "OarVariant", "parse_methods", "RewardName", "RolloutSymmetry", "SaliencyPath", "ScoringName",
     "WarmStartConfig", "WeightRescale", "WeightingOptions", "WeightsFrom", "ZSCORE_FREE", "ZscoreScope",
 ]
 
@@ -39,6 +39,20 @@ ScoringName = Literal["grail", "grail_all_boxes", "release"]  # grail.release_sc
 WeightRescale = Literal["none", "row_mean"]  # opt-in scale matching (not the release): grail.core.row_mean_rescaled
 ZscoreScope = Literal["completion", "to_answer"]  # tokens GRAIL's z-score uses (to_answer: opt-in, not the release)
 ZSCORE_FREE = ("oar_g", "oar_p")  # methods with no z-score (grail.methods' bilevel pipeline; a test keeps them equal)
+
+def parse_methods(text: str | None, example: str = "none,grail") -> tuple[str, ...]:
+    """`grail,oar_g` → ("grail", "oar_g"): a `--method` list (`grail demo`, `grail explain`); each name must be a
+    `token_weighting` choice (`Method`), none twice. `example` is the fix the error message shows."""
+    allowed = get_args(Method)
+    methods = tuple(m.strip() for m in (text or "").split(",") if m.strip())
+    bad = [m for m in methods if m not in allowed]
+    if bad or not methods:
+        raise ValueError(f"--method {text!r}: {'unknown method ' + ', '.join(bad) if bad else 'no method'}; give "
+                         f"one or more of {', '.join(allowed)}, comma-separated (e.g. --method {example}).")
+    if len(set(methods)) != len(methods):
+        raise ValueError(f"--method {text!r} names a method twice.")
+    return methods
+
 
 # Per OAR variant, the values that `None` in the scope / quantile / beta fields stands for (METHODS.md 3):
 # the OAR release's excerpt, and the GRAIL release's own OAR-G baseline (`qwen3_oar_g.yaml`).

@@ -34,8 +34,8 @@ from grail.trainer import GRAILTrainer, sharded_by
 from grail.warmstart import resolve_model
 
 __all__ = [
-    "check_sharding", "CheckpointEval", "Log", "MetricsJsonl", "Progress", "resolve_model_path", "reward_function",
-    "train", "TrainResult", "write_run_config"
+    "check_sharding", "CheckpointEval", "Log", "MetricsJsonl", "Progress", "quiet_libraries", "resolve_model_path",
+    "reward_function", "train", "TrainResult", "write_run_config"
 ]
 
 Log = Callable[[str], None]
@@ -202,6 +202,22 @@ def write_run_config(cfg: GRAILConfig, overrides: dict, run_dir: Path) -> None:
     (run_dir / "config.yaml").write_text(header + yaml.safe_dump(values, sort_keys=True))
     (run_dir / "resolved_config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=str,
                                                              sort_keys=True))
+
+
+def quiet_libraries() -> None:
+    """No progress bars or info chatter from transformers and datasets: they would bury grail's own progress lines
+    (`grail train`, `demo`, `compare` and its runs' logs)."""
+    import warnings
+
+    import datasets
+    from transformers.utils import logging as hf_logging
+
+    # TRL 1.16 still calls transformers 5's deprecated `is_gradient_checkpointing`; nothing for a user to do.
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
 
 
 def train(cfg: GRAILConfig, overrides: dict | None = None, log: Log = print,
