@@ -17,9 +17,10 @@ import time
 import pytest
 
 from conftest import WARM_STEPS
-from grail import compare
+from grail import compare, compare_run
 from grail.cli import main
-from grail.compare_report import RESULT_FILE, seeds_needed, t_cdf, t_interval, t_quantile
+from grail.compare_report import RESULT_FILE
+from grail.compare_stats import seeds_needed, t_cdf, t_interval, t_quantile
 
 ARMS = "none,grail@saliency_leaf=middle"
 # lr 1e-3 moves the tiny model in 2 steps, so arms and seeds differ; 2 prompts × 8 completions per step
@@ -82,18 +83,21 @@ def test_the_report_is_the_t_interval_of_the_runs_results(comparison):
     assert report["weights"]["weights/ess_ratio"]["none"]["mean"] == pytest.approx(1.0)  # GRPO: uniform weights
     for name in report["plots"]:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert set(report["plots"]) == {"accuracy.png", "differences.png", "learning_curves.png", "weights.png"}
+    assert set(report["plots"]) == {"accuracy.png", "differences.png", "learning_curves.png", "weights.png",
+                                    "auroc_training.png"}
+    assert report["sweep"] is None and set(report["reference"].values()) == {"none"}
     text = (out / "report.md").read_text()
     assert "t-interval" in text and "Seeds needed" in text and "grail@saliency_leaf=middle" in text
 
 
-def test_each_run_reports_the_saliency_auroc_of_its_final_model_and_of_the_warm_start(comparison):
+def test_each_run_reports_the_saliency_auroc_of_its_final_model_and_of_the_warm_start(comparison, warm_cache):
     """extra_metrics.json holds grail.compare_auroc's figures, which recomputing on the final model reproduces; the
     warm start's are in auroc_warmstart.json and in report.md."""
     from grail.compare_auroc import AUROC_METHODS, run_auroc
     from grail.overrides import build_config
 
     out, _ = comparison
+    _, warm_start_dir = warm_cache
     plan = json.loads((out / "compare.json").read_text())
     assert plan["auroc_rows"] == 8
     for arm in plan["arms"]:
@@ -107,8 +111,48 @@ def test_each_run_reports_the_saliency_auroc_of_its_final_model_and_of_the_warm_
     cfg = build_config(compare.run_values(plan, plan["arms"][1], 0, out))
     assert run_auroc(run_dir / "final", cfg, 8) == json.loads((run_dir / "extra_metrics.json").read_text())
     warm = json.loads((out / "auroc_warmstart.json").read_text())
-    assert set(warm) >= {f"auroc/{m}/weights" for m in AUROC_METHODS}
-    assert "The warm start every run began from" in (out / "report.md").read_text()
+    assert set(warm) == {a["label"] for a in plan["arms"]}  # one entry per arm, with that arm's weighting options
+    assert warm["grail@saliency_leaf=middle"] == run_auroc(warm_start_dir, cfg, 8)
+    assert warm["none"]["auroc/entropy/signal"] == warm["grail@saliency_leaf=middle"]["auroc/entropy/signal"]
+    assert set(warm["none"]) >= {f"auroc/{m}/weights" for m in AUROC_METHODS}
+    text = (out / "report.md").read_text()
+    assert "At the warm start (step 0), under each arm's own task and weighting settings: none: " in text
+    assert "; grail@saliency_leaf=middle: entropy/signal" in text
+
+
+def test_each_checkpoint_gets_the_saliency_auroc_and_the_report_follows_it_over_training(comparison, tmp_path):
+    """auroc_checkpoints.json holds run_auroc of every checkpoint (recomputed here); report.json's AUROC-over-training
+    curve is step 0 = the warm start, then the checkpoints' mean over seeds. A run finished without the file (an
+    earlier grail-rl) gets it on the next rerun, and nothing else is redone."""
+    from grail.compare_auroc import run_auroc
+    from grail.overrides import build_config
+
+    source, cache = comparison
+    plan = json.loads((source / "compare.json").read_text())
+    arm = plan["arms"][1]
+    run_dir = source / "runs" / arm["slug"] / "seed1"
+    steps = json.loads((run_dir / "auroc_checkpoints.json").read_text())
+    assert list(steps) == ["1", "2"]  # --save_steps 1, --max_steps 2
+    cfg = build_config(compare.run_values(plan, arm, 1, source))
+    assert steps["1"] == run_auroc(run_dir / "checkpoint-1", cfg, 8)
+    report = json.loads((source / "report.json").read_text())
+    warm = json.loads((source / "auroc_warmstart.json").read_text())
+    curve = report["auroc_training"]["auroc/grail/signal"][arm["label"]]
+    assert list(curve) == ["0", "1", "2"]
+    assert curve["0"]["mean"] == pytest.approx(warm[arm["label"]]["auroc/grail/signal"])
+    per_seed = [json.loads((source / "runs" / arm["slug"] / f"seed{s}" / "auroc_checkpoints.json").read_text())
+                ["2"]["auroc/grail/signal"] for s in range(2)]
+    assert curve["2"]["mean"] == pytest.approx(sum(per_seed) / 2) and curve["2"]["n"] == 2
+    assert "Saliency AUROC over training" in (source / "report.md").read_text()
+
+    out = tmp_path / "cmp"
+    shutil.copytree(source, out)
+    copied = out / "runs" / arm["slug"] / "seed1"
+    (copied / "auroc_checkpoints.json").unlink()
+    marker = (copied / RESULT_FILE).stat().st_mtime_ns
+    assert main(_argv(cache, out)) == 0
+    assert json.loads((copied / "auroc_checkpoints.json").read_text()) == steps
+    assert (copied / RESULT_FILE).stat().st_mtime_ns == marker  # the run itself is not redone
 
 
 def test_arms_of_one_seed_differ_only_in_the_arms_fields(comparison):
@@ -150,7 +194,7 @@ def test_a_resumed_comparison_redoes_only_what_is_missing(comparison, tmp_path, 
                  evaluate_only / "checkpoint-2/model.safetensors"]
     before = {p: p.stat().st_mtime_ns for p in untouched}
     samples = (evaluate_only / "eval/final/sampled/samples.jsonl").read_text()
-    monkeypatch.setattr(compare, "EXTRA_EVALUATIONS", [lambda final_dir, cfg, log: {"probe/seed": float(cfg.seed)}])
+    monkeypatch.setattr(compare_run, "EXTRA_EVALUATIONS", [lambda final_dir, cfg, log: {"probe/seed": float(cfg.seed)}])
 
     assert main(_argv(cache, out)) == 0
     assert {p: p.stat().st_mtime_ns for p in untouched} == before
@@ -330,7 +374,7 @@ def test_jobs_run_in_worker_processes_that_end_with_their_comparison(tmp_path, w
 
 
 def test_the_learning_curves_are_a_trailing_moving_average():
-    from grail.compare_report import smoothed
+    from grail.compare_plots import smoothed
 
     values = {1: 1.0, 2: 0.0, 3: 1.0, 5: 0.0}  # step 4 not logged: the window counts logged steps
     assert smoothed(values, 2) == {1: 1.0, 2: 0.5, 3: 0.5, 5: 0.5}

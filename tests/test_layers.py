@@ -20,8 +20,10 @@ LAYERS = {
     "evaluation": ["reference_text", "grader_guards", "grader", "release_scoring", "rewards", "benchmark_sources",
                    "benchmarks", "grader_check", "eval_harness"],  # no TRL
     # what the weights do: uses methods and evaluation, not TRL
-    "analysis": ["explain", "explain_html", "saliency_quality", "compare_auroc", "compare_report"],
-    "training": ["config", "data", "model_checks", "trainer", "resume", "overrides", "train", "demo", "compare"],  # TRL
+    "analysis": ["explain", "explain_html", "saliency_quality", "compare_auroc", "compare_stats", "compare_sweep",
+                 "compare_plots", "compare_report"],
+    "training": ["config", "data", "model_checks", "trainer", "resume", "overrides", "train", "demo", "compare_run",
+                 "compare"],  # TRL
     "cli": ["cli", "eval_cli", "explain_cli", "compare_cli", "__main__", "__init__"],
 }
 RANK = {module: rank for rank, modules in enumerate(LAYERS.values()) for module in modules}

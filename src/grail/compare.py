@@ -10,15 +10,16 @@ are paired by seed. Everything else is the base config: evaluation settings come
 so every arm is measured the same way.
 
 Comparison directory (`--output_dir`):
-    compare.json                the plan (arms, seeds, base config, seed fields, evaluation); a rerun with other
-                                arguments is refused
-    runs/<arm-slug>/seed<s>/    one `grail train` run directory (grail.train), plus
-        compare.log                 its training and evaluation log
-        compare_trained.json        written after training's final save: a rerun evaluates, it does not retrain
-        eval/final/<name>/          the evaluation (grail.eval_harness: samples.jsonl, results.json)
-        extra_metrics.json          the EXTRA_EVALUATIONS' scalars, if any (see below)
-        compare_result.json         the finished marker, written last: metrics, per-problem results, timings
+    compare.json                the plan (arms, seeds, base config, seed fields, sweeps, evaluation); a rerun with
+                                other arguments is refused
+    auroc_warmstart.json        with auroc_rows: the saliency AUROC of each arm's warm start, {arm label: {...}}
+    runs/<arm-slug>/seed<s>/    one `grail train` run directory (grail.train), plus compare.log (its training and
+                                evaluation log) and the files of grail.compare_run (compare_trained.json, eval/,
+                                extra_metrics.json, auroc_checkpoints.json, compare_result.json: the finished marker)
     report.md, report.json, *.png   grail.compare_report
+
+A sweep `--sweep FIELD=v1,v2` pairs each arm with the first arm at the same value (grail.compare_sweep), not across
+values; the report adds a table and a plot of the headline metric against the swept value.
 
 Resuming: a finished run (compare_result.json) is skipped; a trained one is only evaluated (the harness resumes its
 samples); a half-trained one resumes from its last complete checkpoint (`resume_from_checkpoint=true`), or starts
@@ -29,14 +30,11 @@ Running: with jobs=1 the runs train one after another in this process; with jobs
 torch.set_num_threads) and, with several visible GPUs, one GPU each (CUDA_VISIBLE_DEVICES, round robin over the
 N slots). A worker exits when its parent dies, so a killed comparison leaves no orphan training.
 
-Hook for more per-run evaluations: append a function `(final_dir: Path, cfg: GRAILConfig, log) -> dict[str, float]`
-to EXTRA_EVALUATIONS; after the run's evaluation its results are merged into extra_metrics.json, which the report
-tabulates per arm (mean ± t-interval, paired differences). A file written there by any other means is read too.
+Per-run evaluations beyond the protocol: grail.compare_run.EXTRA_EVALUATIONS (re-exported here).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -44,31 +42,25 @@ import subprocess
 import sys
 import time
 import typing
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from grail.compare_auroc import run_auroc
-from grail.compare_report import EXTRA_METRICS_FILE, RESULT_FILE, run_path, write_report
+from grail.compare_auroc import AUROC_METHODS, run_auroc
+from grail.compare_report import RESULT_FILE, WARMSTART_AUROC_FILE, run_path, write_report
+from grail.compare_run import EXTRA_EVALUATIONS, LOG_FILE, Log, checkpoint_auroc, lock, run_one, run_values, write_json
 from grail.config import GRAILConfig
 from grail.config_fields import SYNTHETIC_DATASET, TINY_MODEL
 from grail.options import Method
 from grail.overrides import build_config, coerce
-from grail.resume import RUN_FILES, complete_checkpoints
 
 __all__ = ["Arm", "check_plan", "EXTRA_EVALUATIONS", "make_plan", "parse_arms", "parse_sweep", "PLAN_FILE",
            "run_comparison", "run_one", "run_values", "run_worker"]
 
-Log = Callable[[str], None]
 PLAN_FILE = "compare.json"
-TRAINED_FILE = "compare_trained.json"
-LOG_FILE = "compare.log"
 SEED_FIELDS = ("seed", "data_seed")  # plus dataset_shuffle_seed when the base config sets it
 RESERVED = ("token_weighting", "output_dir", "resume_from_checkpoint", "overwrite_output_dir", *SEED_FIELDS,
             "dataset_shuffle_seed")
 STATUS_EVERY_S = 30.0
-WARMSTART_AUROC_FILE = "auroc_warmstart.json"  # grail.compare_auroc of the warm start (with --auroc-rows)
-EXTRA_EVALUATIONS: list[Callable[[Path, GRAILConfig, Log], dict[str, float]]] = []
 _FIELD_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -140,21 +132,6 @@ def parse_arms(text: str, sweeps: list[str] | tuple[str, ...] = ()) -> list[Arm]
     return arms
 
 
-def _jsonable(values: dict) -> dict:
-    return json.loads(json.dumps(values))
-
-
-def run_values(plan: dict, arm: dict | None, seed: int, out_dir: str | Path) -> dict:
-    """The config values of one run: base < the arm's fields and method < the seed fields; `arm=None`: the base
-    values with the seed (the evaluation's config)."""
-    values = dict(plan["base"])
-    if arm is not None:
-        values.update(arm["fields"], token_weighting=arm["method"])
-    values.update({name: seed for name in plan["seed_fields"]})
-    values["output_dir"] = str(run_path(out_dir, arm["slug"], seed) if arm is not None else Path(out_dir))
-    return values
-
-
 def _protocol(cfg: GRAILConfig) -> dict:
     from grail.demo import SAMPLES_PER_PROBLEM
 
@@ -175,8 +152,15 @@ def _protocol(cfg: GRAILConfig) -> dict:
                            f"acc@{SAMPLES_PER_PROBLEM} at temperature {cfg.temperature:g} (as `grail demo`)"}
 
 
-def make_plan(arms: list[Arm], seeds: int, base: dict, out_dir: str | Path, auroc_rows: int = 0) -> dict:
-    """The plan (compare.json), after building every arm's config: a bad field stops here, before any training."""
+def _jsonable(values: dict) -> dict:
+    return json.loads(json.dumps(values))
+
+
+def make_plan(arms: list[Arm], seeds: int, base: dict, out_dir: str | Path, auroc_rows: int = 0,
+              sweeps: list[str] | tuple[str, ...] = ()) -> dict:
+    """The plan (compare.json), after building every arm's config: a bad field stops here, before any training.
+    `sweeps`: the `--sweep FIELD=v1,v2` texts the arms were crossed with (parse_arms), recorded as
+    [{"field": F, "values": [text, ...]}] for the report's sweep table and plot (grail.compare_sweep)."""
     if seeds < 1:
         raise ValueError(f"--seeds {seeds}: give 1 or more (seeds 0..S-1; 3 or more for an interval worth having).")
     base = _jsonable({k: v for k, v in base.items() if k != "output_dir"})
@@ -184,6 +168,7 @@ def make_plan(arms: list[Arm], seeds: int, base: dict, out_dir: str | Path, auro
     if auroc_rows < 0:
         raise ValueError(f"--auroc-rows {auroc_rows}: give 0 (off) or a number of held-out problems.")
     plan = {"version": 1, "seeds": seeds, "seed_fields": seed_fields, "base": base, "auroc_rows": auroc_rows,
+            "sweeps": [dict(zip(("field", "values"), parse_sweep(text), strict=True)) for text in sweeps],
             "arms": [{"label": a.label, "slug": a.slug, "method": a.method, "fields": _jsonable(a.fields)}
                      for a in arms]}
     for arm in plan["arms"]:
@@ -214,128 +199,6 @@ def check_plan(plan: dict, out_dir: str | Path) -> None:
                 key, old, new = "arm fields", stored["arms"], plan["arms"]
         raise ValueError(f"{path} holds a comparison with other arguments: {key} is {old!r} there and {new!r} now. "
                          f"Rerun with the same arguments to resume it, or give a new --output_dir.")
-
-
-def _write_json(path: Path, data: dict) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(temporary, path)
-
-
-@contextlib.contextmanager
-def _lock(path: Path, wait: bool):
-    """An exclusive lock on `path` (released when the process dies); `wait=False` raises if it is held."""
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: no locking
-        yield
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except BlockingIOError:
-            raise ValueError(f"another grail compare is running in {path.parent}; wait for it to end, or give "
-                             f"another --output_dir.") from None
-        yield
-
-
-# ---- one run ---------------------------------------------------------------------------------------------------
-
-def _has_run_files(run_dir: Path) -> bool:
-    return any((run_dir / name).exists() for name in RUN_FILES) or any(run_dir.glob("checkpoint-*"))
-
-
-def _flat_metrics(prefix: str, scores) -> dict[str, float]:
-    metrics = {}
-    for s in scores:
-        metrics[f"{prefix}/{s.name}/acc@{s.n}"] = s.acc_at_n.value
-        metrics.update({f"{prefix}/{s.name}/pass@{k}": e.value for k, e in s.pass_at_k.items() if k > 1})
-    return metrics
-
-
-def _per_problem(scores, loaded) -> list[dict]:
-    ids = {b.name: [p.id for p in b.problems] for b in loaded}
-    return [{"name": s.name, "n": s.n, "problem_ids": ids[s.name], "per_problem_acc": list(s.per_problem_acc),
-             "per_problem_pass": {str(k): list(v) for k, v in s.per_problem_pass.items()}} for s in scores]
-
-
-def _evaluate(plan: dict, out_dir: Path, seed: int, final_dir: Path, eval_dir: Path, log: Log,
-              grading_workers: int | None) -> tuple[dict, dict]:
-    """The plan's evaluation of one trained model: (flat metrics, per-problem results by evaluation name)."""
-    from grail.demo import eval_specs, heldout_accuracy
-
-    cfg = build_config(run_values(plan, None, seed, out_dir))
-    if plan["protocol"]["kind"] == "benchmarks":
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        from grail.eval_harness import run_evaluation
-        from grail.sampling import HFSampler
-        from grail.train import CheckpointEval
-
-        checkpoint_eval = CheckpointEval(cfg, eval_dir, log)  # the spec (and problems) of checkpoint evaluation
-        tokenizer = AutoTokenizer.from_pretrained(final_dir)
-        sampler = HFSampler(AutoModelForCausalLM.from_pretrained(final_dir), tokenizer,
-                            batch_size=checkpoint_eval.spec.batch_size)
-        report = run_evaluation(sampler, tokenizer, checkpoint_eval.spec, eval_dir / "benchmarks",
-                                workers=grading_workers, log=log, progress=False, loaded=checkpoint_eval.loaded)
-        metrics = _flat_metrics("benchmarks", report.scores)
-        if len(report.scores) > 1:
-            metrics.update({f"benchmarks/{a['kind']}/acc@n": a["acc_at_n"]["value"]
-                            for a in report.results["averages"]})
-        return metrics, {"benchmarks": _per_problem(report.scores, checkpoint_eval.loaded)}
-    specs = eval_specs(cfg)
-    (heldout,) = specs["greedy"].load_benchmarks(synthetic_set=cfg.synthetic_set())
-    scores = heldout_accuracy(str(final_dir), specs, heldout, eval_dir, log)
-    metrics = {k: v for name, score in scores.items() for k, v in _flat_metrics(name, [score]).items()}
-    return metrics, {name: _per_problem([score], [heldout]) for name, score in scores.items()}
-
-
-def run_one(plan: dict, out_dir: str | Path, slug: str, seed: int, log: Log = print,
-            grading_workers: int | None = 1) -> dict:
-    """Train (or resume) and evaluate one (arm, seed); returns its compare_result.json content. A finished run is
-    returned as it is, without any work."""
-    from grail.train import train
-
-    out_dir = Path(out_dir)
-    arm = next(a for a in plan["arms"] if a["slug"] == slug)
-    run_dir = run_path(out_dir, slug, seed)
-    if (run_dir / RESULT_FILE).is_file():
-        return json.loads((run_dir / RESULT_FILE).read_text())
-    start = time.perf_counter()
-    with _lock(run_dir / ".compare.lock", wait=True):  # a dying worker of a killed comparison may still hold it
-        values = run_values(plan, arm, seed, out_dir)
-        if (run_dir / TRAINED_FILE).is_file():
-            trained = json.loads((run_dir / TRAINED_FILE).read_text())
-            log(f"{arm['label']}/seed{seed}: trained earlier; evaluating")
-        else:
-            resume = bool(complete_checkpoints(run_dir))
-            how = ({"resume_from_checkpoint": "true"} if resume
-                   else {"overwrite_output_dir": True} if _has_run_files(run_dir) else {})
-            log(f"{arm['label']}/seed{seed}: " + ("resuming from the last complete checkpoint" if resume else
-                                                   "starting over (no complete checkpoint)" if how else "training"))
-            result = train(build_config({**values, **how}), values, log)
-            trained = {"steps": result.steps, "train_seconds": result.train_seconds,
-                       "seconds_per_step": result.seconds_per_step, "resumed": resume}
-            _write_json(run_dir / TRAINED_FILE, trained)
-        eval_start = time.perf_counter()
-        final_dir = run_dir / "final"
-        metrics, per_problem = _evaluate(plan, out_dir, seed, final_dir, run_dir / "eval" / "final", log,
-                                         grading_workers)
-        evaluations = list(EXTRA_EVALUATIONS)
-        if plan.get("auroc_rows"):  # saliency quality of the final model (grail.compare_auroc)
-            evaluations.append(lambda model_dir, cfg, log: run_auroc(model_dir, cfg, plan["auroc_rows"]))
-        if evaluations:
-            extra_path = run_dir / EXTRA_METRICS_FILE
-            extra = json.loads(extra_path.read_text()) if extra_path.is_file() else {}
-            run_cfg = build_config(values)
-            for evaluation in evaluations:
-                extra.update(evaluation(final_dir, run_cfg, log))
-            _write_json(extra_path, extra)
-        result = {"arm": arm["label"], "seed": seed, **trained, "eval_seconds": time.perf_counter() - eval_start,
-                  "wall_seconds": time.perf_counter() - start, "metrics": metrics, "evaluations": per_problem}
-        _write_json(run_dir / RESULT_FILE, result)  # last: the finished marker
-    return result
 
 
 # ---- the comparison ------------------------------------------------------------------------------------------------
@@ -419,11 +282,17 @@ def _gpu_ids() -> list[str]:
 def _prepare(plan: dict, out_dir: Path, log: Log) -> None:
     """Before the runs: read each distinct training set once (a bad path stops everything now, not in every run)
     and warm-start (or find in the cache) the tiny model each distinct warm-start setting needs, so that every run
-    starts from the same cached checkpoint and none trains it concurrently."""
+    starts from the same cached checkpoint and none trains it concurrently. With auroc_rows: the saliency AUROC of
+    each arm's warm start (arms that share a warm start, task and weighting options share the computation), as
+    {arm label: {name: value}} in auroc_warmstart.json; arms already there are kept."""
     from grail.data import load_train_dataset
     from grail.train import resolve_model_path
 
-    seen = set()
+    auroc_path = out_dir / WARMSTART_AUROC_FILE
+    warm_auroc = json.loads(auroc_path.read_text()) if auroc_path.is_file() else {}
+    if not all(isinstance(v, dict) for v in warm_auroc.values()):
+        warm_auroc = {}  # the one-warm-start format of earlier versions: recompute, per arm
+    seen, computed, starts = set(), {}, {}
     for arm in plan["arms"]:
         cfg = build_config(run_values(plan, arm, 0, out_dir))
         data = ("data", cfg.dataset, cfg.dataset_config, cfg.dataset_split, cfg.prompt_column, cfg.answer_column,
@@ -431,13 +300,19 @@ def _prepare(plan: dict, out_dir: Path, log: Log) -> None:
         if data not in seen:
             seen.add(data)
             load_train_dataset(cfg)
+        if cfg.model_name_or_path != TINY_MODEL:
+            continue
         warm = (cfg.model_name_or_path, cfg.cache_dir, repr(cfg.warm_start_config()))
-        if cfg.model_name_or_path == TINY_MODEL and warm not in seen:
-            seen.add(warm)
-            start_dir = resolve_model_path(cfg, log)
-            auroc_path = out_dir / WARMSTART_AUROC_FILE
-            if plan.get("auroc_rows") and not auroc_path.is_file():  # the start every arm's AUROC moves from
-                _write_json(auroc_path, run_auroc(start_dir, cfg, plan["auroc_rows"]))
+        if warm not in starts:
+            starts[warm] = resolve_model_path(cfg, log)
+        if plan.get("auroc_rows") and arm["label"] not in warm_auroc:  # the start each arm's AUROC moves from
+            own = cfg.token_weighting if cfg.token_weighting not in AUROC_METHODS else None  # run_auroc's methods
+            key = (warm, repr(cfg.synthetic_set()), repr(cfg.weighting_options()), own)
+            if key not in computed:
+                computed[key] = run_auroc(starts[warm], cfg, plan["auroc_rows"])
+            warm_auroc[arm["label"]] = computed[key]
+    if computed:
+        write_json(auroc_path, warm_auroc)
 
 
 def run_comparison(plan: dict, out_dir: str | Path, jobs: int = 1, log: Log = print) -> dict:
@@ -447,11 +322,11 @@ def run_comparison(plan: dict, out_dir: str | Path, jobs: int = 1, log: Log = pr
         raise ValueError(f"--jobs {jobs}: give 1 or more runs at a time.")
     out_dir = Path(out_dir)
     check_plan(plan, out_dir)
-    with _lock(out_dir / ".compare.lock", wait=False):
+    with lock(out_dir / ".compare.lock", wait=False):
         check_plan(plan, out_dir)  # again: another comparison may have written it before this one took the lock
         _prepare(plan, out_dir, log)
         if not (out_dir / PLAN_FILE).is_file():
-            _write_json(out_dir / PLAN_FILE, plan)
+            write_json(out_dir / PLAN_FILE, plan)
         keys = [(arm["slug"], seed) for seed in range(plan["seeds"]) for arm in plan["arms"]]  # seed-major: pairs early
         done = {}
         for slug, seed in keys:
@@ -466,6 +341,10 @@ def run_comparison(plan: dict, out_dir: str | Path, jobs: int = 1, log: Log = pr
         if failed:
             raise RuntimeError(f"{len(failed)} run(s) failed: " + "; ".join(failed) + ". Fix the cause and rerun the "
                                "same command: finished runs are kept, the others resume.")
+        if plan.get("auroc_rows"):  # runs finished by a grail-rl without auroc_checkpoints.json get it now
+            for slug, seed in keys:
+                if f"{slug}/seed{seed}" in done:
+                    checkpoint_auroc(plan, out_dir, slug, seed, log)
         summary = write_report(out_dir, plan, jobs)
     log(f"compare: report in {out_dir / 'report.md'} (and report.json, {', '.join(summary['plots']) or 'no plots'})")
     return summary

@@ -55,7 +55,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         help="runs at a time (default 1: one after another in this process; N > 1: N worker "
                              "processes with cpu_count // N threads each, one GPU each where several are visible)")
     parser.add_argument("--sweep", action="append", default=[], metavar="FIELD=v1,v2,...",
-                        help="cross every arm with every value of FIELD (repeat for a grid); labels show the value")
+                        help="cross every arm with every value of FIELD (repeat for a grid); labels show the value; "
+                             "each arm is paired with the first arm at the same value, and the report adds a table "
+                             "and sweep.png of the headline metric against the last swept field")
     parser.add_argument("--config", help="YAML file of field: value (a `preset: NAME` key is allowed)")
     parser.add_argument("--preset", choices=sorted(PRESETS), help="base values (default tiny-cpu; file and flags win)")
     return parser
@@ -64,6 +66,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def run(args, rest: list[str]) -> int:
     from grail.compare import check_plan, make_plan, parse_arms, run_comparison
     from grail.overrides import merge, parse_flags
+    from grail.train import quiet_libraries
 
     flags = parse_flags(rest)
     given = [k for k in ("seed", "data_seed") if k in flags]
@@ -80,8 +83,9 @@ def run(args, rest: list[str]) -> int:
     if out_dir is None:
         out_dir = os.path.join("runs", f"compare-{time.strftime('%Y%m%d-%H%M%S')}")
         print(f"compare: output in {out_dir}; to resume after a stop, rerun with --output_dir {out_dir}")
-    plan = make_plan(arms, args.seeds, values, out_dir, auroc_rows=args.auroc_rows)
+    plan = make_plan(arms, args.seeds, values, out_dir, auroc_rows=args.auroc_rows, sweeps=args.sweep)
     check_plan(plan, out_dir)  # before anything is written or trained
+    quiet_libraries()  # no model-loading progress bars in the comparison's own log (warm starts, AUROC)
     try:
         run_comparison(plan, out_dir, jobs=args.jobs)
     except RuntimeError as err:  # a run failed: the others are kept, a rerun resumes

@@ -1,20 +1,22 @@
 """The report of `grail compare`: statistics over seeds from the finished runs' files, as report.md, report.json
-and PNG plots in the comparison's directory.
+and PNG plots (grail.compare_plots) in the comparison's directory.
 
 Reads, for each (arm, seed) run directory `runs/<arm-slug>/seed<s>/`:
-    compare_result.json   the finished marker: the held-out metrics (fractions), per-problem results, timings
-    metrics.jsonl         the training log: `reward` per step (learning curves) and the `weights/*` diagnostics
-    extra_metrics.json    optional {name: number}: any further per-run evaluation (the hook for e.g. saliency
-                          AUROC); tabulated per arm with the same intervals, and paired against the first arm
+    compare_result.json     the finished marker: the held-out metrics (fractions), per-problem results, timings
+    metrics.jsonl           the training log: `reward` per step (learning curves) and the `weights/*` diagnostics
+    extra_metrics.json      optional {name: number}: any further per-run evaluation (the final model's saliency
+                            AUROC, or any other); tabulated per arm with the same intervals, and paired
+    auroc_checkpoints.json  optional {"N": {name: number}}: the saliency AUROC at checkpoint N (AUROC over training)
+and, in the comparison's directory, auroc_warmstart.json ({arm label: {name: number}}: step 0 of that curve).
 
-Statistics (the unit of replication is the training seed, not the problem):
+Statistics (the unit of replication is the training seed, not the problem; grail.compare_stats):
     per arm    mean over seeds ± t_{0.975, S−1} · sd / √S   (Student t-interval over the S per-seed values)
-    paired     d_s = arm_s − first_s for each seed s both have; the same t-interval over the d_s
+    paired     d_s = arm_s − reference_s for each seed s both have; the same t-interval over the d_s. The reference
+               is the first arm, or with --sweep the first arm at the same swept value (grail.compare_sweep)
     seeds      half-width(S) = t_{0.975, S−1} · sd_d / √S; the S that brings it under d points, and the S that
                gives 80% power at a true difference d: (t_{0.975, S−1} + t_{0.80, S−1}) · sd_d / √S ≤ d
 With one seed there is no interval (the seed-to-seed spread is unknown); two seeds give one with t = 12.7.
-The Student t quantile is computed here (regularised incomplete beta), so no SciPy is needed. Plots need
-matplotlib (Agg backend); without it the report says so and writes no PNG.
+Plots need matplotlib (Agg backend); without it the report says so and writes no PNG.
 """
 
 from __future__ import annotations
@@ -22,23 +24,20 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-__all__ = [
-    "EXTRA_METRICS_FILE", "Interval", "RESULT_FILE", "WEIGHT_KEYS", "load_runs", "paired_interval", "run_path",
-    "seeds_needed", "summarize", "t_cdf", "t_interval", "t_quantile", "write_report"
-]
+from grail.compare_plots import POSITION_KEYS, SWEEP_EXTRA, WEIGHT_KEYS, write_plots
+from grail.compare_stats import LEVEL, POWER, paired_interval, seeds_needed, t_interval, t_quantile
+from grail.compare_sweep import Layout, layout
+
+__all__ = ["CHECKPOINT_AUROC_FILE", "EXTRA_METRICS_FILE", "RESULT_FILE", "WARMSTART_AUROC_FILE", "WEIGHT_KEYS",
+           "load_runs", "run_path", "summarize", "warm_auroc", "write_report"]
 
 RESULT_FILE = "compare_result.json"  # written last by a run: its presence means finished
 EXTRA_METRICS_FILE = "extra_metrics.json"
-SMOOTH_STEPS = 10  # the learning-curve plot's moving-average window (report.json keeps the raw values)
-LEVEL = 0.95
-POWER = 0.80
-WEIGHT_KEYS = ("weights/ess_ratio", "weights/top10_mass", "weights/clip_low_frac", "weights/clip_high_frac",
-               "weights/adv_scale_ratio")
-POSITION_KEYS = tuple(f"weights/position_{i}" for i in range(10))
+CHECKPOINT_AUROC_FILE = "auroc_checkpoints.json"  # per run: {"N": {name: value}} (grail.compare_run)
+WARMSTART_AUROC_FILE = "auroc_warmstart.json"  # per comparison: {arm label: {name: value}} (grail.compare)
 RESOLVE_POINTS = (1.0, 2.0, 5.0)  # differences (points) the seeds-needed table is given for
 SEED_COUNTS = (2, 3, 5, 10, 20, 50)
 
@@ -46,116 +45,6 @@ SEED_COUNTS = (2, 3, 5, 10, 20, 50)
 def run_path(out_dir: str | Path, slug: str, seed: int) -> Path:
     """The run directory of one (arm, seed)."""
     return Path(out_dir) / "runs" / slug / f"seed{seed}"
-
-
-# ---- Student t ------------------------------------------------------------------------------------------------
-
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction of the incomplete beta function (modified Lentz; Numerical Recipes §6.4)."""
-    tiny, h = 1e-300, 0.0
-    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 500):
-        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
-            d = 1.0 + numerator * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + numerator / c
-            c = c if abs(c) > tiny else tiny
-            h *= c * d
-        if abs(c * d - 1.0) < 1e-15:
-            break
-    return h
-
-
-def _betainc(a: float, b: float, x: float) -> float:
-    """Regularised incomplete beta I_x(a, b)."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
-    if x < (a + 1.0) / (a + b + 2.0):
-        return front * _betacf(a, b, x) / a
-    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
-
-
-def t_cdf(t: float, df: float) -> float:
-    """P(T ≤ t) for Student's t with df degrees of freedom: 1 − ½·I_{df/(df+t²)}(df/2, ½) for t ≥ 0."""
-    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
-    return 1.0 - tail if t >= 0 else tail
-
-
-def t_quantile(p: float, df: float) -> float:
-    """The p-quantile of Student's t with df > 0 degrees of freedom (bisection on `t_cdf`, to ~1e-12)."""
-    if not 0.0 < p < 1.0 or not df > 0:
-        raise ValueError(f"t_quantile: need 0 < p < 1 and df > 0; got p={p}, df={df}.")
-    if p < 0.5:
-        return -t_quantile(1.0 - p, df)
-    low, high = 0.0, 1.0
-    while t_cdf(high, df) < p:
-        low, high = high, 2.0 * high
-    for _ in range(200):
-        mid = 0.5 * (low + high)
-        low, high = (mid, high) if t_cdf(mid, df) < p else (low, mid)
-        if high - low < 1e-12 * max(1.0, high):
-            break
-    return 0.5 * (low + high)
-
-
-@dataclass(frozen=True)
-class Interval:
-    """Mean over n values with a t-interval; sd, half_width, low and high are None when n < 2."""
-
-    n: int
-    mean: float | None
-    sd: float | None = None
-    half_width: float | None = None
-    low: float | None = None
-    high: float | None = None
-    values: tuple[float, ...] = ()
-
-
-def t_interval(values: Sequence[float], level: float = LEVEL) -> Interval:
-    """mean ± t_{(1+level)/2, n−1} · sd / √n over `values` (sd with n − 1); no interval for n < 2."""
-    values = tuple(float(v) for v in values)
-    n = len(values)
-    if n == 0:
-        return Interval(0, None)
-    mean = sum(values) / n
-    if n < 2:
-        return Interval(n, mean, values=values)
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    half = t_quantile((1.0 + level) / 2.0, n - 1) * sd / math.sqrt(n)
-    return Interval(n, mean, sd, half, mean - half, mean + half, values)
-
-
-def paired_interval(base: dict[int, float], other: dict[int, float], level: float = LEVEL) -> Interval:
-    """t-interval of other_s − base_s over the seeds s both have (keyed by seed)."""
-    seeds = sorted(set(base) & set(other))
-    return t_interval([other[s] - base[s] for s in seeds], level)
-
-
-def seeds_needed(sd: float, difference: float, level: float = LEVEL, power: float | None = None,
-                 most: int = 10_000) -> int | None:
-    """Smallest S ≥ 2 with t_{(1+level)/2, S−1}·sd/√S ≤ difference (the interval's half-width), or, with `power`,
-    (t_{(1+level)/2, S−1} + t_{power, S−1})·sd/√S ≤ difference (a true difference of that size excludes 0 from
-    the interval with probability ≈ power). None if more than `most` seeds would be needed."""
-    if sd <= 0:
-        return 2  # no spread observed: the smallest S with an interval
-    def factor(s):
-        return t_quantile((1 + level) / 2, s - 1) + (t_quantile(power, s - 1) if power else 0.0)
-
-    low, high = 2, 2
-    while factor(high) * sd / math.sqrt(high) > difference:
-        if high >= most:
-            return None
-        low, high = high, min(2 * high, most)
-    while low < high:  # the factor·sd/√S decreases in S: bisect for the first S that fits
-        mid = (low + high) // 2
-        low, high = (mid + 1, high) if factor(mid) * sd / math.sqrt(mid) > difference else (low, mid)
-    return low
 
 
 # ---- reading the runs ----------------------------------------------------------------------------------------
@@ -168,6 +57,7 @@ class RunData:
     result: dict | None  # compare_result.json, None while unfinished
     log: list[dict]  # metrics.jsonl lines
     extra: dict[str, float]
+    auroc_steps: dict[int, dict[str, float]] = field(default_factory=dict)  # step → name → AUROC (0: warm start)
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -182,30 +72,48 @@ def _read_jsonl(path: Path) -> list[dict]:
     return lines
 
 
+def _numbers(path: Path, data) -> dict[str, float]:
+    bad = [k for k, v in data.items() if not isinstance(v, int | float) or isinstance(v, bool)]
+    if bad:
+        raise ValueError(f"{path}: {bad[0]!r} is not a number; the file must map names to numbers. Delete the file "
+                         f"and rerun the command to recompute it.")
+    return data
+
+
+def warm_auroc(out_dir: Path, arms: list[str]) -> dict[str, dict[str, float]]:
+    """auroc_warmstart.json as {arm label: {name: value}}; the flat {name: value} of earlier versions (one warm start
+    for every arm) applies to every arm."""
+    path = out_dir / WARMSTART_AUROC_FILE
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    if data and not any(isinstance(v, dict) for v in data.values()):
+        data = {arm: data for arm in arms}
+    return {arm: _numbers(path, v) for arm, v in data.items() if arm in arms and isinstance(v, dict)}
+
+
 def load_runs(out_dir: str | Path, plan: dict) -> list[RunData]:
     """Every (arm, seed) of the plan with whatever its directory holds."""
+    out_dir = Path(out_dir)
+    warm = warm_auroc(out_dir, [a["label"] for a in plan["arms"]])
     runs = []
     for arm in plan["arms"]:
         for seed in range(plan["seeds"]):
             path = run_path(out_dir, arm["slug"], seed)
             result_file, extra_file = path / RESULT_FILE, path / EXTRA_METRICS_FILE
             result = json.loads(result_file.read_text()) if result_file.is_file() else None
-            extra = json.loads(extra_file.read_text()) if extra_file.is_file() else {}
-            bad = [k for k, v in extra.items() if not isinstance(v, int | float) or isinstance(v, bool)]
-            if bad:
-                raise ValueError(f"{extra_file}: {bad[0]!r} is not a number; the file must map names to numbers.")
-            runs.append(RunData(arm["label"], seed, path, result, _read_jsonl(path / "metrics.jsonl"), extra))
+            extra = _numbers(extra_file, json.loads(extra_file.read_text())) if extra_file.is_file() else {}
+            steps_file = path / CHECKPOINT_AUROC_FILE
+            steps = {int(k): _numbers(steps_file, v) for k, v in
+                     (json.loads(steps_file.read_text()) if steps_file.is_file() else {}).items()}
+            if steps and arm["label"] in warm:
+                steps[0] = warm[arm["label"]]
+            runs.append(RunData(arm["label"], seed, path, result, _read_jsonl(path / "metrics.jsonl"), extra,
+                                dict(sorted(steps.items()))))
     return runs
 
 
 def _key_mean(log: list[dict], key: str) -> float | None:
     values = [line[key] for line in log if isinstance(line.get(key), int | float)]
     return sum(values) / len(values) if values else None
-
-
-def curve(log: list[dict], key: str) -> dict[int, float]:
-    """step → value of `key` over the training log (the lines that hold it)."""
-    return {int(line["step"]): float(line[key]) for line in log if isinstance(line.get(key), int | float)}
 
 
 # ---- statistics ----------------------------------------------------------------------------------------------
@@ -220,28 +128,42 @@ def _per_arm(runs: list[RunData], arms: list[str], value_of) -> dict[str, dict[i
     return table
 
 
-def _stats(table: dict[str, dict[int, float]], arms: list[str]) -> dict:
-    """Per-arm intervals and paired differences against the first arm, JSON-ready."""
-    base = table[arms[0]]
+def _stats(table: dict[str, dict[int, float]], arms: list[str], lay: Layout) -> dict:
+    """Per-arm intervals and paired differences against each arm's reference, JSON-ready."""
     return {"per_arm": {arm: {**asdict(t_interval(list(table[arm].values()))), "seeds": sorted(table[arm])}
                         for arm in arms},
-            "paired": {arm: {**asdict(paired_interval(base, table[arm])),
-                             "seeds": sorted(set(base) & set(table[arm]))} for arm in arms[1:]}}
+            "paired": {arm: {**asdict(paired_interval(table[lay.baseline[arm]], table[arm])),
+                             "seeds": sorted(set(table[lay.baseline[arm]]) & set(table[arm])), "reference":
+                             lay.baseline[arm]} for arm in lay.paired}}
+
+
+def _auroc_training(runs: list[RunData], arms: list[str]) -> dict:
+    """name → arm → step → {n, mean, min, max} over the seeds that have the AUROC at that step."""
+    out: dict = {}
+    for run in runs:
+        for step, values in run.auroc_steps.items():
+            for name, value in values.items():
+                out.setdefault(name, {arm: {} for arm in arms})[run.arm].setdefault(str(step), []).append(value)
+    return {name: {arm: {step: {"n": len(v), "mean": sum(v) / len(v), "min": min(v), "max": max(v)}
+                         for step, v in sorted(steps.items(), key=lambda item: int(item[0]))}
+                   for arm, steps in by_arm.items()} for name, by_arm in out.items()}
 
 
 def summarize(plan: dict, runs: list[RunData]) -> dict:
     """The content of report.json (see the module docstring for the statistics)."""
     arms = [a["label"] for a in plan["arms"]]
+    lay = layout(plan)
     finished = [r for r in runs if r.result is not None]
     metric_names = list(dict.fromkeys(k for r in finished for k in r.result["metrics"]))
     extra_names = list(dict.fromkeys(k for r in finished for k in r.extra))
-    metrics = {m: _stats(_per_arm(finished, arms, lambda r, m=m: r.result["metrics"].get(m)), arms)
+    metrics = {m: _stats(_per_arm(finished, arms, lambda r, m=m: r.result["metrics"].get(m)), arms, lay)
                for m in metric_names}
-    extra = {m: _stats(_per_arm(finished, arms, lambda r, m=m: r.extra.get(m)), arms) for m in extra_names}
-    weights = {k: _stats(_per_arm(finished, arms, lambda r, k=k: _key_mean(r.log, k)), arms)["per_arm"]
+    extra = {m: _stats(_per_arm(finished, arms, lambda r, m=m: r.extra.get(m)), arms, lay)
+             for m in extra_names}
+    weights = {k: _stats(_per_arm(finished, arms, lambda r, k=k: _key_mean(r.log, k)), arms, lay)["per_arm"]
                for k in (*WEIGHT_KEYS, *POSITION_KEYS)}
     timing = {k: _stats(_per_arm([r for r in finished if not r.result.get("resumed")], arms,
-                                 lambda r, k=k: r.result.get(k)), arms)["per_arm"]
+                                 lambda r, k=k: r.result.get(k)), arms, lay)["per_arm"]
               for k in ("train_seconds", "seconds_per_step", "eval_seconds")}
     primary = plan["protocol"]["primary"]
     resolution = {}
@@ -260,12 +182,16 @@ def summarize(plan: dict, runs: list[RunData]) -> dict:
     return {
         "arms": arms, "seeds": plan["seeds"], "level": LEVEL,
         "interval": "Student t over seeds: mean ± t_{0.975, S-1} · sd / sqrt(S); paired: the same over per-seed "
-                    "differences from the first arm",
+                    "differences from each arm's reference (the first arm; with --sweep, the first arm at the same "
+                    "swept value)",
         "protocol": plan["protocol"], "seed_fields": plan.get("seed_fields", []),
         "runs": [{"arm": r.arm, "seed": r.seed, "run_dir": str(r.path), "finished": r.result is not None}
                  for r in runs],
         "metrics": metrics, "extra_metrics": extra, "weights": weights, "timing": timing,
-        "primary_metric": primary, "resolution": resolution,
+        "primary_metric": primary, "resolution": resolution, "reference": lay.baseline,
+        "sweep": None if lay.field is None else {"field": lay.field, "values": list(lay.values),
+                                                 "series": lay.series},
+        "auroc_training": _auroc_training(runs, arms),
     }
 
 
@@ -301,14 +227,90 @@ def _stat_tables(title: str, stats: dict, arms: list[str], scale: float, digits:
     lines += _table(["arm", "seeds", *names],
                     [[arm, str(stats[names[0]]["per_arm"][arm]["n"]),
                       *(_cell(stats[m]["per_arm"][arm], scale, digits) for m in names)] for arm in arms])
-    if len(arms) > 1:
-        lines += ["", f"Paired difference from **{arms[0]}** (arm − {arms[0]}, per seed, then the t-interval over "
-                  f"seeds; {unit}):", ""]
+    paired = stats[names[0]]["paired"]
+    references = list(dict.fromkeys(d["reference"] for d in paired.values()))
+    if len(references) == 1:
+        lines += ["", f"Paired difference from **{references[0]}** (arm − {references[0]}, per seed, then the "
+                  f"t-interval over seeds; {unit}):", ""]
         lines += _table(["arm", "paired seeds", *names],
-                        [[arm, str(stats[names[0]]["paired"][arm]["n"]),
+                        [[arm, str(paired[arm]["n"]), *(_cell(stats[m]["paired"][arm], scale, digits, signed=True)
+                                                        for m in names)] for arm in paired])
+    elif paired:
+        lines += ["", f"Paired difference from each arm's reference, the first arm at the same swept value (arm − "
+                  f"reference, per seed, then the t-interval over seeds; {unit}):", ""]
+        lines += _table(["arm", "reference", "paired seeds", *names],
+                        [[arm, paired[arm]["reference"], str(paired[arm]["n"]),
                           *(_cell(stats[m]["paired"][arm], scale, digits, signed=True) for m in names)]
-                         for arm in arms[1:]])
+                         for arm in paired])
     return lines + [""]
+
+
+def _warmstart_text(warm: dict, arms: list[str]) -> str:
+    """The warm start's AUROCs, once per distinct set (arms named where they differ, as across a filler sweep)."""
+    groups: dict[str, list[str]] = {}
+    for arm in arms:
+        if isinstance(warm.get(arm), dict):
+            groups.setdefault(json.dumps(warm[arm], sort_keys=True), []).append(arm)
+    if not groups:
+        return ""
+    def values(key):
+        return ", ".join(f"{k.removeprefix('auroc/')} {v:.3f}" for k, v in json.loads(key).items())
+    if len(groups) == 1:
+        return f" The warm start every run began from: {values(next(iter(groups)))}."
+    return " At the warm start (step 0), under each arm's own task and weighting settings: " + "; ".join(
+        f"{', '.join(group)}: {values(key)}" for key, group in groups.items()) + "."
+
+
+def _sweep_lines(s: dict) -> list[str]:
+    """The headline metric (and the final model's GRAIL-weight AUROC) per series × swept value, and each series'
+    paired difference from the reference series at that value."""
+    sweep, primary = s["sweep"], s["primary_metric"]
+    if not sweep or primary not in s["metrics"]:
+        return []
+    values, series = sweep["values"], sweep["series"]
+    lines = [f"## Sweep over {sweep['field']}", "",
+             f"Rows: the arms of --arms; columns: {sweep['field']}. Each arm is paired with the first arm at the same "
+             f"value. Mean ± 95% t half-width over seeds.", ""]
+    tables = [(f"{primary} (percent)", s["metrics"][primary], 100.0, 1, "points")]
+    if SWEEP_EXTRA in s["extra_metrics"]:
+        tables.append((f"{SWEEP_EXTRA} of the final model", s["extra_metrics"][SWEEP_EXTRA], 1.0, 3, "raw"))
+    for title, stats, scale, digits, unit in tables:
+        def short(stat, scale=scale, digits=digits):
+            if stat is None or stat["mean"] is None:
+                return "–"
+            sign = "+" if stat.get("reference") else ""
+            half = "" if stat["half_width"] is None else f" ± {scale * stat['half_width']:.{digits}f}"
+            return f"{scale * stat['mean']:{sign}.{digits}f}{half}"
+        lines += [f"**{title}**", ""]
+        lines += _table(["arm", *values], [[name, *(short(stats["per_arm"].get(by_value.get(v))) if v in by_value
+                                                    else "–" for v in values)] for name, by_value in series.items()])
+        lines += ["", f"Paired difference from the reference at each value ({unit}):", ""]
+        rows = [[name, *(short(stats["paired"].get(by_value.get(v))) for v in values)]
+                for name, by_value in series.items() if any(by_value.get(v) in stats["paired"] for v in values)]
+        lines += _table(["arm − reference", *values], rows) + [""]
+    return lines
+
+
+def _auroc_training_lines(s: dict) -> list[str]:
+    """Saliency AUROC over training: step 0 (the warm start) and each checkpoint, mean over seeds."""
+    curves = s.get("auroc_training") or {}
+    names = [n for n in curves if n.endswith("/signal")]
+    if not names:
+        return []
+    steps = sorted({int(step) for n in names for arm in curves[n].values() for step in arm})
+    lines = ["### Saliency AUROC over training", "",
+             f"The AUROC of each method's signal (critical vs filler tokens) at step 0 (the warm start) and at every "
+             f"checkpoint still on disk (`{CHECKPOINT_AUROC_FILE}`), mean over seeds; steps "
+             f"{', '.join(map(str, steps))}:", ""]
+    header = ["arm", *(n.removeprefix("auroc/").removesuffix("/signal") for n in names)]
+    rows = []
+    for arm in s["arms"]:
+        cells = []
+        for n in names:
+            points = curves[n].get(arm, {})
+            cells.append(" → ".join(f"{points[str(t)]['mean']:.3f}" for t in steps if str(t) in points) or "–")
+        rows.append([arm, *cells])
+    return lines + _table(header, rows) + [""]
 
 
 def render_markdown(s: dict, plots: list[str], plot_note: str, jobs: int) -> str:
@@ -332,14 +334,14 @@ def render_markdown(s: dict, plots: list[str], plot_note: str, jobs: int) -> str
     lines += ["", "## Held-out accuracy", ""]
     lines += _stat_tables("Accuracy (percent)", s["metrics"], arms, 100.0, 1, "percent; differences in points")
     lines += _resolution_lines(s)
+    lines += _sweep_lines(s)
     if s["extra_metrics"]:
         lines += ["## Extra per-run metrics", "", f"From each run's `{EXTRA_METRICS_FILE}`. `auroc/<method>/<signal|"
                   "weights>`: the AUROC of critical vs filler tokens of the final model's per-token signal or weights "
                   "under that method (grail.compare_auroc: held-out synthetic problems, 0.5 = no separation)."
-                  + (" The warm start every run began from: " + ", ".join(
-                      f"{k.removeprefix('auroc/')} {v:.3f}" for k, v in s["auroc_warmstart"].items()) + "."
-                     if s.get("auroc_warmstart") else ""), ""]
+                  + _warmstart_text(s.get("auroc_warmstart") or {}, arms), ""]
         lines += _stat_tables("Extra metrics", s["extra_metrics"], arms, 1.0, 3, "raw values")
+    lines += _auroc_training_lines(s)
     lines += ["## Token-weight diagnostics", "",
               "Each run's mean over the logged training steps (a step whose groups all agree logs none), then "
               "mean ± t half-width over seeds. `weights/adv_scale_ratio` = mean |Â| / mean |A| (1 for GRPO).", ""]
@@ -372,7 +374,7 @@ def _resolution_lines(s: dict) -> list[str]:
     lines += ["Seed-to-seed standard deviation of each arm's " + primary + ": " + ", ".join(
         f"{arm} {100 * spread[arm]['sd']:.2f} points" for arm in arms if spread[arm]["sd"] is not None) + ".", ""]
     lines += [f"The 95% interval's half-width with S seeds is t_{{0.975,S−1}} · sd / √S, where sd is the observed "
-              f"standard deviation of the per-seed differences from {arms[0]}. A difference smaller than the "
+              f"standard deviation of the per-seed differences from the arm's reference. A difference smaller than the "
               f"half-width is not resolved; to detect a true difference d with 80% power needs "
               f"(t_{{0.975,S−1}} + t_{{0.80,S−1}}) · sd / √S ≤ d. Points of {primary}:", ""]
     header = ["arm", "sd of differences", *(f"half-width, S={n}" for n in SEED_COUNTS),
@@ -389,120 +391,14 @@ def _resolution_lines(s: dict) -> list[str]:
     return lines + _table(header, rows) + [""]
 
 
-# ---- plots ---------------------------------------------------------------------------------------------------
-
-def _plots(s: dict, runs: list[RunData], out_dir: Path) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    arms = s["arms"]
-    colours = {arm: plt.get_cmap("tab10")(i % 10) for i, arm in enumerate(arms)}
-    headline = [m for m in s["metrics"] if "/pass@" not in m][:3]
-    written = []
-
-    def save(fig, name):
-        fig.tight_layout()
-        fig.savefig(out_dir / name, dpi=110)
-        plt.close(fig)
-        written.append(name)
-
-    if headline:
-        fig, axes = plt.subplots(1, len(headline), figsize=(4.5 * len(headline), 4), squeeze=False)
-        for ax, metric in zip(axes[0], headline, strict=True):
-            for i, arm in enumerate(arms):
-                st = s["metrics"][metric]["per_arm"][arm]
-                ax.scatter([i] * len(st["values"]), [100 * v for v in st["values"]], color=colours[arm], alpha=0.5,
-                           s=18, label="one seed" if i == 0 else None)
-                if st["mean"] is not None:
-                    err = 0 if st["half_width"] is None else 100 * st["half_width"]
-                    ax.errorbar([i + 0.15], [100 * st["mean"]], yerr=[err], fmt="o", color="black", capsize=4,
-                                label="mean ± 95% t-interval" if i == 0 else None)
-            ax.set_xticks(range(len(arms)), arms, rotation=20, ha="right")
-            ax.set_xlim(-0.5, len(arms) - 0.5)
-            ax.set_ylabel("accuracy (%)")
-            ax.set_title(f"{metric}\n{s['seeds']} seeds per arm")
-            ax.legend(fontsize=8)
-        save(fig, "accuracy.png")
-    if headline and len(arms) > 1:
-        fig, axes = plt.subplots(1, len(headline), figsize=(4.5 * len(headline), 4), squeeze=False)
-        for ax, metric in zip(axes[0], headline, strict=True):
-            for i, arm in enumerate(arms[1:]):
-                d = s["metrics"][metric]["paired"][arm]
-                ax.scatter([i] * len(d["values"]), [100 * v for v in d["values"]], color=colours[arm], alpha=0.5,
-                           s=18, label="one seed" if i == 0 else None)
-                if d["mean"] is not None:
-                    err = 0 if d["half_width"] is None else 100 * d["half_width"]
-                    ax.errorbar([i + 0.15], [100 * d["mean"]], yerr=[err], fmt="o", color="black", capsize=4,
-                                label="mean ± 95% t-interval" if i == 0 else None)
-            ax.axhline(0, color="grey", lw=0.8)
-            ax.set_xticks(range(len(arms) - 1), arms[1:], rotation=20, ha="right")
-            ax.set_xlim(-0.5, len(arms) - 1.5)
-            ax.set_ylabel(f"difference from {arms[0]} (points)")
-            ax.set_title(f"{metric}\narm − {arms[0]}, paired by seed")
-            ax.legend(fontsize=8)
-        save(fig, "differences.png")
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for arm in arms:
-        _band(ax, [smoothed(curve(r.log, "reward"), SMOOTH_STEPS) for r in runs if r.arm == arm], colours[arm], arm)
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel(f"mean reward per completion ({SMOOTH_STEPS}-step moving average)")
-    ax.set_title(f"Training reward: mean over seeds (band: min–max over {s['seeds']} seeds)")
-    ax.xaxis.get_major_locator().set_params(integer=True)
-    ax.legend(fontsize=8)
-    save(fig, "learning_curves.png")
-    fig, axes = plt.subplots(2, 3, figsize=(14, 7.5))
-    for ax, key in zip(axes.flat, WEIGHT_KEYS, strict=False):
-        for arm in arms:
-            _band(ax, [curve(r.log, key) for r in runs if r.arm == arm], colours[arm], arm)
-        ax.set_xlabel("optimizer step")
-        ax.set_ylabel(key.removeprefix("weights/"))
-        ax.set_title(key)
-        ax.xaxis.get_major_locator().set_params(integer=True)
-    ax = axes.flat[-1]
-    for arm in arms:
-        profile = [s["weights"][k][arm]["mean"] for k in POSITION_KEYS]
-        if all(v is not None for v in profile):
-            ax.plot(range(1, 11), profile, marker="o", color=colours[arm], label=arm)
-    ax.set_xlabel("tenth of the reasoning (before \\boxed{)")
-    ax.set_ylabel("mean token weight")
-    ax.set_title("weights/position_0..9 (mean over steps, seeds)")
-    fig.suptitle(f"Token-weight diagnostics over training: mean over {s['seeds']} seeds per arm, band min–max")
-    for a in axes.flat:
-        if a.get_legend_handles_labels()[0]:
-            a.legend(fontsize=7)
-    save(fig, "weights.png")
-    return written
-
-
-def smoothed(values: dict[int, float], window: int) -> dict[int, float]:
-    """Trailing moving average over the last `window` logged steps (fewer at the start): a step's reward is the mean
-    of one small batch, too noisy to compare arms by eye."""
-    steps = sorted(values)
-    return {step: sum(values[s] for s in steps[max(0, i - window + 1) : i + 1]) / (i + 1 - max(0, i - window + 1))
-            for i, step in enumerate(steps)}
-
-
-def _band(ax, curves: list[dict[int, float]], colour, label: str) -> None:
-    """Mean over the curves at each step they share with any, and the min–max band."""
-    steps = sorted({step for c in curves for step in c})
-    if not steps:
-        return
-    values = [[c[step] for c in curves if step in c] for step in steps]
-    ax.plot(steps, [sum(v) / len(v) for v in values], color=colour, label=label)
-    ax.fill_between(steps, [min(v) for v in values], [max(v) for v in values], color=colour, alpha=0.2)
-
-
 def write_report(out_dir: str | Path, plan: dict, jobs: int = 1) -> dict:
     """report.json, report.md and the PNGs in out_dir, from the runs' files; returns report.json's content."""
     out_dir = Path(out_dir)
     runs = load_runs(out_dir, plan)
     summary = summarize(plan, runs)
-    warm = out_dir / "auroc_warmstart.json"  # grail.compare.WARMSTART_AUROC_FILE (this module cannot import it)
-    summary["auroc_warmstart"] = json.loads(warm.read_text()) if warm.is_file() else {}
+    summary["auroc_warmstart"] = warm_auroc(out_dir, summary["arms"])
     try:
-        plots, note = _plots(summary, runs, out_dir), ""
+        plots, note = write_plots(summary, runs, out_dir), ""
     except ImportError:
         plots, note = [], "No plots: matplotlib is not installed (`pip install matplotlib`, then rerun the command)."
     summary["plots"] = plots

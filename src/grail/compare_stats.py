@@ -1,0 +1,126 @@
+"""Statistics over training seeds for `grail compare` (pure Python: no SciPy, no torch).
+
+    per arm    mean over seeds ± t_{0.975, S−1} · sd / √S   (Student t-interval over the S per-seed values)
+    paired     d_s = arm_s − base_s for each seed s both have; the same t-interval over the d_s
+    seeds      half-width(S) = t_{0.975, S−1} · sd_d / √S; the S that brings it under d points, and the S that
+               gives 80% power at a true difference d: (t_{0.975, S−1} + t_{0.80, S−1}) · sd_d / √S ≤ d
+
+The Student t quantile is computed here (regularised incomplete beta, bisection)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["Interval", "LEVEL", "POWER", "paired_interval", "seeds_needed", "t_cdf", "t_interval", "t_quantile"]
+
+LEVEL = 0.95
+POWER = 0.80
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the incomplete beta function (modified Lentz; Numerical Recipes §6.4)."""
+    tiny, h = 1e-300, 0.0
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 500):
+        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            h *= c * d
+        if abs(c * d - 1.0) < 1e-15:
+            break
+    return h
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """Regularised incomplete beta I_x(a, b)."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+
+
+def t_cdf(t: float, df: float) -> float:
+    """P(T ≤ t) for Student's t with df degrees of freedom: 1 − ½·I_{df/(df+t²)}(df/2, ½) for t ≥ 0."""
+    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t >= 0 else tail
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The p-quantile of Student's t with df > 0 degrees of freedom (bisection on `t_cdf`, to ~1e-12)."""
+    if not 0.0 < p < 1.0 or not df > 0:
+        raise ValueError(f"t_quantile: need 0 < p < 1 and df > 0; got p={p}, df={df}.")
+    if p < 0.5:
+        return -t_quantile(1.0 - p, df)
+    low, high = 0.0, 1.0
+    while t_cdf(high, df) < p:
+        low, high = high, 2.0 * high
+    for _ in range(200):
+        mid = 0.5 * (low + high)
+        low, high = (mid, high) if t_cdf(mid, df) < p else (low, mid)
+        if high - low < 1e-12 * max(1.0, high):
+            break
+    return 0.5 * (low + high)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """Mean over n values with a t-interval; sd, half_width, low and high are None when n < 2."""
+
+    n: int
+    mean: float | None
+    sd: float | None = None
+    half_width: float | None = None
+    low: float | None = None
+    high: float | None = None
+    values: tuple[float, ...] = ()
+
+
+def t_interval(values: Sequence[float], level: float = LEVEL) -> Interval:
+    """mean ± t_{(1+level)/2, n−1} · sd / √n over `values` (sd with n − 1); no interval for n < 2."""
+    values = tuple(float(v) for v in values)
+    n = len(values)
+    if n == 0:
+        return Interval(0, None)
+    mean = sum(values) / n
+    if n < 2:
+        return Interval(n, mean, values=values)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = t_quantile((1.0 + level) / 2.0, n - 1) * sd / math.sqrt(n)
+    return Interval(n, mean, sd, half, mean - half, mean + half, values)
+
+
+def paired_interval(base: dict[int, float], other: dict[int, float], level: float = LEVEL) -> Interval:
+    """t-interval of other_s − base_s over the seeds s both have (keyed by seed)."""
+    seeds = sorted(set(base) & set(other))
+    return t_interval([other[s] - base[s] for s in seeds], level)
+
+
+def seeds_needed(sd: float, difference: float, level: float = LEVEL, power: float | None = None,
+                 most: int = 10_000) -> int | None:
+    """Smallest S ≥ 2 with t_{(1+level)/2, S−1}·sd/√S ≤ difference (the interval's half-width), or, with `power`,
+    (t_{(1+level)/2, S−1} + t_{power, S−1})·sd/√S ≤ difference (a true difference of that size excludes 0 from
+    the interval with probability ≈ power). None if more than `most` seeds would be needed."""
+    if sd <= 0:
+        return 2  # no spread observed: the smallest S with an interval
+    def factor(s):
+        return t_quantile((1 + level) / 2, s - 1) + (t_quantile(power, s - 1) if power else 0.0)
+
+    low, high = 2, 2
+    while factor(high) * sd / math.sqrt(high) > difference:
+        if high >= most:
+            return None
+        low, high = high, min(2 * high, most)
+    while low < high:  # the factor·sd/√S decreases in S: bisect for the first S that fits
+        mid = (low + high) // 2
+        low, high = (mid + 1, high) if factor(mid) * sd / math.sqrt(mid) > difference else (low, mid)
+    return low

@@ -1,0 +1,106 @@
+"""A swept `grail compare` (`--sweep FIELD=v1,v2`): each arm is paired with the first arm at the same swept value,
+and the report adds a table and sweep.png of the headline metric against the swept value. The report is built here
+from hand-written run files (no training), so every number it shows is checked against values chosen by the test."""
+
+import json
+
+import pytest
+
+from grail import compare
+from grail.compare_report import RESULT_FILE, run_path, write_report
+from grail.compare_sweep import layout
+
+PRIMARY = "sampled/synthetic/acc@4"
+RATES = ["0", "0.5"]
+# accuracy per (arm of --arms, rate, seed): grail gains 0.1 at rate 0.5 and nothing at rate 0
+ACC = {("none", "0"): [0.50, 0.60, 0.55], ("none", "0.5"): [0.40, 0.30, 0.35],
+       ("grail", "0"): [0.52, 0.58, 0.55], ("grail", "0.5"): [0.52, 0.38, 0.45]}
+
+
+SWEEP = f"task_filler_rate={','.join(RATES)}"
+
+
+def _plan(sweeps=(SWEEP,), arms="none,grail", seeds=3):
+    parsed = compare.parse_arms(arms, list(sweeps))
+    return {"seeds": seeds, "seed_fields": ["seed", "data_seed"],
+            "sweeps": [dict(zip(("field", "values"), compare.parse_sweep(s), strict=True)) for s in sweeps],
+            "protocol": {"kind": "synthetic held-out", "primary": PRIMARY, "description": "hand-written"},
+            "arms": [{"label": a.label, "slug": a.slug, "method": a.method, "fields": a.fields} for a in parsed]}
+
+
+def test_each_arm_is_paired_with_the_first_arm_at_the_same_swept_value():
+    lay = layout(_plan())
+    assert lay.baseline == {"none@task_filler_rate=0": "none@task_filler_rate=0",
+                            "none@task_filler_rate=0.5": "none@task_filler_rate=0.5",
+                            "grail@task_filler_rate=0": "none@task_filler_rate=0",
+                            "grail@task_filler_rate=0.5": "none@task_filler_rate=0.5"}
+    assert lay.field == "task_filler_rate" and lay.values == ("0", "0.5")
+    assert lay.series == {"none": {"0": "none@task_filler_rate=0", "0.5": "none@task_filler_rate=0.5"},
+                          "grail": {"0": "grail@task_filler_rate=0", "0.5": "grail@task_filler_rate=0.5"}}
+    assert lay.paired == ["grail@task_filler_rate=0", "grail@task_filler_rate=0.5"]
+
+
+def test_a_grid_puts_the_last_sweep_on_the_x_axis_and_pairs_within_each_cell():
+    lay = layout(_plan(("beta=0,0.1", "task_filler_rate=0,0.5"), arms="none,grail@saliency_leaf=middle"))
+    assert lay.field == "task_filler_rate"
+    assert set(lay.series) == {"none@beta=0", "none@beta=0.1", "grail@saliency_leaf=middle@beta=0",
+                               "grail@saliency_leaf=middle@beta=0.1"}
+    assert (lay.baseline["grail@saliency_leaf=middle@beta=0.1@task_filler_rate=0.5"]
+            == "none@beta=0.1@task_filler_rate=0.5")
+
+
+def test_without_a_sweep_every_arm_is_paired_with_the_first():
+    plan = _plan(sweeps=(), arms="none,grail,random")
+    assert layout(plan).baseline == {"none": "none", "grail": "none", "random": "none"}
+    del plan["sweeps"]  # a plan written before sweeps were recorded
+    assert layout(plan).paired == ["grail", "random"]
+
+
+def test_arms_that_do_not_match_the_recorded_sweep_are_refused():
+    plan = _plan()
+    plan["sweeps"][0]["values"] = ["0", "0.9"]
+    with pytest.raises(ValueError, match="compare.json's arms and sweeps disagree"):
+        layout(plan)
+
+
+@pytest.fixture
+def swept(tmp_path):
+    plan = _plan()
+    for arm in plan["arms"]:
+        base, rate = arm["label"].split("@task_filler_rate=")
+        for seed, acc in enumerate(ACC[(base, rate)]):
+            run = run_path(tmp_path, arm["slug"], seed)
+            run.mkdir(parents=True)
+            (run / RESULT_FILE).write_text(json.dumps({"metrics": {PRIMARY: acc}, "train_seconds": 10.0,
+                                                       "seconds_per_step": 0.5, "eval_seconds": 1.0}))
+            (run / "extra_metrics.json").write_text(json.dumps({"auroc/grail/weights": 0.5 + float(rate) / 2}))
+            (run / "metrics.jsonl").write_text("".join(json.dumps({"step": t, "reward": acc}) + "\n"
+                                                       for t in (1, 2)))
+            (run / "auroc_checkpoints.json").write_text(json.dumps({"2": {"auroc/grail/signal": 0.7}}))
+    warm = {a["label"]: {"auroc/grail/signal": 0.6 if a["label"].endswith("=0") else 0.8} for a in plan["arms"]}
+    (tmp_path / "auroc_warmstart.json").write_text(json.dumps(warm))
+    return tmp_path, plan, write_report(tmp_path, plan)
+
+
+def test_the_sweep_report_pairs_within_each_value_and_tabulates_against_it(swept):
+    out, plan, report = swept
+    paired = report["metrics"][PRIMARY]["paired"]
+    assert set(paired) == {"grail@task_filler_rate=0", "grail@task_filler_rate=0.5"}
+    high = paired["grail@task_filler_rate=0.5"]
+    expected = [g - n for g, n in zip(ACC[("grail", "0.5")], ACC[("none", "0.5")], strict=True)]
+    assert high["reference"] == "none@task_filler_rate=0.5" and high["values"] == pytest.approx(expected)
+    assert high["mean"] == pytest.approx(0.10)
+    assert paired["grail@task_filler_rate=0"]["mean"] == pytest.approx(0.0)
+    assert report["sweep"] == {"field": "task_filler_rate", "values": RATES, "series": layout(plan).series}
+    text = (out / "report.md").read_text()
+    assert "## Sweep over task_filler_rate" in text
+    row = next(line for line in text.splitlines() if line.startswith("| grail | +"))  # the paired table's row
+    assert row.split(" | ")[1:] == ["+0.0 ± 5.0", "+10.0 ± 5.0 |"]  # t_{0.975,2} · 0.02 / √3 = 0.0497 at both
+    assert "| none | 55.0 ± " in text  # the mean of 0.50, 0.60, 0.55 at rate 0
+    assert "auroc/grail/weights of the final model" in text
+    assert ("At the warm start (step 0), under each arm's own task and weighting settings: "
+            "none@task_filler_rate=0, grail@task_filler_rate=0: grail/signal 0.600; ") in text
+    curve = report["auroc_training"]["auroc/grail/signal"]["grail@task_filler_rate=0.5"]
+    assert curve["0"]["mean"] == pytest.approx(0.8) and curve["2"]["mean"] == pytest.approx(0.7)
+    for name in ("sweep.png", "auroc_training.png", "differences.png"):
+        assert name in report["plots"] and (out / name).read_bytes()[:4] == b"\x89PNG"
