@@ -325,8 +325,9 @@ def run_comparison(plan: dict, out_dir: str | Path, jobs: int = 1, log: Log = pr
     with lock(out_dir / ".compare.lock", wait=False):
         check_plan(plan, out_dir)  # again: another comparison may have written it before this one took the lock
         _prepare(plan, out_dir, log)
-        if not (out_dir / PLAN_FILE).is_file():
-            write_json(out_dir / PLAN_FILE, plan)
+        stored = out_dir / PLAN_FILE
+        if not stored.is_file() or json.loads(stored.read_text()).get("sweeps") != plan.get("sweeps"):
+            write_json(stored, plan)  # new, or written before sweeps were recorded (check_plan: the rest is equal)
         keys = [(arm["slug"], seed) for seed in range(plan["seeds"]) for arm in plan["arms"]]  # seed-major: pairs early
         done = {}
         for slug, seed in keys:

@@ -39,8 +39,14 @@ def write_plots(s: dict, runs: list, out_dir: Path) -> list[str]:
     import matplotlib.pyplot as plt
 
     arms = s["arms"]
-    palette = plt.get_cmap("tab10" if len(arms) <= 10 else "tab20")
-    colours = {arm: palette(i % palette.N) for i, arm in enumerate(arms)}
+    groups = _groups(s)
+    palette = plt.get_cmap("tab10")
+    if s.get("sweep"):  # one colour per arm of --arms, the same at every swept value
+        colours = {arm: palette(k % 10) for k, by_value in enumerate(s["sweep"]["series"].values())
+                   for arm in by_value.values()}
+    else:
+        palette = plt.get_cmap("tab10" if len(arms) <= 10 else "tab20")
+        colours = {arm: palette(i % palette.N) for i, arm in enumerate(arms)}
     headline = [m for m in s["metrics"] if "/pass@" not in m][:3]
     written = []
 
@@ -51,7 +57,8 @@ def write_plots(s: dict, runs: list, out_dir: Path) -> list[str]:
         written.append(name)
 
     if headline:
-        fig, axes = plt.subplots(1, len(headline), figsize=(4.5 * len(headline), 4), squeeze=False)
+        width, height, rotation = _ticks(len(arms))
+        fig, axes = plt.subplots(1, len(headline), figsize=(width * len(headline), height), squeeze=False)
         for ax, metric in zip(axes[0], headline, strict=True):
             for i, arm in enumerate(arms):
                 st = s["metrics"][metric]["per_arm"][arm]
@@ -61,7 +68,7 @@ def write_plots(s: dict, runs: list, out_dir: Path) -> list[str]:
                     err = 0 if st["half_width"] is None else 100 * st["half_width"]
                     ax.errorbar([i + 0.15], [100 * st["mean"]], yerr=[err], fmt="o", color="black", capsize=4,
                                 label="mean ± 95% t-interval" if i == 0 else None)
-            ax.set_xticks(range(len(arms)), arms, rotation=20, ha="right")
+            ax.set_xticks(range(len(arms)), arms, rotation=rotation, ha="right")
             ax.set_xlim(-0.5, len(arms) - 0.5)
             ax.set_ylabel("accuracy (%)")
             ax.set_title(f"{metric}\n{s['seeds']} seeds per arm")
@@ -71,8 +78,8 @@ def write_plots(s: dict, runs: list, out_dir: Path) -> list[str]:
     references = sorted({s["reference"][arm] for arm in paired})
     against = references[0] if len(references) == 1 else "its reference"
     if paired:
-        fig, axes = plt.subplots(1, len(headline), figsize=(max(4.5, 0.45 * len(paired) + 2) * len(headline), 4),
-                                 squeeze=False)
+        width, height, rotation = _ticks(len(paired))
+        fig, axes = plt.subplots(1, len(headline), figsize=(width * len(headline), height), squeeze=False)
         for ax, metric in zip(axes[0], headline, strict=True):
             for i, arm in enumerate(paired):
                 d = s["metrics"][metric]["paired"][arm]
@@ -83,20 +90,24 @@ def write_plots(s: dict, runs: list, out_dir: Path) -> list[str]:
                     ax.errorbar([i + 0.15], [100 * d["mean"]], yerr=[err], fmt="o", color="black", capsize=4,
                                 label="mean ± 95% t-interval" if i == 0 else None)
             ax.axhline(0, color="grey", lw=0.8)
-            ax.set_xticks(range(len(paired)), paired, rotation=20, ha="right")
+            ax.set_xticks(range(len(paired)), paired, rotation=rotation, ha="right")
             ax.set_xlim(-0.5, len(paired) - 0.5)
             ax.set_ylabel(f"difference from {against} (points)")
             ax.set_title(f"{metric}\narm − {against}, paired by seed")
             ax.legend(fontsize=8)
         save(fig, "differences.png")
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for arm in arms:
-        _band(ax, [smoothed(curve(r.log, "reward"), SMOOTH_STEPS) for r in runs if r.arm == arm], colours[arm], arm)
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel(f"mean reward per completion ({SMOOTH_STEPS}-step moving average)")
-    ax.set_title(f"Training reward: mean over seeds (band: min–max over {s['seeds']} seeds)")
-    ax.xaxis.get_major_locator().set_params(integer=True)
-    ax.legend(fontsize=8)
+    fig, axes = plt.subplots(1, len(groups), figsize=(7 if len(groups) == 1 else 5 * len(groups), 4.5),
+                             squeeze=False, sharey=True)
+    for ax, (title, members) in zip(axes[0], groups, strict=True):
+        for arm, label in members:
+            _band(ax, [smoothed(curve(r.log, "reward"), SMOOTH_STEPS) for r in runs if r.arm == arm], colours[arm],
+                  label)
+        ax.set_xlabel("optimizer step")
+        ax.set_title(title, fontsize=10)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.legend(fontsize=8)
+    axes[0][0].set_ylabel(f"mean reward per completion ({SMOOTH_STEPS}-step moving average)")
+    fig.suptitle(f"Training reward: mean over seeds (band: min–max over {s['seeds']} seeds)")
     save(fig, "learning_curves.png")
     fig, axes = plt.subplots(2, 3, figsize=(14, 7.5))
     for ax, key in zip(axes.flat, WEIGHT_KEYS, strict=False):
@@ -122,8 +133,23 @@ def write_plots(s: dict, runs: list, out_dir: Path) -> list[str]:
     if s.get("sweep") and s["primary_metric"] in s["metrics"]:
         save(_sweep_figure(plt, s), "sweep.png")
     if any(n.endswith("/signal") for n in s.get("auroc_training") or {}):
-        save(_auroc_figure(plt, s, colours), "auroc_training.png")
+        save(_auroc_figure(plt, s, colours, groups), "auroc_training.png")
     return written
+
+
+def _groups(s: dict) -> list[tuple[str, list[tuple[str, str]]]]:
+    """Panels of the per-step plots: [(title, [(arm, legend label)])]: one panel of every arm, or with a sweep one
+    panel per swept value, its arms labelled by their arm of --arms."""
+    if not s.get("sweep"):
+        return [("", [(arm, arm) for arm in s["arms"]])]
+    sweep = s["sweep"]
+    return [(f"{sweep['field']} = {v}", [(by_value[v], name) for name, by_value in sweep["series"].items()
+                                         if v in by_value]) for v in sweep["values"]]
+
+
+def _ticks(n: int) -> tuple[float, float, int]:
+    """(panel width, figure height, tick rotation) for n arm labels on an x axis."""
+    return (4.5, 4.0, 20) if n <= 5 else (max(4.5, 0.42 * n + 1.5), 5.5, 55)
 
 
 def _sweep_figure(plt, s: dict):
@@ -156,31 +182,35 @@ def _sweep_figure(plt, s: dict):
         ax.set_xlabel(sweep["field"])
         ax.set_ylabel(ylabel)
         ax.legend(fontsize=7)
-    fig.suptitle(f"Sweep over {sweep['field']}: mean ± 95% t-interval over {s['seeds']} seeds; each arm paired with "
-                 f"the first arm at the same value")
+    fig.suptitle(f"Sweep over {sweep['field']}: mean ± 95% t-interval over {s['seeds']} seeds\n"
+                 f"differences: each arm paired with the first arm at the same value")
     return fig
 
 
-def _auroc_figure(plt, s: dict, colours: dict):
-    """AUROC of each method's signal against step: step 0 is the warm start, then every checkpoint on disk."""
+def _auroc_figure(plt, s: dict, colours: dict, groups: list):
+    """AUROC of each method's signal against step: step 0 is the warm start, then every checkpoint on disk; one
+    column per method, one row per panel group (one, or one per swept value)."""
     curves = s["auroc_training"]
     names = [n for n in curves if n.endswith("/signal")]
-    fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 4), squeeze=False)
-    for ax, name in zip(axes[0], names, strict=True):
-        for arm in s["arms"]:
-            points = sorted((int(t), p) for t, p in curves[name].get(arm, {}).items())
-            if not points:
-                continue
-            steps = [t for t, _ in points]
-            ax.plot(steps, [p["mean"] for _, p in points], marker="o", color=colours[arm], label=arm)
-            ax.fill_between(steps, [p["min"] for _, p in points], [p["max"] for _, p in points], color=colours[arm],
-                            alpha=0.15)
-        ax.axhline(0.5, color="grey", lw=0.8, ls="--")
-        ax.set_xlabel("optimizer step (0: warm start)")
-        ax.set_ylabel("AUROC, critical vs filler tokens")
-        ax.set_title(name)
-    axes[0][0].legend(fontsize=7)
-    fig.suptitle(f"Saliency AUROC over training: mean over {s['seeds']} seeds, band min–max")
+    fig, axes = plt.subplots(len(groups), len(names), figsize=(max(8.0, 4.2 * len(names)), 3.8 * len(groups)),
+                             squeeze=False,
+                             sharey=True)
+    for row, (title, members) in zip(axes, groups, strict=True):
+        for ax, name in zip(row, names, strict=True):
+            for arm, label in members:
+                points = sorted((int(t), p) for t, p in curves[name].get(arm, {}).items())
+                if not points:
+                    continue
+                steps = [t for t, _ in points]
+                ax.plot(steps, [p["mean"] for _, p in points], marker="o", color=colours[arm], label=label)
+                ax.fill_between(steps, [p["min"] for _, p in points], [p["max"] for _, p in points],
+                                color=colours[arm], alpha=0.15)
+            ax.axhline(0.5, color="grey", lw=0.8, ls="--")
+            ax.set_xlabel("optimizer step (0: warm start)")
+            ax.set_title(f"{name}" + (f"\n{title}" if title else ""), fontsize=10)
+        row[0].set_ylabel("AUROC, critical vs filler tokens")
+        row[0].legend(fontsize=7)
+    fig.suptitle(f"Saliency AUROC over training: mean over {s['seeds']} seeds\nband min–max; 0.5: no separation")
     return fig
 
 
