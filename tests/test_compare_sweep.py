@@ -74,8 +74,9 @@ def swept(tmp_path):
             (run / RESULT_FILE).write_text(json.dumps({"metrics": {PRIMARY: acc}, "train_seconds": 10.0,
                                                        "seconds_per_step": 0.5, "eval_seconds": 1.0}))
             (run / "extra_metrics.json").write_text(json.dumps({"auroc/grail/weights": 0.5 + float(rate) / 2}))
-            (run / "metrics.jsonl").write_text("".join(json.dumps({"step": t, "reward": acc}) + "\n"
-                                                       for t in (1, 2)))
+            (run / "metrics.jsonl").write_text("".join(json.dumps(  # 12 steps, 2 of them clipping half
+                {"step": t, "reward": acc, "completions/clipped_ratio": 0.5 if t <= 2 else 0.1}) + "\n"
+                for t in range(1, 13)))
             (run / "auroc_checkpoints.json").write_text(json.dumps({"2": {"auroc/grail/signal": 0.7}}))
     warm = {a["label"]: {"auroc/grail/signal": 0.6 if a["label"].endswith("=0") else 0.8} for a in plan["arms"]}
     (tmp_path / "auroc_warmstart.json").write_text(json.dumps(warm))
@@ -104,3 +105,13 @@ def test_the_sweep_report_pairs_within_each_value_and_tabulates_against_it(swept
     assert curve["0"]["mean"] == pytest.approx(0.8) and curve["2"]["mean"] == pytest.approx(0.7)
     for name in ("sweep.png", "auroc_training.png", "differences.png"):
         assert name in report["plots"] and (out / name).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_report_shows_how_many_completions_training_cut_off(swept):
+    out, plan, report = swept
+    clipped = report["completions"]
+    arm = "grail@task_filler_rate=0.5"
+    assert clipped["completions/clipped_ratio"][arm]["mean"] == pytest.approx((2 * 0.5 + 10 * 0.1) / 12)
+    assert clipped["completions/clipped_ratio (last 10 steps)"][arm]["mean"] == pytest.approx(0.1)
+    assert clipped["completions/mean_length"][arm]["mean"] is None  # not logged: left out, not zero
+    assert "## Completions during training" in (out / "report.md").read_text()

@@ -40,6 +40,8 @@ CHECKPOINT_AUROC_FILE = "auroc_checkpoints.json"  # per run: {"N": {name: value}
 WARMSTART_AUROC_FILE = "auroc_warmstart.json"  # per comparison: {arm label: {name: value}} (grail.compare)
 RESOLVE_POINTS = (1.0, 2.0, 5.0)  # differences (points) the seeds-needed table is given for
 SEED_COUNTS = (2, 3, 5, 10, 20, 50)
+COMPLETION_KEYS = ("completions/mean_length", "completions/clipped_ratio")  # TRL's logged completion statistics
+LAST_STEPS = 10
 
 
 def run_path(out_dir: str | Path, slug: str, seed: int) -> Path:
@@ -111,8 +113,10 @@ def load_runs(out_dir: str | Path, plan: dict) -> list[RunData]:
     return runs
 
 
-def _key_mean(log: list[dict], key: str) -> float | None:
+def _key_mean(log: list[dict], key: str, last: int | None = None) -> float | None:
+    """Mean of `key` over the log lines that hold it (the last `last` of them, if given)."""
     values = [line[key] for line in log if isinstance(line.get(key), int | float)]
+    values = values[-last:] if last else values
     return sum(values) / len(values) if values else None
 
 
@@ -162,6 +166,9 @@ def summarize(plan: dict, runs: list[RunData]) -> dict:
              for m in extra_names}
     weights = {k: _stats(_per_arm(finished, arms, lambda r, k=k: _key_mean(r.log, k)), arms, lay)["per_arm"]
                for k in (*WEIGHT_KEYS, *POSITION_KEYS)}
+    completions = {f"{k}{suffix}": _stats(_per_arm(finished, arms, lambda r, k=k, n=n: _key_mean(r.log, k, n)), arms,
+                                          lay)["per_arm"]
+                   for k in COMPLETION_KEYS for suffix, n in (("", None), (f" (last {LAST_STEPS} steps)", LAST_STEPS))}
     timing = {k: _stats(_per_arm([r for r in finished if not r.result.get("resumed")], arms,
                                  lambda r, k=k: r.result.get(k)), arms, lay)["per_arm"]
               for k in ("train_seconds", "seconds_per_step", "eval_seconds")}
@@ -187,7 +194,7 @@ def summarize(plan: dict, runs: list[RunData]) -> dict:
         "protocol": plan["protocol"], "seed_fields": plan.get("seed_fields", []),
         "runs": [{"arm": r.arm, "seed": r.seed, "run_dir": str(r.path), "finished": r.result is not None}
                  for r in runs],
-        "metrics": metrics, "extra_metrics": extra, "weights": weights, "timing": timing,
+        "metrics": metrics, "extra_metrics": extra, "weights": weights, "completions": completions, "timing": timing,
         "primary_metric": primary, "resolution": resolution, "reference": lay.baseline,
         "sweep": None if lay.field is None else {"field": lay.field, "values": list(lay.values),
                                                  "series": lay.series},
@@ -351,6 +358,15 @@ def render_markdown(s: dict, plots: list[str], plot_note: str, jobs: int) -> str
                     [[arm, *(_cell(w[k][arm], 1.0, 3) for k in WEIGHT_KEYS),
                       " ".join("–" if w[k][arm]["mean"] is None else f"{w[k][arm]['mean']:.2f}" for k in POSITION_KEYS)]
                      for arm in arms])
+    c = s.get("completions") or {}
+    if any(c[k][arm]["mean"] is not None for k in c for arm in arms):
+        lines += ["", "## Completions during training", "",
+                  f"TRL's completion statistics: each run's mean over all logged steps and over its last {LAST_STEPS}, "
+                  f"then mean ± t half-width over seeds. `clipped_ratio`: the fraction of completions cut at "
+                  f"max_completion_length before they ended (no answer box, reward 0), which grows with filler words.",
+                  ""]
+        lines += _table(["arm", *(k.removeprefix("completions/") for k in c)],
+                        [[arm, *(_cell(c[k][arm], 1.0, 3) for k in c)] for arm in arms])
     t = s["timing"]
     lines += ["", "## Wall time", "",
               f"Seconds per run, mean [min, max] over the runs that were not resumed (a resumed run's clock covers "
