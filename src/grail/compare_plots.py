@@ -56,20 +56,26 @@ def write_plots(s: dict, runs: list, out_dir: Path) -> list[str]:
         plt.close(fig)
         written.append(name)
 
-    if headline:
-        width, height, rotation = _ticks(len(arms))
+    def seed_panels(kind: str, members: list[str]):
+        """One panel per headline metric: each seed's value per arm, and the mean ± 95% t-interval."""
+        width, height, rotation = _ticks(len(members))
         fig, axes = plt.subplots(1, len(headline), figsize=(width * len(headline), height), squeeze=False)
         for ax, metric in zip(axes[0], headline, strict=True):
-            for i, arm in enumerate(arms):
-                st = s["metrics"][metric]["per_arm"][arm]
+            for i, arm in enumerate(members):
+                st = s["metrics"][metric][kind][arm]
                 ax.scatter([i] * len(st["values"]), [100 * v for v in st["values"]], color=colours[arm], alpha=0.5,
                            s=18, label="one seed" if i == 0 else None)
                 if st["mean"] is not None:
                     err = 0 if st["half_width"] is None else 100 * st["half_width"]
                     ax.errorbar([i + 0.15], [100 * st["mean"]], yerr=[err], fmt="o", color="black", capsize=4,
                                 label="mean ± 95% t-interval" if i == 0 else None)
-            ax.set_xticks(range(len(arms)), arms, rotation=rotation, ha="right")
-            ax.set_xlim(-0.5, len(arms) - 0.5)
+            ax.set_xticks(range(len(members)), members, rotation=rotation, ha="right")
+            ax.set_xlim(-0.5, len(members) - 0.5)
+        return fig, axes[0]
+
+    if headline:
+        fig, axes = seed_panels("per_arm", arms)
+        for ax, metric in zip(axes, headline, strict=True):
             ax.set_ylabel("accuracy (%)")
             ax.set_title(f"{metric}\n{s['seeds']} seeds per arm")
             ax.legend(fontsize=8)
@@ -78,20 +84,9 @@ def write_plots(s: dict, runs: list, out_dir: Path) -> list[str]:
     references = sorted({s["reference"][arm] for arm in paired})
     against = references[0] if len(references) == 1 else "its reference"
     if paired:
-        width, height, rotation = _ticks(len(paired))
-        fig, axes = plt.subplots(1, len(headline), figsize=(width * len(headline), height), squeeze=False)
-        for ax, metric in zip(axes[0], headline, strict=True):
-            for i, arm in enumerate(paired):
-                d = s["metrics"][metric]["paired"][arm]
-                ax.scatter([i] * len(d["values"]), [100 * v for v in d["values"]], color=colours[arm], alpha=0.5,
-                           s=18, label="one seed" if i == 0 else None)
-                if d["mean"] is not None:
-                    err = 0 if d["half_width"] is None else 100 * d["half_width"]
-                    ax.errorbar([i + 0.15], [100 * d["mean"]], yerr=[err], fmt="o", color="black", capsize=4,
-                                label="mean ± 95% t-interval" if i == 0 else None)
+        fig, axes = seed_panels("paired", paired)
+        for ax, metric in zip(axes, headline, strict=True):
             ax.axhline(0, color="grey", lw=0.8)
-            ax.set_xticks(range(len(paired)), paired, rotation=rotation, ha="right")
-            ax.set_xlim(-0.5, len(paired) - 0.5)
             ax.set_ylabel(f"difference from {against} (points)")
             ax.set_title(f"{metric}\narm − {against}, paired by seed")
             ax.legend(fontsize=8)
