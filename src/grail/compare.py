@@ -45,7 +45,7 @@ import typing
 from dataclasses import dataclass
 from pathlib import Path
 
-from grail.compare_auroc import AUROC_METHODS, run_auroc
+from grail.compare_auroc import auroc_methods, run_auroc
 from grail.compare_report import RESULT_FILE, WARMSTART_AUROC_FILE, run_path, write_report
 from grail.compare_run import EXTRA_EVALUATIONS, LOG_FILE, Log, checkpoint_auroc, lock, run_one, run_values, write_json
 from grail.config import GRAILConfig
@@ -306,8 +306,7 @@ def _prepare(plan: dict, out_dir: Path, log: Log) -> None:
         if warm not in starts:
             starts[warm] = resolve_model_path(cfg, log)
         if plan.get("auroc_rows") and arm["label"] not in warm_auroc:  # the start each arm's AUROC moves from
-            own = cfg.token_weighting if cfg.token_weighting not in AUROC_METHODS else None  # run_auroc's methods
-            key = (warm, repr(cfg.synthetic_set()), repr(cfg.weighting_options()), own)
+            key = (warm, repr(cfg.synthetic_set()), repr(cfg.weighting_options()), tuple(auroc_methods(cfg)))
             if key not in computed:
                 computed[key] = run_auroc(starts[warm], cfg, plan["auroc_rows"])
             warm_auroc[arm["label"]] = computed[key]
@@ -318,10 +317,13 @@ def _prepare(plan: dict, out_dir: Path, log: Log) -> None:
 def run_comparison(plan: dict, out_dir: str | Path, jobs: int = 1, log: Log = print) -> dict:
     """Every run of the plan (finished ones skipped), then the report; returns report.json's content. The plan is
     written to out_dir/compare.json once the data and the warm start are found, or must equal the one there."""
+    from grail.train import quiet_libraries
+
     if jobs < 1:
         raise ValueError(f"--jobs {jobs}: give 1 or more runs at a time.")
     out_dir = Path(out_dir)
     check_plan(plan, out_dir)
+    quiet_libraries()  # no loading bars in the comparison's log (warm starts, AUROC, in-process runs)
     with lock(out_dir / ".compare.lock", wait=False):
         check_plan(plan, out_dir)  # again: another comparison may have written it before this one took the lock
         _prepare(plan, out_dir, log)
@@ -352,9 +354,6 @@ def run_comparison(plan: dict, out_dir: str | Path, jobs: int = 1, log: Log = pr
 
 
 def _in_process(plan: dict, out_dir: Path, pending: list, jobs: int, progress: _Progress) -> list[str]:
-    from grail.train import quiet_libraries
-
-    quiet_libraries()
     for slug, seed in pending:
         name = f"{slug}/seed{seed}"
         run_dir = run_path(out_dir, slug, seed)

@@ -18,9 +18,15 @@ from grail.methods import METHODS
 from grail.saliency_quality import SaliencyQualityOptions, model_dir_saliency_auroc
 from grail.token_labels import synthetic_rows
 
-__all__ = ["AUROC_METHODS", "run_auroc"]
+__all__ = ["AUROC_METHODS", "auroc_methods", "run_auroc"]
 
 AUROC_METHODS = ("grail", "oar_g", "entropy", "random")  # OAR-P only when an arm trains with it (its probe is slow)
+
+
+def auroc_methods(cfg) -> list[str]:
+    """AUROC_METHODS, plus the run's own method when it has a probe and is not among them."""
+    own = cfg.token_weighting
+    return [*AUROC_METHODS, *([own] if METHODS[own].probe is not None and own not in AUROC_METHODS else [])]
 
 
 def run_auroc(model_dir: str | Path, cfg, rows: int) -> dict[str, float]:
@@ -31,9 +37,7 @@ def run_auroc(model_dir: str | Path, cfg, rows: int) -> dict[str, float]:
     task = cfg.synthetic_set().task
     if task.filler_rate == 0:
         task = replace(task, filler_rate=0.6)
-    methods = list(AUROC_METHODS)
-    if METHODS[cfg.token_weighting].probe is not None and cfg.token_weighting not in methods:
-        methods.append(cfg.token_weighting)
+    methods = auroc_methods(cfg)
     options = SaliencyQualityOptions(weighting=cfg.weighting_options())
     results = model_dir_saliency_auroc(model_dir, synthetic_rows(task, rows, "heldout", cfg.task_seed), methods,
                                        options)

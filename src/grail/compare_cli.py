@@ -66,7 +66,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def run(args, rest: list[str]) -> int:
     from grail.compare import check_plan, make_plan, parse_arms, run_comparison
     from grail.overrides import merge, parse_flags
-    from grail.train import quiet_libraries
 
     flags = parse_flags(rest)
     given = [k for k in ("seed", "data_seed") if k in flags]
@@ -85,7 +84,6 @@ def run(args, rest: list[str]) -> int:
         print(f"compare: output in {out_dir}; to resume after a stop, rerun with --output_dir {out_dir}")
     plan = make_plan(arms, args.seeds, values, out_dir, auroc_rows=args.auroc_rows, sweeps=args.sweep)
     check_plan(plan, out_dir)  # before anything is written or trained
-    quiet_libraries()  # no model-loading progress bars in the comparison's own log (warm starts, AUROC)
     try:
         run_comparison(plan, out_dir, jobs=args.jobs)
     except RuntimeError as err:  # a run failed: the others are kept, a rerun resumes

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from grail.checkpoint_dirs import checkpoint_dirs
 from grail.compare_auroc import run_auroc
 from grail.compare_report import CHECKPOINT_AUROC_FILE, EXTRA_METRICS_FILE, RESULT_FILE, run_path
 from grail.config import GRAILConfig
@@ -182,16 +183,13 @@ def checkpoint_auroc(plan: dict, out_dir: str | Path, slug: str, seed: int, log:
     run_dir = run_path(out_dir, slug, seed)
     path = run_dir / CHECKPOINT_AUROC_FILE
     found = json.loads(path.read_text()) if path.is_file() else {}
-    missing = [c for c in complete_checkpoints(run_dir) if str(_step(c)) not in found]
+    complete = set(complete_checkpoints(run_dir))
+    missing = [(step, c) for step, c in checkpoint_dirs(run_dir) if c in complete and str(step) not in found]
     if not missing:
         return found
     cfg = build_config(run_values(plan, arm, seed, out_dir))
-    for checkpoint in missing:
-        found[str(_step(checkpoint))] = run_auroc(checkpoint, cfg, plan["auroc_rows"])
+    for step, checkpoint in missing:
+        found[str(step)] = run_auroc(checkpoint, cfg, plan["auroc_rows"])
         log(f"{arm['label']}/seed{seed}: saliency AUROC of {checkpoint.name} on {plan['auroc_rows']} held-out problems")
     write_json(path, dict(sorted(found.items(), key=lambda item: int(item[0]))))
     return found
-
-
-def _step(checkpoint: Path) -> int:
-    return int(checkpoint.name.rsplit("-", 1)[1])

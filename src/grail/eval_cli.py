@@ -82,16 +82,6 @@ def add_parsers(sub) -> None:
                        "catches false accepts (slow: sympy times out on unrelated equations; minutes per benchmark)")
 
 
-def _load_model(model_path: str):
-    """The HF model for the hf backend, on the GPU if there is one (bf16) else on the CPU (fp32)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device)
-
-
 def _vllm_missing() -> str | None:
     """Why the vllm backend cannot run here (None: it can), found before any model is resolved or loaded."""
     try:
@@ -138,7 +128,7 @@ def run_eval(args) -> int:
         return 2
     from transformers import AutoTokenizer
 
-    from grail.warmstart import resolve_model
+    from grail.warmstart import load_inference_model, resolve_model
 
     model_path = resolve_model(args.model)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -146,7 +136,7 @@ def run_eval(args) -> int:
     if args.backend == "vllm":  # vLLM loads the weights itself: the HF model is never loaded (nor its GPU memory)
         sampler = VLLMSampler(model_path)
     else:
-        sampler = HFSampler(_load_model(model_path), tokenizer, batch_size=args.batch_size)
+        sampler = HFSampler(load_inference_model(model_path), tokenizer, batch_size=args.batch_size)
     out_dir = args.output_dir or os.path.join("runs", f"eval-{time.strftime('%Y%m%d-%H%M%S')}")
     print(f"evaluating {args.model} on {', '.join(benchmarks)} (n={params.n}, T={params.temperature}, "
           f"{args.scoring} scoring); output in {out_dir}")

@@ -120,16 +120,6 @@ def _rows(args, cfg, values: dict, fmt, tokenizer):
             for i in range(args.rows)]
 
 
-def _load_model(model_path: str):
-    """On the GPU if there is one (bf16) else on the CPU (fp32), as `grail eval` loads it."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device)
-
-
 def _settings(args, cfg, model, model_path, fmt, reward_fn, sampling, seed, rows) -> dict[str, str]:
     from dataclasses import asdict
 
@@ -164,17 +154,17 @@ def run(args, rest: list[str]) -> int:
         resolve_model(args.model)
     cfg, values = _config(args, rest)
     from transformers import AutoTokenizer
-    from transformers.utils import logging as hf_logging
 
     from grail.explain import explain
     from grail.explain_html import render_page, write_profile_png
     from grail.sampling import SamplingParams
-    from grail.train import resolve_model_path, reward_function
+    from grail.train import quiet_libraries, resolve_model_path, reward_function
+    from grail.warmstart import load_inference_model
 
-    hf_logging.disable_progress_bar()  # "Loading weights" bars would bury the command's own lines
+    quiet_libraries()  # "Loading weights" bars would bury the command's own lines
     model_path = resolve_model_path(cfg)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    model = _load_model(model_path)
+    model = load_inference_model(model_path)
     fmt = _prompt_format(cfg, values, model_path)
     rows = _rows(args, cfg, values, fmt, tokenizer)
     reward_fn = reward_function(cfg)

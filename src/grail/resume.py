@@ -17,19 +17,19 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import time
 from pathlib import Path
 
 from transformers import TrainerCallback
 
+from grail.checkpoint_dirs import checkpoint_dirs
+
 __all__ = ["MARKER", "RUN_FILES", "CheckpointMarker", "complete_checkpoints", "prepare_run_dir",
            "resolve_resume"]
 
 MARKER = "grail_checkpoint_complete.json"
 RUN_FILES = ("metrics.jsonl", "config.yaml", "resolved_config.json", "resumed.jsonl", "final", "eval")
-_CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 RESUME_LAST = ("true", "True", "last")
 
 
@@ -47,15 +47,9 @@ class CheckpointMarker(TrainerCallback):
             os.replace(temporary, folder / MARKER)
 
 
-def _checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
-    found = [(int(m.group(1)), p) for p in run_dir.iterdir() if p.is_dir() and (m := _CHECKPOINT_RE.match(p.name))]
-    return sorted(found)
-
-
 def complete_checkpoints(run_dir: str | Path) -> list[Path]:
     """The complete checkpoints of a run directory, oldest first."""
-    run_dir = Path(run_dir)
-    return [p for _, p in _checkpoints(run_dir) if (p / MARKER).is_file()] if run_dir.is_dir() else []
+    return [p for _, p in checkpoint_dirs(run_dir) if (p / MARKER).is_file()]
 
 
 def resolve_resume(value: str | None, run_dir: str | Path) -> Path | None:
@@ -87,7 +81,8 @@ def _step_of(checkpoint: Path) -> int:
 def _previous_run(run_dir: Path) -> list[Path]:
     if not run_dir.is_dir():
         return []
-    return [run_dir / name for name in RUN_FILES if (run_dir / name).exists()] + [p for _, p in _checkpoints(run_dir)]
+    previous = [run_dir / name for name in RUN_FILES if (run_dir / name).exists()]
+    return previous + [p for _, p in checkpoint_dirs(run_dir)]
 
 
 def prepare_run_dir(run_dir: str | Path, resume_from: Path | None, overwrite: bool, main_process: bool) -> None:

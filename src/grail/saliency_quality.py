@@ -45,7 +45,6 @@ no labelled token to score (e.g. grail's weights with traces="reference") gets A
 
 from __future__ import annotations
 
-import re
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -54,6 +53,7 @@ from typing import Literal
 
 import torch
 
+from grail.checkpoint_dirs import checkpoint_dirs
 from grail.methods import method_spec
 from grail.options import WeightingOptions
 from grail.token_labels import (
@@ -75,7 +75,6 @@ __all__ = ["METHOD_NAMES", "AurocResult", "SaliencyQualityOptions", "as_json", "
 
 METHOD_NAMES = ("grail", "oar_g", "oar_p", "entropy", "random")
 Traces = Literal["both", "reference", "corrupted"]
-_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -242,16 +241,16 @@ def model_dir_saliency_auroc(path: str | Path, rows: Sequence[dict], methods: Se
                              dtype: torch.dtype | None = None) -> dict[str, dict[str, AurocResult]]:
     """`saliency_auroc` for a `save_pretrained` directory (model and tokenizer). device: default cuda if available,
     else cpu; dtype: default bfloat16 on cuda, float32 on cpu (as `grail eval`)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
+
+    from grail.warmstart import load_inference_model
 
     path = Path(path)
     if not path.is_dir():
         raise OSError(f"model directory {str(path)!r} does not exist; give a save_pretrained directory.")
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = dtype or (torch.bfloat16 if str(device).startswith("cuda") else torch.float32)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+        model = load_inference_model(path, device, dtype)
     except (OSError, ValueError) as err:
         raise OSError(f"cannot load a model and tokenizer from {str(path)!r} ({err}); is it a complete "
                       f"save_pretrained directory?") from err
@@ -262,10 +261,9 @@ def checkpoints_saliency_auroc(run_dir: str | Path, rows: Sequence[dict], method
                                options: SaliencyQualityOptions | None = None, device: str | None = None,
                                dtype: torch.dtype | None = None) -> dict[int, dict[str, dict[str, AurocResult]]]:
     """`model_dir_saliency_auroc` for every `<run_dir>/checkpoint-N/`, as {N: results}, by increasing N. Every
-    checkpoint-N directory is loaded (`grail.resume.complete_checkpoints` lists only the completely saved ones)."""
-    run_dir = Path(run_dir)
-    found = sorted((int(m.group(1)), p) for p in (run_dir.iterdir() if run_dir.is_dir() else [])
-                   if p.is_dir() and (m := _CHECKPOINT.match(p.name)))
+    checkpoint-N directory is loaded (grail.checkpoint_dirs; `grail.resume.complete_checkpoints` lists only the
+    completely saved ones)."""
+    found = checkpoint_dirs(run_dir)
     if not found:
         raise OSError(f"{str(run_dir)!r} has no checkpoint-N directories; give a run directory of `grail train` "
                       f"with save_steps set, or use model_dir_saliency_auroc on a model directory.")

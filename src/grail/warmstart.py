@@ -24,7 +24,7 @@ from grail.options import WarmStartConfig
 from grail.tasks import generate
 from grail.tiny import build_tiny_model, build_tokenizer
 
-__all__ = ["default_cache_dir", "resolve_model", "train_warm_start", "warm_start"]
+__all__ = ["default_cache_dir", "load_inference_model", "resolve_model", "train_warm_start", "warm_start"]
 
 
 def default_cache_dir() -> Path:
@@ -132,3 +132,14 @@ def resolve_model(name: str, warm: WarmStartConfig | None = None, cache_dir: str
         raise FileNotFoundError(f"model directory {name!r} does not exist; give an existing save_pretrained "
                                 f"directory, a Hub id such as Qwen/Qwen3-4B, or `tiny`.")
     return name
+
+
+def load_inference_model(path: str | Path, device: str | None = None, dtype: torch.dtype | None = None):
+    """The one way a resolved model is loaded for sampling and probing (`grail eval`, `grail explain`, the saliency
+    AUROC): on `device` (default cuda if available, else cpu) in `dtype` (default bfloat16 on cuda, float32 on
+    cpu)."""
+    from transformers import AutoModelForCausalLM
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = dtype or (torch.bfloat16 if str(device).startswith("cuda") else torch.float32)
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
