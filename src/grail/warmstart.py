@@ -21,15 +21,12 @@ import torch
 
 from grail.config_fields import TINY_MODEL
 from grail.options import WarmStartConfig
+from grail.real_models import REAL_MODELS, check_not_gguf_dir, default_cache_dir
+from grail.real_models import resolve as resolve_real_model
 from grail.tasks import generate
 from grail.tiny import build_tiny_model, build_tokenizer
 
 __all__ = ["default_cache_dir", "load_inference_model", "resolve_model", "train_warm_start", "warm_start"]
-
-
-def default_cache_dir() -> Path:
-    """`$GRAIL_CACHE` if set, else `~/.cache/grail-rl`."""
-    return Path(os.environ.get("GRAIL_CACHE") or Path.home() / ".cache" / "grail-rl")
 
 
 def _batches(tokenizer, examples, batch_size: int, generator: torch.Generator):
@@ -124,13 +121,18 @@ def warm_start(
 def resolve_model(name: str, warm: WarmStartConfig | None = None, cache_dir: str | Path | None = None,
                   log: Callable[[str], None] = print) -> str:
     """The one place a model name becomes something `from_pretrained` loads: `tiny` → the cached warm-started
-    checkpoint for `warm` (trained on a miss; default settings when None); a local path → itself, if it is a
-    directory; anything else → as given (a Hub id)."""
+    checkpoint for `warm` (trained on a miss; default settings when None); a real model's name (`smollm2-135m`,
+    grail.real_models.REAL_MODELS) → its cached conversion (`grail models fetch NAME` first); a local path → itself,
+    if it is a checkpoint directory; anything else → as given (a Hub id)."""
     if name == TINY_MODEL:
         return str(warm_start(warm or WarmStartConfig(), cache_dir, log))
-    if name.startswith((".", "/", "~")) and not Path(name).expanduser().is_dir():
+    if name in REAL_MODELS:
+        return str(resolve_real_model(name, cache_dir))
+    path = Path(name).expanduser()
+    if name.startswith((".", "/", "~")) and not path.is_dir():
         raise FileNotFoundError(f"model directory {name!r} does not exist; give an existing save_pretrained "
-                                f"directory, a Hub id such as Qwen/Qwen3-4B, or `tiny`.")
+                                f"directory, a Hub id such as Qwen/Qwen3-4B, `tiny` or {', '.join(REAL_MODELS)}.")
+    check_not_gguf_dir(path)
     return name
 
 
