@@ -1,16 +1,25 @@
 """Saliency AUROC (critical vs filler tokens) of the five methods on the synthetic task: 64 held-out problems with
-filler words at rate 0.6, teacher-forced, on the warm-started tiny model (grail.saliency_quality).
+filler words at rate 0.6, teacher-forced (grail.saliency_quality), on the warm-started tiny model or a real model.
 
     python perf/saliency_auroc.py [--warm-start-filler-rate 0.6] [--rows 64] [--pairs within_trace|all]
+    python perf/saliency_auroc.py --model smollm2-135m --task-style words [--rows 64]
 
---warm-start-filler-rate: the filler rate of the warm start's own training traces (default 0, the embedded default:
-the model has never seen a filler word; 0.6 warm-starts, or reuses from the cache, a model trained with filler).
+--warm-start-filler-rate: the filler rate of the tiny model's warm start's own training traces (default 0, the
+embedded default: the model has never seen a filler word; 0.6 warm-starts, or reuses from the cache, a model trained
+with filler). --model: a real model's name (`grail models fetch` it first) or a checkpoint directory; its prompts are
+rendered as training renders them (grail.prompts.resolve_prompt_format: the chat template when the tokenizer has
+one, no suffix on the synthetic task). --task-style words: the word-problem style (grail.word_problems).
 """
 
 import argparse
+from dataclasses import replace
 
+from transformers import AutoTokenizer
+
+from grail.config_fields import TINY_MODEL
 from grail.options import WarmStartConfig
-from grail.saliency_quality import SaliencyQualityOptions, model_dir_saliency_auroc
+from grail.prompts import resolve_prompt_format
+from grail.saliency_quality import METHOD_NAMES, SaliencyQualityOptions, model_dir_saliency_auroc
 from grail.tasks import TaskConfig
 from grail.token_labels import synthetic_rows
 from grail.warmstart import resolve_model
@@ -18,14 +27,27 @@ from grail.warmstart import resolve_model
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=TINY_MODEL)
+    parser.add_argument("--task-style", default="symbolic", choices=("symbolic", "words"))
     parser.add_argument("--warm-start-filler-rate", type=float, default=0.0)
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--pairs", default="within_trace", choices=("within_trace", "all"))
+    parser.add_argument("--methods", default=",".join(METHOD_NAMES))
     args = parser.parse_args()
-    path = resolve_model("tiny", WarmStartConfig(task=TaskConfig(filler_rate=args.warm_start_filler_rate)))
-    rows = synthetic_rows(TaskConfig(filler_rate=0.6), n=args.rows, split="heldout", seed=0)
-    results = model_dir_saliency_auroc(path, rows, options=SaliencyQualityOptions(pairs=args.pairs), device="cpu")
-    print(f"model {path}; {args.rows} held-out problems, filler rate 0.6, pairs={args.pairs}; AUROC [95% CI]")
+    task = replace(TaskConfig(), style=args.task_style)
+    if args.model == TINY_MODEL:
+        path = resolve_model(TINY_MODEL, WarmStartConfig(task=replace(task, filler_rate=args.warm_start_filler_rate)))
+    else:
+        path = resolve_model(args.model)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    fmt = resolve_prompt_format(tokenizer, synthetic=True)
+    rows = [{**r, "prompt": fmt.render(tokenizer, r["prompt"])}
+            for r in synthetic_rows(replace(task, filler_rate=0.6), n=args.rows, split="heldout", seed=0)]
+    methods = [m.strip() for m in args.methods.split(",")]
+    results = model_dir_saliency_auroc(path, rows, methods, options=SaliencyQualityOptions(pairs=args.pairs),
+                                       device="cpu")
+    print(f"model {path}; {args.rows} held-out problems ({args.task_style}), filler rate 0.6, prompt "
+          f"{fmt.describe()}, pairs={args.pairs}; AUROC [95% CI]")
     print("| method | signal | weights |\n|---|---|---|")
     for method, parts in results.items():
         print(f"| {method} | " + " | ".join(f"{r.auroc:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]" for r in parts.values())

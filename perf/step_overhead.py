@@ -51,7 +51,8 @@ How it is measured:
      computation in all the step's passes, the trainer's own metric; for the fused path the time after TRL's
      forward, not the forward hook), and the
      median time of TRL's `_generate_and_score_completions` (generation + rewards + GRAIL's span finding),
-     labelled `rollout_s`; what remains of a step is loss, backward and the optimiser step.
+     labelled `rollout_s`, and of the optimiser's step (`optimizer_s`, AdamW only, the gradient clipping not
+     included); what remains of a step is loss and backward.
   6. To show the weights were really computed, per method: mean completion length (TRL's
      completions/mean_length), fraction of rows with a complete box (1 - weights/rows_without_box), fraction
      of rows the probe ran on (weights/probed_rows: a row with A = 0, or, for GRAIL and the controls, a row
@@ -74,6 +75,8 @@ Departures from a training run:
      diagnostics; its cost is in the baseline.
 
 Run: `python perf/step_overhead.py` (defaults above; several minutes on 2 CPU cores).
+A real model: `--model smollm2-135m --set task_style=words` (any config field with --set FIELD=VALUE); the
+model's own defaults then apply (its chat template, the prompt suffix), not the tiny model's warm start.
 `--smoke`: 16 tokens, 4 rows, 1 warm-up, 1 round, methods none and grail, and a warm start of
 `--warmstart-steps` 2 (a barely trained model, built in a few seconds in the cache dir: its completions
 (almost) never close a box, so GRAIL skips its probe and rows_with_box_frac ≈ 0; for testing the script only).
@@ -206,7 +209,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--checkpointing", choices=tuple(CHECKPOINTING), default="off",
                         help="activation checkpointing for every method, the baseline included (default off)")
     parser.add_argument("--smoke", action="store_true", help="tiny settings to test the script (module docstring)")
+    parser.add_argument("--model", default="tiny", help="model_name_or_path: `tiny` (default), a real model's name "
+                        "such as smollm2-135m (`grail models fetch` it first), or a checkpoint directory")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="any other config field for every trainer, e.g. --set task_style=words (repeatable)")
     args = parser.parse_args(argv)
+    try:
+        args.fields = {k: v for k, _, v in (item.partition("=") for item in args.set)}
+    except ValueError:
+        parser.error("--set takes FIELD=VALUE")
     for key, value in (SMOKE_DEFAULTS if args.smoke else DEFAULTS).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -231,6 +242,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def build_trainer(method: str, args: argparse.Namespace, use_cpu: bool, output_dir: str):
     from grail.config import GRAILConfig
     from grail.data import load_train_dataset
+    from grail.overrides import coerce
     from grail.presets import TINY_CPU
     from grail.train import resolve_model_path, reward_function
     from grail.trainer import GRAILTrainer
@@ -241,13 +253,15 @@ def build_trainer(method: str, args: argparse.Namespace, use_cpu: bool, output_d
               "generation_kwargs": {"min_new_tokens": args.completion_tokens}, "mask_truncated_completions": False,
               "seed": args.seed, "use_cpu": use_cpu, "bf16": args.bf16, "report_to": "none",
               "output_dir": os.path.join(output_dir, method), "cache_dir": args.cache_dir,
-              "oar_scope": args.oar_scope, **METHODS[method]}
+              "oar_scope": args.oar_scope, "model_name_or_path": args.model, **METHODS[method]}
     for key in ("max_steps", "save_steps", "logging_steps"):
         values.pop(key)
     if args.perturbation_chunk_tokens is not None:
         values["perturbation_chunk_tokens"] = args.perturbation_chunk_tokens
     if args.warmstart_steps is not None:
         values["warmstart_steps"] = args.warmstart_steps
+    for key, text in args.fields.items():
+        values[key] = coerce(key, text, "--set")
     cfg = GRAILConfig(**values)
     trainer = GRAILTrainer(model=resolve_model_path(cfg, log), reward_funcs=[reward_function(cfg)], args=cfg,
                            train_dataset=load_train_dataset(cfg))
@@ -287,6 +301,8 @@ class MethodRun:
         self.metrics: dict[str, list[float]] = {}
         self.tokens_before_box: list[float] = []
         self.step_weights_s: list[float] = []
+        self.optimizer_seconds: list[float] = []
+        self.step_optimizer_s: list[float] = []
 
     def _clock(self) -> float:
         if self.cuda:
@@ -307,7 +323,9 @@ class MethodRun:
             trainer.training_step(model, batch, None)
             if trainer.args.max_grad_norm and trainer.args.max_grad_norm > 0:
                 trainer.accelerator.clip_grad_norm_(model.parameters(), trainer.args.max_grad_norm)
+            start = self._clock()
             trainer.optimizer.step()
+            self.optimizer_seconds.append(self._clock() - start)
             model.zero_grad()
             trainer.state.global_step += 1
 
@@ -316,6 +334,7 @@ class MethodRun:
         batch = [self._next_batch() for _ in range(trainer.args.num_iterations)]  # TRL's sampler repeats it μ times
         trainer._metrics["train"].clear()
         self.rollout_seconds.clear()
+        self.optimizer_seconds.clear()
         if self.cuda:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
@@ -343,6 +362,7 @@ class MethodRun:
         self.peak_increase_bytes.append(increase)
         self.peak_abs_bytes.append(peak)
         self.step_rollout_s.append(self.rollout_seconds[0])
+        self.step_optimizer_s.append(sum(self.optimizer_seconds))
         for key, values in trainer._metrics["train"].items():
             self.metrics.setdefault(key, []).extend(float(v) for v in values)
         self.step_weights_s.append(sum(trainer._metrics["train"].get("weights/seconds", [])))  # all μ passes
@@ -370,6 +390,7 @@ class MethodRun:
             "mem_ratio_to_grpo": None,
             "weights_seconds_median": median(self.step_weights_s),  # per step: a rollout's μ passes together
             "rollout_s_median": median(self.step_rollout_s),
+            "optimizer_s_median": median(self.step_optimizer_s),  # clip excluded; AdamW's step only
             "mean_completion_tokens": mean("completions/mean_length"),
             "rows_with_box_frac": None if without_box is None else 1.0 - without_box,
             "probed_rows_frac": mean("weights/probed_rows"),
@@ -435,7 +456,7 @@ def run(args: argparse.Namespace, malloc_tuning: str | None) -> dict:
             "perturbation_chunk_tokens": cfg.perturbation_chunk_tokens, "warmstart_steps": cfg.warmstart_steps,
             "loss_type": cfg.loss_type, "scale_rewards": cfg.scale_rewards, "beta": cfg.beta,
             "num_iterations": cfg.num_iterations, "mask_truncated_completions": cfg.mask_truncated_completions,
-            "checkpointing": args.checkpointing,
+            "checkpointing": args.checkpointing, "model": args.model, "fields": args.fields,
             "torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__,
             "python": platform.python_version(),
         },

@@ -11,6 +11,7 @@ from safetensors.torch import load_file
 
 from conftest import WARM_STEPS
 from grail.cli import main
+from grail.prompts import PAPER_PROMPT_SUFFIX
 
 # conftest's shorter warm start (WARM_STEPS, not the default 300) keeps the suite fast; it still gives groups with
 # mixed rewards, which a GRPO update needs to move the parameters at all. The session's `warm_cache` holds it.
@@ -129,6 +130,32 @@ def test_jsonl_dataset_trains_with_math_verify_reward(tmp_path, tiny_dir):
     assert rc == 0
     (line,) = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"reward"' in x]
     assert "rewards/math_verify_reward/mean" in line
+
+
+def test_a_chat_message_dataset_run_records_the_chat_format_it_trained_with(tmp_path, tiny_dir, capsys):
+    """The run as a user with an instruct model writes it: --model (as eval and explain take it), prompts that are
+    chat messages (TRL renders them with the template, so final/grail_prompt.json must say chat, with the template
+    options TRL used, for `grail eval --model RUN/final`), --report_to none (Hugging Face's idiom), --logging_steps 1
+    (written back as an integer); the step line says how many groups had a gradient."""
+    data = tmp_path / "chat.jsonl"
+    data.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": f"What is {i}+{i}?"}],
+                                        "answer": str(2 * i)}) + "\n" for i in range(4)))
+    run = tmp_path / "run"
+    rc = main(["train", "--model", str(tiny_dir), "--dataset", str(data), "--conversational", "false",
+               "--report_to", "none", "--logging_steps", "1", "--max_steps", "1", "--per_device_train_batch_size", "4",
+               "--num_generations", "4", "--max_completion_length", "4", "--output_dir", str(run)])
+    assert rc == 0, capsys.readouterr().err
+    assert json.loads((run / "final" / "grail_prompt.json").read_text()) == {
+        "suffix": PAPER_PROMPT_SUFFIX, "chat": True, "chat_template_kwargs": {"enable_thinking": False}}
+    resolved = json.loads((run / "resolved_config.json").read_text())
+    assert resolved["conversational"] is True and resolved["report_to"] == []
+    assert resolved["model_name_or_path"] == str(tiny_dir)
+    written = yaml.safe_load((run / "config.yaml").read_text())
+    assert type(written["logging_steps"]) is int and written["model_name_or_path"] == str(tiny_dir)
+    out = capsys.readouterr().out
+    assert "prompts: chat template {'enable_thinking': False}, suffix paper" in out
+    step_line = next(line for line in out.splitlines() if line.startswith("step 1/1"))
+    assert "no group had a gradient: every group's rewards are equal" in step_line  # untrained: all rewards 0
 
 
 @pytest.mark.parametrize("argv, named", [

@@ -9,7 +9,9 @@ from grail.data import load_train_dataset
 
 
 def _cfg(tmp_path, **kw):
-    return GRAILConfig(output_dir=str(tmp_path / "run"), **kw)
+    """A config with plain-text prompts unless a test says otherwise (conversational=auto needs the model's
+    tokenizer: tested at the end)."""
+    return GRAILConfig(output_dir=str(tmp_path / "run"), **{"conversational": False, **kw})
 
 
 def _jsonl(tmp_path, rows):
@@ -72,3 +74,25 @@ def test_named_prompt_suffixes_reach_the_training_prompts(tmp_path, name, box):
     ds = load_train_dataset(_cfg(tmp_path, dataset=_jsonl(tmp_path, [{"prompt": "1+1?", "answer": "2"}]),
                                  prompt_suffix=name))
     assert ds[0]["prompt"] == "1+1? Please reason step by step, and put your final answer within " + box + "."
+
+
+def test_auto_prompt_format_is_decided_by_the_tokenizer_and_the_task(tmp_path, tokenizer):
+    """conversational=auto, prompt_suffix=auto (the defaults): a real dataset through the chat template, when the
+    tokenizer has one, with the paper's suffix; plain text with the suffix when it has none; the synthetic task plain,
+    without a suffix. Without a tokenizer, auto cannot be decided on a real dataset: an error that says so."""
+    import copy
+
+    from grail.prompts import PAPER_PROMPT_SUFFIX
+
+    path = _jsonl(tmp_path, [{"prompt": "What is 2+2?", "answer": "4"}])
+    cfg = GRAILConfig(output_dir=str(tmp_path / "run"), dataset=path)
+    assert (cfg.conversational, cfg.prompt_suffix) == ("auto", "auto")
+    with_template = load_train_dataset(cfg, tokenizer)
+    assert with_template[0]["prompt"] == [{"role": "user", "content": "What is 2+2?" + PAPER_PROMPT_SUFFIX}]
+    plain_tokenizer = copy.deepcopy(tokenizer)
+    plain_tokenizer.chat_template = None
+    assert load_train_dataset(cfg, plain_tokenizer)[0]["prompt"] == "What is 2+2?" + PAPER_PROMPT_SUFFIX
+    synthetic = GRAILConfig(output_dir=str(tmp_path / "run"), task_num_train=4)
+    assert load_train_dataset(synthetic, tokenizer)[0]["prompt"].endswith("\nA:")  # plain, no suffix
+    with pytest.raises(ValueError, match="conversational=auto is decided by the model's tokenizer"):
+        load_train_dataset(cfg)

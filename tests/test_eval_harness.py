@@ -69,6 +69,18 @@ def test_outputs_and_metrics(tmp_path):
     assert json.loads((tmp_path / "run.json").read_text())["batch_size"] == 3
 
 
+def test_run_json_records_only_the_sampling_settings_that_apply(tmp_path):
+    """Greedy decoding (temperature 0) uses no top_p or top_k: run.json leaves them out; sampling records them."""
+    loaded = _loaded()
+    greedy = EvalSpec(benchmarks=("bench_a", "bench_b"), prompt=PromptFormat(),
+                      sampling=SamplingParams(n=1, temperature=0.0, top_p=0.5, top_k=7, max_new_tokens=8))
+    run_evaluation(ScriptedSampler(_answers(loaded)), None, greedy, tmp_path / "greedy", workers=1,
+                   log=lambda s: None, progress=False, loaded=loaded)
+    sampling = json.loads((tmp_path / "greedy" / "run.json").read_text())["sampling"]
+    assert sampling == {"n": 1, "temperature": 0.0, "max_new_tokens": 8}
+    assert set(_spec().record()["sampling"]) == {"n", "temperature", "top_p", "top_k", "max_new_tokens"}
+
+
 def test_an_interrupted_evaluation_resumes_to_the_same_metrics(tmp_path):
     loaded = _loaded()
     whole = run_evaluation(ScriptedSampler(_answers(loaded)), None, _spec(), tmp_path / "whole", workers=1,

@@ -3,6 +3,7 @@ weights against the functional API, the position profile against diagnostics' de
 and the command's errors and outputs through `grail.cli.main`."""
 
 import math
+import re
 import statistics
 import subprocess
 import sys
@@ -147,6 +148,23 @@ def test_page_escapes_every_text_it_shows():
     assert "<script>alert(1)</script>" in parsed.tokens[0]["title"]  # the tooltip shows the text, escaped in source
 
 
+def test_tooltips_show_a_token_as_it_is_with_line_breaks_made_visible():
+    """One backslash is one backslash in the tooltip (not Python's repr, which doubled it: `\\\\boxed`)."""
+    tokens = ("\\boxed{", "1\n2", "x\x08y")
+    titles = [t["title"] for t in parse_page(render_page(_hand_made(tokens))).tokens]
+    assert titles[0].startswith("token “\\boxed{”\n") and "\\\\" not in titles[0]
+    assert titles[1].startswith("token “1⏎2”\n") and titles[2].startswith("token “x\\x08y”\n")
+
+
+def test_the_temperature_is_shown_as_a_sampling_setting_not_a_weighting_option(tiny_dir, tmp_path, capsys):
+    out = tmp_path / "t.html"
+    assert main(["explain", "--model", str(tiny_dir), "--prompt", "Q: 1+1\nA:", "--completion", " \\boxed{2}",
+                 "--answer", "2", "--temperature", "0.7", "--output", str(out)]) == 0, capsys.readouterr().err
+    settings = dict(re.findall(r"<tr><td>(.*?)</td><td>(.*?)</td></tr>", out.read_text(encoding="utf-8")))
+    assert "temperature" not in settings["weighting options"]
+    assert settings["temperature"].startswith("0.7 (the probes divide the logits by it")
+
+
 def test_page_shows_every_token_of_every_completion_for_every_method(tiny_dir):
     ex, _, tokenizer = build_explanation(tiny_dir)
     groups = by_completion(parse_page(render_page(ex)).tokens)
@@ -286,7 +304,7 @@ def test_command_writes_the_page_and_the_profile_for_given_completions(tiny_dir,
     adv = _advantages(page)
     assert adv[(0, 0)] == pytest.approx(0.5 / (0.5 ** 0.5 + 1e-4), rel=1e-4) and adv[(0, 1)] == pytest.approx(
         -adv[(0, 0)], rel=1e-4)
-    assert "exact_int_reward" in page and "weight_max=3.0" in page
+    assert "math_verify_reward" in page and "weight_max=3.0" in page  # a --prompt: math_verify by default
     assert (tmp_path / "page_profile.png").is_file() or "matplotlib is not installed" in capsys.readouterr().out
 
 
@@ -300,6 +318,33 @@ def test_command_samples_and_uses_the_default_advantage_without_an_answer(tiny_d
     groups = by_completion(parse_page(page).tokens)
     assert {k[:2] for k in groups} == {(0, 0), (0, 1)}
     assert all(len(spans) <= 12 for spans in groups.values())  # the run's max_completion_length
+
+
+def test_a_prompt_of_ones_own_is_graded_with_math_verify_unless_reward_says_otherwise(tiny_dir, tmp_path, capsys):
+    """--prompt is a user's problem, not the synthetic task: a fraction as the answer is graded (exact_int, the
+    synthetic task's reward, stopped on it); an explicit --reward still wins."""
+    out = tmp_path / "frac.html"
+    argv = ["explain", "--model", str(tiny_dir), "--method", "none", "--prompt", "What is 3/4?", "--answer",
+            "\\frac{3}{4}", "--completion", " so \\boxed{0.75}", "--completion", " so \\boxed{3}", "--output", str(out)]
+    assert main(argv) == 0, capsys.readouterr().err
+    page = out.read_text(encoding="utf-8")
+    assert "math_verify_reward" in page and "reward 1, " in page and "reward 0, " in page
+    assert main([*argv, "--reward", "exact_int"]) == 2
+    assert "is not an integer" in capsys.readouterr().err
+
+
+def test_mostly_empty_sampled_completions_get_one_warning_with_the_cause_and_the_fix(tiny_dir, tmp_path, capsys,
+                                                                                     monkeypatch):
+    """A chat model given plain text often answers with its end-of-sequence token at once: the command says so."""
+    import grail.explain
+
+    monkeypatch.setattr(grail.explain, "sample_completions",
+                        lambda model, tokenizer, prompt, params, seed: [[tokenizer.eos_token_id]] * params.n)
+    assert main(["explain", "--model", str(tiny_dir), "--prompt", "What is 1+1?", "--samples", "2", "--method", "none",
+                 "--output", str(tmp_path / "e.html")]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert out.count("warning:") == 1 and "2 of 2 sampled completions are empty" in out
+    assert "prompt format" in out and "--conversational true" in out
 
 
 def test_command_explains_synthetic_rows_with_the_warm_started_tiny_model(warm_cache, tmp_path, capsys):
@@ -320,4 +365,6 @@ def test_command_explains_synthetic_rows_with_the_warm_started_tiny_model(warm_c
     for (row, sample, _), spans in groups.items():
         adv.setdefault(row, {})[sample] = float(spans[0]["data-adv"]) / float(spans[0]["data-weight"])
     for row in adv.values():  # tiny-cpu: scale_rewards=none, so each group's advantages sum to 0
-        assert sum(row.values()) == pytest.approx(0.0, abs=1e-6)
+        # (up to the page's rounding: Â and w are written with 6 significant digits, so each A read back as Â / w
+        # is off by up to ~1e-6, and four of them summed can exceed 1e-6: 1.4e-6 here, at HEAD as well)
+        assert sum(row.values()) == pytest.approx(0.0, abs=1e-5)

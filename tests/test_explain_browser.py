@@ -117,3 +117,28 @@ def test_screenshot_shows_the_tokens_in_their_colours(rendered):
         assert max(abs(p - q) for p, q in zip(got, want, strict=True)) <= 2, (s["data-method"], s["text"], got, want)
         checked += 1
     assert checked >= 50, f"only {checked} tokens were in the window"
+
+
+@pytest.mark.real
+def test_the_real_models_page_shows_its_bpe_tokens_as_text(real_model_dir, tmp_path):
+    """`grail explain --model smollm2-135m` on given completions: in the browser, every token of every completion is
+    there in order, as text (no byte-level `Ġ`/`Ċ` markers), for each method."""
+    from grail.cli import main
+
+    completions = ["Mia starts with 7 apples.\nAfter buying 5 more she has 7 + 5 = 12. \\boxed{12}",
+                   "She has 7 + 5 = 13 apples. \\boxed{13}"]
+    page = tmp_path / "real.html"
+    argv = ["explain", "--model", "smollm2-135m", "--method", "grail,oar_g,entropy", "--prompt",
+            "Mia has 7 apples. She buys 5 more. How many apples does she have now?", "--answer", "12",
+            "--output", str(page)]
+    for c in completions:
+        argv += ["--completion", c]
+    assert main(argv) == 0
+    dom = parse_page(_chromium(tmp_path / "profile", "--dump-dom", page.as_uri() + "?selftest").stdout)
+    assert dom.body.get("data-selftest") == "done"
+    groups = by_completion(dom.tokens)
+    assert {m for _, _, m in groups} == {"grail", "oar_g", "entropy"}
+    for (_, sample, _), spans in groups.items():
+        texts = [s["text"] for s in spans]
+        assert "".join(texts) == completions[sample] + "<|im_end|>" or "".join(texts) == completions[sample]
+        assert not any(ch in t for t in texts for ch in "ĠĊ"), texts

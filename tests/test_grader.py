@@ -172,7 +172,9 @@ def test_tricky_cases(reference, box, correct):
         ("\\boxed{\\frac{1}{\\sqrt{4}}}", "0.5", GradeResult(True, "\\frac{1}{\\sqrt{4}}", "ok")),  # nested braces
         ("\\boxed{$\\frac{1}{2}$}", "0.5", GradeResult(True, "$\\frac{1}{2}$", "ok")),  # $ inside the box
         ("The answer is 4.", "4", GradeResult(False, None, "no_box")),  # METHODS.md: only a box counts
-        ("\\boxed{}", "1", GradeResult(False, "", "parse_error")),
+        ("\\boxed{}", "1", GradeResult(False, "", "empty_box")),  # a wrong answer, not a parse failure
+        ("so \\boxed{ } \\boxed{}", "", GradeResult(False, "", "empty_box")),  # even against a bad reference
+        ("\\boxed{ }", "1", GradeResult(False, " ", "empty_box")),
         ("\\boxed{@@#%^&}", "1", GradeResult(False, "@@#%^&", "parse_error")),  # only text, and not the same
         ("\\boxed{1}", "", GradeResult(False, "1", "bad_reference")),
         ("\\boxed{1}", "\\frac{", GradeResult(False, "1", "bad_reference")),

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from grail.grader import GradeResult, GradingPool
 from grail.rewards import math_verify_reward
 
-REASONS = {"ok", "no_box", "too_long", "parse_error", "timeout", "bad_reference", "worker_died"}
+REASONS = {"ok", "no_box", "empty_box", "too_long", "parse_error", "timeout", "bad_reference", "worker_died"}
 NASTY = [
     "9^{9^{9^{9}}}", "1000000!", "10^{10^{10^{10}}}", "(10^{100})!", "\\frac{1}{0}", "0^0", "\\infty-\\infty",
     "{" * 200 + "1" + "}" * 200, "{" * 50, "}" * 50, "\\boxed{", "\\boxed{1", "\\boxed{}", "\\boxed{\\boxed{2}}",

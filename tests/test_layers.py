@@ -16,7 +16,7 @@ LAYERS = {
     "options": ["options", "checkpoint_dirs", "config_fields", "tasks", "boxed", "prompts", "sampling",
                 "presets"],  # no torch
     "core": ["core", "bilevel", "diagnostics", "spans", "metrics", "token_labels"],  # pure tensor functions
-    "model": ["probes", "oar_probes", "tiny", "warmstart"],  # functions of a Hugging Face model
+    "model": ["probes", "oar_probes", "tiny", "real_models", "warmstart"],  # functions of a Hugging Face model
     "methods": ["methods", "weighting"],  # the method table and the functional API (no TRL)
     "evaluation": ["reference_text", "grader_guards", "grader", "release_scoring", "rewards", "benchmark_sources",
                    "benchmarks", "grader_check", "eval_harness"],  # no TRL
@@ -25,7 +25,7 @@ LAYERS = {
                  "compare_plots", "compare_report"],
     "training": ["config", "data", "model_checks", "trainer", "resume", "overrides", "train", "demo", "compare_run",
                  "compare"],  # TRL
-    "cli": ["cli", "eval_cli", "explain_cli", "compare_cli", "__main__", "__init__"],
+    "cli": ["cli", "eval_cli", "explain_cli", "compare_cli", "models_cli", "__main__", "__init__"],
 }
 RANK = {module: rank for rank, modules in enumerate(LAYERS.values()) for module in modules}
 SIBLINGS = {("methods", "evaluation")}  # side by side: neither may import the other
@@ -87,6 +87,7 @@ def _loaded_after(code: str) -> set[str]:
     ("import grail.eval_harness, grail.weighting", {"trl"}),
     ("from grail.cli import main\ntry:\n    main(['eval', '--help'])\nexcept SystemExit:\n    pass", {"trl", "torch"}),
     ("from grail.cli import main\nmain(['presets'])", {"trl", "torch"}),
+    ("from grail.cli import main\nmain(['models', 'list'])", {"trl", "torch", "transformers"}),
     ("from grail.cli import main\ntry:\n    main(['train', '--help'])\nexcept SystemExit:\n    pass", {"trl"}),
 ])
 def test_light_entry_points_do_not_load_heavy_libraries(code, absent):

@@ -72,3 +72,43 @@ def test_bad_files_give_clear_errors(tmp_path):
 def test_stray_positional_argument_is_rejected():
     with pytest.raises(ConfigError, match="unexpected argument 'oops'"):
         parse_flags(["oops"])
+
+
+@pytest.mark.parametrize("flag, yaml_text, expected", [
+    ("none", "report_to: none", []),
+    ("all", "report_to: all", "all"),  # transformers expands it to the integrations installed
+    ("tensorboard", "report_to: tensorboard", ["tensorboard"]),
+    ("tensorboard,codecarbon", "report_to: [tensorboard, codecarbon]", ["tensorboard", "codecarbon"]),
+    (None, "report_to: null", []),  # YAML's null: no integration, as "none"
+])
+def test_report_to_takes_hugging_faces_words_from_flags_and_yaml(tmp_path, flag, yaml_text, expected):
+    """`--report_to none` must mean no integration: the generic conversion made it Python None, which transformers
+    refuses ("None is not supported")."""
+    from transformers.integrations import get_available_reporting_integrations
+
+    expected = get_available_reporting_integrations() if expected == "all" else expected
+    sources = [merge(_yaml(tmp_path, yaml_text + "\n"), {})]
+    if flag is not None:
+        sources.append(merge(None, parse_flags(["--report_to", flag])))
+    for values in sources:
+        assert build_config({**values, "output_dir": str(tmp_path)}).report_to == expected
+
+
+def test_model_is_an_alias_of_model_name_or_path_in_flags_and_files(tmp_path):
+    assert merge(None, parse_flags(["--model", "some/model"]))["model_name_or_path"] == "some/model"
+    assert "model" not in merge(None, parse_flags(["--model", "some/model"]))
+    assert merge(_yaml(tmp_path, "model: from/file\n"), {})["model_name_or_path"] == "from/file"
+    assert merge(_yaml(tmp_path, "model: from/file\n"), parse_flags(["--model_name_or_path", "flag/wins"]))[
+        "model_name_or_path"] == "flag/wins"  # the usual precedence between sources
+    assert merge(None, parse_flags(["--model", "same", "--model_name_or_path", "same"]))["model_name_or_path"] == "same"
+    with pytest.raises(ConfigError, match=r"both model='a' and model_name_or_path='b'.*give one of them"):
+        merge(None, parse_flags(["--model", "a", "--model_name_or_path", "b"]))
+
+
+def test_conversational_takes_true_false_or_auto(tmp_path):
+    for text, value in (("true", True), ("false", False), ("auto", "auto")):
+        values = merge(None, parse_flags(["--conversational", text]))
+        assert build_config({**values, "output_dir": str(tmp_path)}).conversational == value
+    assert build_config({"output_dir": str(tmp_path)}).conversational == "auto"  # the default
+    with pytest.raises(ConfigError, match="conversational='maybe'.*true, false or auto"):
+        build_config({**merge(None, parse_flags(["--conversational", "maybe"])), "output_dir": str(tmp_path)})

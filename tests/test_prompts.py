@@ -70,3 +70,45 @@ def test_the_release_suffix_renders_a_backspace_in_training_and_evaluation_alike
     args = SimpleNamespace(prompt_format="auto", prompt_suffix="release")
     untrained = _prompt_format(args, str(tmp_path / "no-saved-format"), tokenizer)  # a released checkpoint
     assert untrained.render(tokenizer, "What is 2+2?") == trl_side
+
+
+def _three_formats(tokenizer, tmp_path, dataset: str, benchmark_synthetic: bool):
+    """What `grail train`, `grail eval` and `grail explain --dataset` make of a model without a saved format, every
+    prompt setting left at its default."""
+    from types import SimpleNamespace
+
+    from grail.config import GRAILConfig
+    from grail.eval_cli import _prompt_format as eval_format
+    from grail.explain_cli import _prompt_format as explain_format
+
+    cfg = GRAILConfig(output_dir=str(tmp_path / "run"), dataset=dataset)
+    unsaved = str(tmp_path / "no-saved-format")
+    return (PromptFormat.from_config(cfg, tokenizer),
+            eval_format(SimpleNamespace(prompt_format="auto", prompt_suffix=None), unsaved, tokenizer,
+                        synthetic=benchmark_synthetic),
+            explain_format(SimpleNamespace(prompt=None, model=unsaved), cfg, {}, unsaved, tokenizer, None))
+
+
+def test_train_eval_and_explain_share_one_default_decided_by_the_model(tokenizer, tmp_path):
+    """conversational=auto / prompt_suffix=auto: the chat template iff the tokenizer has one, with the paper's
+    suffix; the synthetic task in plain text without a suffix (the tiny model's warm-start format)."""
+    import copy
+
+    chat = PromptFormat(PAPER_PROMPT_SUFFIX, True, {"enable_thinking": False})
+    assert _three_formats(tokenizer, tmp_path, "d.jsonl", False) == (chat,) * 3
+    no_template = copy.deepcopy(tokenizer)
+    no_template.chat_template = None
+    assert _three_formats(no_template, tmp_path, "d.jsonl", False) == (PromptFormat(PAPER_PROMPT_SUFFIX),) * 3
+    assert _three_formats(tokenizer, tmp_path, "synthetic", True) == (PromptFormat(""),) * 3
+
+
+def test_explicit_prompt_settings_win_over_auto(tokenizer):
+    from grail.prompts import resolve_prompt_format
+
+    assert resolve_prompt_format(tokenizer, False, False, "") == PromptFormat("", False, {})
+    assert resolve_prompt_format(tokenizer, True, True, "paper") == PromptFormat(PAPER_PROMPT_SUFFIX, True,
+                                                                                   {"enable_thinking": False})
+    assert resolve_prompt_format(None, False, True, "auto", {"k": 1}) == PromptFormat(PAPER_PROMPT_SUFFIX, True,
+                                                                                        {"k": 1})
+    # prompts that are chat messages are rendered by the template whatever conversational says: recorded as chat
+    assert resolve_prompt_format(None, False, False, "", messages=True).chat

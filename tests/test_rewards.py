@@ -104,6 +104,16 @@ def test_math_verify_reward_reads_the_last_complete_box():
     assert math_verify_reward(completions=completions, answer=["4"] * 4) == [1.0, 0.0, 1.0, 0.0]
 
 
+def test_an_empty_box_is_a_wrong_answer_without_a_parse(monkeypatch):
+    """`\\boxed{}` is the grader's "empty_box": 0.0, and math-verify is not asked to parse anything for it."""
+    parsed = []
+    real_parse = grader.parse
+    monkeypatch.setattr(grader, "parse", lambda text, **kw: parsed.append(text) or real_parse(text, **kw))
+    assert math_verify_reward(completions=["so \\boxed{}", "so \\boxed{ }"], answer=["0", "1"]) == [0.0, 0.0]
+    assert parsed == []
+    assert [r.reason for r in grader.grade_many(["\\boxed{}"], ["0"], workers=1)] == ["empty_box"]
+
+
 def test_math_verify_reward_conversational_and_list_gold():
     completions = [
         [{"role": "assistant", "content": "It is \\boxed{\\frac{1}{2}}."}],

@@ -16,7 +16,7 @@ import grail.options
 import grail.warmstart
 from grail.config_fields import GRAILFields
 from grail.options import WarmStartConfig
-from grail.tasks import TaskConfig
+from grail.tasks import TASK_STYLES, TaskConfig
 from grail.warmstart import default_cache_dir, warm_start
 
 SMALL = WarmStartConfig(steps=2, batch_size=4, num_examples=8, warmup_steps=1, hidden_size=32, num_layers=1)
@@ -32,6 +32,8 @@ def _changed(value):
         return value + 1
     if isinstance(value, float):
         return value + 0.25
+    if value in TASK_STYLES:  # a choice (task style): another one
+        return next(style for style in TASK_STYLES if style != value)
     raise TypeError(f"no rule to change a {type(value).__name__}: extend _changed")
 
 

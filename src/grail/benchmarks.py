@@ -40,7 +40,9 @@ Their schemas differ; each row is normalised to a ``Problem`` as follows (field 
    (`release_reference`), used only by ``grail eval --scoring release``.
 8. "synthetic" is the embedded task's held-out split (grail.tasks.SyntheticSet), with the default task settings
    or a training run's own (``synthetic_set``). Its problem is the task's prompt ("Q: 7+5*3\nA:"),
-   which already carries the task's format; ``data_dir`` and the Hub play no part.
+   which already carries the task's format; ``data_dir`` and the Hub play no part. "synthetic_words" is its word
+   style's held-out split (grail.word_problems: the run's when the run uses that style, else WORDS_SET), whose
+   problems are chat messages (worked examples as earlier turns), rendered with the model's chat template.
 """
 
 from __future__ import annotations
@@ -60,12 +62,14 @@ from grail.tasks import SyntheticSet
 __all__ = [
     "BENCHMARK_NAMES", "load_benchmark", "load_benchmarks", "LOADABLE_NAMES", "LoadedBenchmark",
     "parse_benchmark_list", "Problem", "RELEASE_ANSWER_FIELDS", "release_reference", "RELEASE_SUBSET_FILES",
-    "release_subset_ids", "seeded_subset", "strip_math_delimiters", "SYNTHETIC"
+    "release_subset_ids", "seeded_subset", "strip_math_delimiters", "SYNTHETIC", "SYNTHETIC_NAMES", "SYNTHETIC_WORDS"
 ]
 
 BENCHMARK_NAMES = ("math500", "aime24", "amc23", "minerva_math", "college_math", "olympiadbench")
 SYNTHETIC = "synthetic"
-LOADABLE_NAMES = (*BENCHMARK_NAMES, SYNTHETIC)
+SYNTHETIC_WORDS = "synthetic_words"  # the word-problem style of the synthetic task (grail.word_problems)
+SYNTHETIC_NAMES = (SYNTHETIC, SYNTHETIC_WORDS)
+LOADABLE_NAMES = (*BENCHMARK_NAMES, *SYNTHETIC_NAMES)
 # the identity lists of the release's fixed subsets, <lists_dir>/<name>/<file>; the other benchmarks: every row
 RELEASE_SUBSET_FILES = {"college_math": "release_subset.jsonl", "olympiadbench": "release_subset_ids.txt"}
 
@@ -77,7 +81,7 @@ class Problem:
     problem was not built by a loader."""
 
     id: str
-    problem: str
+    problem: str | list[dict]  # chat messages only for the synthetic task's words style
     answer: str
     source: str
     release_answer: str | None = None
@@ -141,6 +145,15 @@ def _text(row: dict, field: str) -> str:
     return value
 
 
+def _messages_or_text(row: dict, field: str) -> str | list[dict]:
+    """The synthetic task's prompt: a string, or chat messages (the words style: worked examples as earlier turns)."""
+    value = row.get(field)
+    if isinstance(value, list) and value and all(isinstance(m, dict) and isinstance(m.get("content"), str)
+                                                 and m.get("role") for m in value):
+        return value
+    return _text(row, field)
+
+
 def _scalar_answer(row: dict) -> str:
     """``answer`` as text; a float that is integral loses its ".0" (AMC23 stores 27.0 for 27)."""
     value = row.get("answer")
@@ -194,6 +207,7 @@ _SCHEMAS = {
     "college_math": _Schema("question", _delimited_answer, _college_math_id),
     "olympiadbench": _Schema("question", _list_answer, _field_id("id")),
     SYNTHETIC: _Schema("prompt", _scalar_answer, lambda row, index: str(index)),
+    SYNTHETIC_WORDS: _Schema("prompt", _scalar_answer, lambda row, index: str(index)),
 }
 
 
@@ -207,7 +221,8 @@ def _normalise(name: str, rows: list[tuple[int, dict]]) -> tuple[list[Problem], 
                              f"must be unique within a benchmark. Fix or remove one of the rows.")
         seen[row_id] = index
         try:
-            problem = _text(row, schema.problem_field)
+            problem = _messages_or_text(row, schema.problem_field) if name in SYNTHETIC_NAMES else _text(
+                row, schema.problem_field)
             if row.get("context"):  # OlympiadBench: shared context of a multi-question problem
                 problem = f"{row['context']}\n{problem}"
             answer = schema.answer(row)
@@ -328,16 +343,22 @@ def load_benchmark(
     release_subsets_dir: folder holding the identity lists as ``<name>/<file>``; None = data_dir. Needed only for
         size="release" on CollegeMath or OlympiadBench.
     synthetic_set: for "synthetic", the problems a training run uses (`GRAILConfig.synthetic_set()`), so that
-        checkpoint evaluation uses the run's own task; None = the default `SyntheticSet`.
+        checkpoint evaluation uses the run's own task; None = the default `SyntheticSet`. For "synthetic_words",
+        the same when its style is "words", else the word style's defaults (grail.word_problems.WORDS_SET).
     """
     _check_name(name)
-    if data_dir is None and name != SYNTHETIC:
+    if data_dir is None and name not in SYNTHETIC_NAMES:
         hub_id(name)  # a benchmark with no Hub copy: that error first
     release_list = None  # found before the rows are read: a missing list stops before a Hub download
     if size == "release" and name in RELEASE_SUBSET_FILES:
         release_list = _release_list_path(name, release_subsets_dir or data_dir)
     if name == SYNTHETIC:
         rows, origin = synthetic_rows(synthetic_set)
+    elif name == SYNTHETIC_WORDS:
+        from grail.word_problems import WORDS_SET
+
+        words = synthetic_set is not None and synthetic_set.task.style == "words"
+        rows, origin = synthetic_rows(synthetic_set if words else WORDS_SET)
     elif data_dir is None:
         rows, origin = hub_rows(name)
     else:

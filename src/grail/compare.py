@@ -285,7 +285,7 @@ def _prepare(plan: dict, out_dir: Path, log: Log) -> None:
     starts from the same cached checkpoint and none trains it concurrently. With auroc_rows: the saliency AUROC of
     each arm's warm start (arms that share a warm start, task and weighting options share the computation), as
     {arm label: {name: value}} in auroc_warmstart.json; arms already there are kept."""
-    from grail.data import load_train_dataset
+    from grail.data import load_prompts
     from grail.train import resolve_model_path
 
     auroc_path = out_dir / WARMSTART_AUROC_FILE
@@ -299,7 +299,7 @@ def _prepare(plan: dict, out_dir: Path, log: Log) -> None:
                 repr(cfg.synthetic_set()) if cfg.dataset == SYNTHETIC_DATASET else None)
         if data not in seen:
             seen.add(data)
-            load_train_dataset(cfg)
+            load_prompts(cfg)  # the rows, checked (the prompt format needs the model's tokenizer: each run's own)
         if cfg.model_name_or_path != TINY_MODEL:
             continue
         warm = (cfg.model_name_or_path, cfg.cache_dir, repr(cfg.warm_start_config()))

@@ -104,10 +104,12 @@ def _evaluate(plan: dict, out_dir: Path, seed: int, final_dir: Path, eval_dir: P
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from grail.eval_harness import run_evaluation
+        from grail.prompts import PromptFormat
         from grail.sampling import HFSampler
         from grail.train import CheckpointEval
 
-        checkpoint_eval = CheckpointEval(cfg, eval_dir, log)  # the spec (and problems) of checkpoint evaluation
+        # the spec (and problems) of checkpoint evaluation, in the prompt format the model was trained with
+        checkpoint_eval = CheckpointEval(cfg, eval_dir, log, prompt=PromptFormat.load(final_dir))
         tokenizer = AutoTokenizer.from_pretrained(final_dir)
         sampler = HFSampler(AutoModelForCausalLM.from_pretrained(final_dir), tokenizer,
                             batch_size=checkpoint_eval.spec.batch_size)

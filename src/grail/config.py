@@ -38,11 +38,19 @@ class GRAILConfig(GRPOConfig, GRAILFields):
 
     def __post_init__(self):
         self._check_choices()
+        if self.conversational not in (True, False, "auto"):
+            raise ValueError(f"conversational={self.conversational!r}: set it to true, false or auto (the chat "
+                             f"template iff the tokenizer has one).")
         self._check_positive("eval_samples", "task_num_train", "task_num_heldout", "warmstart_steps",
                              "tiny_hidden_size", "tiny_num_layers")
         if not self.warmstart_lr > 0:
             raise ValueError(f"warmstart_lr={self.warmstart_lr} must be > 0; try 3e-3.")
         self.synthetic_set()  # validates the task_* fields
+        if self.task_style != "symbolic" and self.model_name_or_path == TINY_MODEL:
+            raise ValueError(f"task_style={self.task_style!r} is for pretrained chat models (its prompts are chat "
+                             f"messages with worked examples); the tiny model is warm-started on the symbolic style "
+                             f"only. Give a chat model, e.g. --model_name_or_path smollm2-135m, or use task_style "
+                             f"symbolic.")
         options = self.weighting_options()  # validates the token-weighting fields
         for name in OAR_VARIANT_DEFAULTS[self.oar_variant]:  # None → the variant's value, recorded in the run dir
             setattr(self, name, getattr(options, name))

@@ -7,6 +7,7 @@ inherits it and adds the device-dependent resolution that needs torch.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from grail.options import (
     OAR_VARIANT_DEFAULTS,
@@ -28,7 +29,7 @@ from grail.options import (
     ZscoreScope,
 )
 from grail.sampling import SamplingParams
-from grail.tasks import SyntheticSet, TaskConfig
+from grail.tasks import SyntheticSet, TaskConfig, TaskStyle
 
 __all__ = ["GRAILFields", "SYNTHETIC_DATASET", "TINY_MODEL"]
 
@@ -48,7 +49,8 @@ class GRAILFields:
         default=TINY_MODEL,
         metadata={"help": "`tiny` = the embedded ~1.7M-parameter Qwen3-architecture model, built in code and "
                   "warm-started on the synthetic task (cached, no download); otherwise a local checkpoint "
-                  "directory or a Hub id such as `Qwen/Qwen3-4B`."},
+                  "directory or a Hub id such as `Qwen/Qwen3-4B`. `model` is accepted as an alias (--model, "
+                  "as `grail eval` and `grail explain` take it)."},
     )
     dataset: str = field(
         default=SYNTHETIC_DATASET,
@@ -67,8 +69,10 @@ class GRAILFields:
                   "\\boxed{} of a completion against (renamed to `answer` for the reward function)."},
     )
     prompt_suffix: str = field(
-        default="",
+        default="auto",
         metadata={"help": "Text appended to every prompt (to the last user message of a chat prompt), or a name: "
+                  "`auto` = `paper`, except '' on the synthetic task (grail.prompts.resolve_prompt_format, shared "
+                  "with `grail eval` and `grail explain`); "
                   "`paper` = ' Please reason step by step, and put your final answer within \\boxed{}.' (the "
                   "literal text); `release` = the text the released models were trained and evaluated with, "
                   "whose \\b is a backspace (chr(8) + 'oxed{}', a non-raw string in the release). Use `release` "
@@ -81,11 +85,15 @@ class GRAILFields:
                   "with 42), on top of TRL's own per-epoch sampler shuffle (shuffle_dataset, seeded by seed). "
                   "None = keep the file's order for TRL's sampler."},
     )
-    conversational: bool = field(
-        default=False,
+    conversational: bool | Literal["auto"] = field(
+        default="auto",
         metadata={"help": "Wrap string prompts as a single user chat message, so TRL applies the model's chat "
-                  "template (pass template options such as enable_thinking via chat_template_kwargs). Prompts "
-                  "that already are message lists are used as they are."},
+                  "template (pass template options such as enable_thinking via chat_template_kwargs; unset = "
+                  "enable_thinking false). `auto`: true iff the tokenizer has a chat template, false on the "
+                  "synthetic task, the tiny model's plain-text task (grail.prompts.resolve_prompt_format, shared "
+                  "with `grail eval` and `grail explain`). Prompts that already are "
+                  "message lists are used as they are (and recorded as chat). The resolved values go to "
+                  "resolved_config.json and final/grail_prompt.json."},
     )
     reward: RewardName = field(
         default="auto",
@@ -245,6 +253,19 @@ class GRAILFields:
         metadata={"help": "Synthetic task: probability of non-informative filler words after each step of "
                   "the reference traces (they shape the warm-started policy's style)."},
     )
+    task_style: TaskStyle = field(
+        default=TaskConfig.style,
+        metadata={"help": "Synthetic task: how problems are written. `symbolic`: `Q: 7+5*3-4` with a left-to-right "
+                  "trace (the tiny model's task). `words`: the same arithmetic as a short word problem with a "
+                  "solution in words ending in \\boxed{}, as chat messages with worked examples, for pretrained chat "
+                  "models (grail.word_problems; the preset smollm-words holds the measured task_* values: 1 step, "
+                  "operands 1..20, values <= 40)."},
+    )
+    task_max_value: int = field(
+        default=TaskConfig.max_value,
+        metadata={"help": "Synthetic task: upper bound on every running value (results, and so products; all stay "
+                  ">= 0)."},
+    )
     task_num_train: int = field(default=SyntheticSet.num_train,
                                 metadata={"help": "Synthetic task: distinct training prompts."})
     task_num_heldout: int = field(
@@ -320,7 +341,8 @@ class GRAILFields:
     def task_config(self) -> TaskConfig:
         try:
             return TaskConfig(num_steps=self.task_num_steps, operand_min=self.task_operand_min,
-                              operand_max=self.task_operand_max, filler_rate=self.task_filler_rate)
+                              operand_max=self.task_operand_max, filler_rate=self.task_filler_rate,
+                              max_value=self.task_max_value, style=self.task_style)
         except ValueError as err:
             raise ValueError(f"synthetic task setting: {err} (config fields carry the prefix task_, "
                              f"e.g. task_num_steps)") from err

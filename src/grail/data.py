@@ -1,5 +1,9 @@
 """Training data: the synthetic task, a local JSONL/JSON file, or a Hub dataset, normalised to the two
 columns TRL's GRPOTrainer and our reward functions read: `prompt` (string or chat messages) and `answer`.
+
+`load_prompts` reads and checks the rows (prompts as the data has them), `format_prompts` applies a prompt format
+(suffix, chat wrapping); `load_train_dataset` does both. Training reads the rows first and formats them once the
+model's tokenizer has resolved the format (`conversational` / `prompt_suffix` = auto).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from grail.config import GRAILConfig
 from grail.config_fields import SYNTHETIC_DATASET
 from grail.prompts import PromptFormat
 
-__all__ = ["load_train_dataset", "LOCAL_SUFFIXES"]
+__all__ = ["format_prompts", "load_prompts", "load_train_dataset", "LOCAL_SUFFIXES", "prompts_are_messages"]
 
 LOCAL_SUFFIXES = (".jsonl", ".json")
 
@@ -49,12 +53,29 @@ def _check_text_file(path: Path, cfg: GRAILConfig) -> None:
                          f"{cfg.prompt_column!r} and an {cfg.answer_column!r} field.")
 
 
-def load_train_dataset(cfg: GRAILConfig) -> Dataset:
-    """The training prompts as a Dataset with columns `prompt` and `answer` (other columns dropped)."""
-    fmt = PromptFormat.from_config(cfg)
+def load_train_dataset(cfg: GRAILConfig, tokenizer=None) -> Dataset:
+    """The training prompts as a Dataset with columns `prompt` and `answer` (other columns dropped), in the run's
+    prompt format (`PromptFormat.from_config(cfg, tokenizer)`: the tokenizer decides conversational=auto)."""
+    rows = load_prompts(cfg)
+    return format_prompts(rows, PromptFormat.from_config(cfg, tokenizer, messages=prompts_are_messages(rows)))
+
+
+def prompts_are_messages(rows: Dataset) -> bool:
+    """Whether the prompts of `load_prompts` rows are chat messages (a column holds one type: the first row says)."""
+    return len(rows) > 0 and isinstance(rows[0]["prompt"], list)
+
+
+def format_prompts(rows: Dataset, fmt: PromptFormat) -> Dataset:
+    """`load_prompts` rows with each prompt as TRL receives it in format `fmt` (`PromptFormat.training_prompt`)."""
+    return rows.map(lambda row: {"prompt": fmt.training_prompt(row["prompt"]), "answer": row["answer"]},
+                    remove_columns=rows.column_names)
+
+
+def load_prompts(cfg: GRAILConfig) -> Dataset:
+    """The training rows as a Dataset with columns `prompt` (as the data has it: a string or chat messages, no
+    suffix) and `answer`; every row checked (ValueError naming the row and the fix)."""
     if cfg.dataset == SYNTHETIC_DATASET:
-        rows = cfg.synthetic_set().rows("train")
-        return Dataset.from_list([{**r, "prompt": fmt.training_prompt(r["prompt"])} for r in rows])
+        return Dataset.from_list(cfg.synthetic_set().rows("train"))
     raw = _load_raw(cfg)
     missing = [c for c in (cfg.prompt_column, cfg.answer_column) if c not in raw.column_names]
     if missing:
@@ -75,7 +96,6 @@ def load_train_dataset(cfg: GRAILConfig) -> Dataset:
                              f"{type(prompt).__name__} ({str(prompt)[:40]!r}); it must be a string or a list of chat "
                              f"messages with 'role' and 'content'. Fix that row, or point prompt_column at the text.")
         # JSON readers infer numbers ("2" may arrive as 2): one type for the reward functions.
-        return {"prompt": fmt.training_prompt(prompt),
-                "answer": answer if isinstance(answer, list) else str(answer)}
+        return {"prompt": prompt, "answer": answer if isinstance(answer, list) else str(answer)}
 
     return raw.map(normalise, with_indices=True, remove_columns=raw.column_names)

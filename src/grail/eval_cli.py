@@ -8,7 +8,7 @@ import time
 import typing
 from pathlib import Path
 
-from grail.benchmarks import BENCHMARK_NAMES  # light: no torch, math-verify or sympy
+from grail.benchmarks import BENCHMARK_NAMES, SYNTHETIC_NAMES  # light: no torch, math-verify or sympy
 from grail.options import ScoringName
 from grail.sampling import SamplingParams  # light: the release's sampling defaults, without torch
 
@@ -30,7 +30,8 @@ def add_parsers(sub) -> None:
                     "embedded model)")
     ev.add_argument("--benchmarks", default=SIX,
                     help="comma-separated: math500, aime24, amc23, minerva_math, college_math, olympiadbench, "
-                    "synthetic (default: the six of the paper)")
+                    "synthetic, synthetic_words (the synthetic task as word problems, for chat models) (default: the "
+                    "six of the paper)")
     ev.add_argument("--data-dir", help="local copy laid out as DIR/<benchmark>/test.jsonl (default: the Hub)")
     ev.add_argument("--size", default="release", help="problems per benchmark: `release` (default: the release's "
                     "fixed 200-problem subsets of CollegeMath and OlympiadBench, read from the identity lists in "
@@ -55,12 +56,14 @@ def add_parsers(sub) -> None:
     ev.add_argument("--backend", choices=("hf", "vllm"), default="hf", help="hf: transformers generate (CPU/GPU); "
                     "vllm: vLLM (GPU, `pip install -e '.[vllm]'`)")
     ev.add_argument("--prompt-format", choices=("auto", "plain", "chat"), default="auto",
-                    help="auto: the format the model was trained with (grail_prompt.json next to it), else the "
-                    "tokenizer's chat template with thinking off if it has one, else plain text")
+                    help="auto: the format the model was trained with (grail_prompt.json next to it), else as "
+                    "`grail train` resolves conversational=auto: the tokenizer's chat template with thinking off if "
+                    "it has one, else plain text (plain text on the synthetic benchmark)")
     ev.add_argument("--prompt-suffix", help="text after each problem, or a name: `paper` (' Please reason step by "
                     "step, and put your final answer within \\boxed{}.', the literal text) or `release` (the same "
                     "with a backspace for \\b, the text the released checkpoints were trained and evaluated with: "
-                    "use it to evaluate those). Default: the format saved with the model, else `paper`")
+                    "use it to evaluate those). Default: the format saved with the model, else `paper` (none on the "
+                    "synthetic benchmark)")
     ev.add_argument("--scoring", choices=SCORING_NAMES, default="grail",
                     help="grail: grail's grader, which reads every reference correctly. release: the GRAIL "
                     "release's scoring reproduced (its box extraction, its $...$ parse without normalisation, "
@@ -92,20 +95,16 @@ def _vllm_missing() -> str | None:
     return None
 
 
-def _prompt_format(args, model_path: str, tokenizer):
-    from dataclasses import replace
-
-    from grail.prompts import PromptFormat, resolve_suffix
+def _prompt_format(args, model_path: str, tokenizer, synthetic: bool = False):
+    """The saved format of a model grail trained, else `auto` (grail.prompts.resolve_prompt_format, as training
+    resolves it); --prompt-format and --prompt-suffix win. `synthetic`: every benchmark is the synthetic task."""
+    from grail.prompts import AUTO, PromptFormat, resolve_prompt_format
 
     saved = PromptFormat.load(model_path) if Path(model_path).is_dir() else None
-    fmt = saved or PromptFormat.default_for(tokenizer)
-    if args.prompt_format == "plain":
-        fmt = replace(fmt, chat=False, chat_template_kwargs={})
-    elif args.prompt_format == "chat":
-        fmt = replace(fmt, chat=True, chat_template_kwargs=fmt.chat_template_kwargs or {"enable_thinking": False})
-    if args.prompt_suffix is not None:
-        fmt = replace(fmt, suffix=resolve_suffix(args.prompt_suffix))
-    return fmt
+    chat = {"auto": saved.chat if saved else AUTO, "plain": False, "chat": True}[args.prompt_format]
+    suffix = args.prompt_suffix if args.prompt_suffix is not None else saved.suffix if saved else AUTO
+    kwargs = saved.chat_template_kwargs if saved and saved.chat and args.prompt_format != "plain" else None
+    return resolve_prompt_format(tokenizer, synthetic, chat, suffix, kwargs)
 
 
 def run_eval(args) -> int:
@@ -132,7 +131,8 @@ def run_eval(args) -> int:
 
     model_path = resolve_model(args.model)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    spec = replace(spec, prompt=_prompt_format(args, model_path, tokenizer))
+    spec = replace(spec, prompt=_prompt_format(args, model_path, tokenizer,
+                                               synthetic=all(b in SYNTHETIC_NAMES for b in benchmarks)))
     if args.backend == "vllm":  # vLLM loads the weights itself: the HF model is never loaded (nor its GPU memory)
         sampler = VLLMSampler(model_path)
     else:

@@ -65,7 +65,8 @@ class EvalSpec:
             raise ValueError(f"scoring={self.scoring!r}; choose from {', '.join(map(repr, SCORINGS))}.")
 
     def record(self) -> dict:
-        return json.loads(json.dumps(asdict(self)))  # plain JSON types (tuples → lists)
+        record = json.loads(json.dumps(asdict(self)))  # plain JSON types (tuples → lists)
+        return {**record, "sampling": self.sampling.record()}  # only the sampling settings that apply
 
     def load_benchmarks(self, synthetic_set: SyntheticSet | None = None) -> list[LoadedBenchmark]:
         """The problems this spec names (grail.benchmarks.load_benchmarks with its data, size and subset settings);

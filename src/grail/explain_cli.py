@@ -40,9 +40,11 @@ def add_parser(sub) -> None:
     p.add_argument("--method", default="grail", help="token_weighting methods, comma-separated, shown one above the "
                    "other for each completion (default grail; e.g. grail,oar_g,oar_p,random,entropy,none)")
     p.add_argument("--prompt", help="one problem, rendered in the run's prompt format (prompt_suffix, "
-                   "conversational, chat_template_kwargs; or the model's saved grail_prompt.json)")
+                   "conversational, chat_template_kwargs, `auto` resolved as by grail train: a problem of the "
+                   "synthetic task for the tiny model, a real one for any other; or the model's saved "
+                   "grail_prompt.json)")
     p.add_argument("--answer", help="the reference answer of --prompt: completions are then graded and get group "
-                   "advantages, as with dataset rows")
+                   "advantages, as with dataset rows (reward math_verify unless --reward says otherwise)")
     p.add_argument("--completion", action="append", help="a completion of --prompt to explain instead of sampling; "
                    "repeat for a group (tokenised as given, nothing appended)")
     p.add_argument("--dataset", help="a .jsonl/.json file (prompt_column, answer_column), a Hub dataset id, or "
@@ -90,34 +92,59 @@ def _config(args, rest: list[str]):
     values["model_name_or_path"] = args.model
     if args.dataset is not None:
         values["dataset"] = args.dataset
+    if args.prompt is not None and "reward" not in merge(args.config, flags):  # not set by preset, file or flag
+        values["reward"] = "math_verify"  # a user's own problem: any answer, not the synthetic task's integers
     return build_config(values), values
 
 
-def _prompt_format(cfg, values: dict, model_path: str):
+def _synthetic_task(args, cfg) -> bool:
+    """Whether the prompts are the synthetic task's (plain text, no suffix when the format is `auto`): rows of
+    `--dataset synthetic`, or a --prompt for the tiny model, which knows only that task."""
+    from grail.prompts import synthetic_task
+
+    return synthetic_task(cfg) and (args.prompt is None or args.model == TINY_MODEL)
+
+
+def _raw_rows(args, cfg):
+    """The first --rows rows of --dataset as the data has them (no suffix, no chat wrapping); None with --prompt."""
+    if args.prompt is not None:
+        return None
+    from grail.data import load_prompts
+
+    raw = load_prompts(cfg)
+    if len(raw) < args.rows:
+        raise ValueError(f"--rows {args.rows}: dataset {cfg.dataset!r} has only {len(raw)} rows.")
+    return raw.select(range(args.rows))
+
+
+def _prompt_format(args, cfg, values: dict, model_path: str, tokenizer, raw):
     """The model's saved format (grail_prompt.json, written by training) unless a prompt field was set; else the
-    config's, as training renders prompts."""
+    config's, `auto` resolved as training resolves it (grail.prompts.resolve_prompt_format)."""
+    from grail.data import prompts_are_messages
     from grail.prompts import PromptFormat
 
     saved = PromptFormat.load(model_path) if Path(model_path).is_dir() else None
     if saved is not None and not any(k in values for k in _PROMPT_FIELDS):
         return saved
-    return PromptFormat.from_config(cfg)
+    return PromptFormat.from_config(cfg, tokenizer, synthetic=_synthetic_task(args, cfg),
+                                    messages=raw is not None and prompts_are_messages(raw))
 
 
-def _rows(args, cfg, values: dict, fmt, tokenizer):
-    from grail.data import load_train_dataset
+def _rows(args, cfg, raw, fmt, tokenizer):
     from grail.explain import ExplainRow
-    from grail.overrides import build_config
 
-    if args.prompt is not None:
+    if raw is None:
         completions = tuple(args.completion) if args.completion else None
         return [ExplainRow(fmt.render(tokenizer, args.prompt), args.answer, completions, "--prompt")]
-    # the raw rows (no suffix, no chat wrapping), rendered below with the chosen format
-    raw = load_train_dataset(build_config({**values, "prompt_suffix": "", "conversational": False}))
-    if len(raw) < args.rows:
-        raise ValueError(f"--rows {args.rows}: dataset {cfg.dataset!r} has only {len(raw)} rows.")
-    return [ExplainRow(fmt.render(tokenizer, raw[i]["prompt"]), raw[i]["answer"], None, f"{cfg.dataset} row {i}")
-            for i in range(args.rows)]
+    return [ExplainRow(fmt.render(tokenizer, row["prompt"]), row["answer"], None, f"{cfg.dataset} row {i}")
+            for i, row in enumerate(raw)]
+
+
+def _empty_completions(ex, rows, tokenizer) -> tuple[int, int]:
+    """(sampled completions that are empty, sampled completions): empty = nothing but special tokens and spaces."""
+    special = set(tokenizer.all_special_tokens)
+    sampled = [c for view, row in zip(ex.rows, rows, strict=True) if row.completions is None for c in view.completions]
+    return sum(not "".join(t for t in c.tokens if t not in special).strip() for c in sampled), len(sampled)
 
 
 def _settings(args, cfg, model, model_path, fmt, reward_fn, sampling, seed, rows) -> dict[str, str]:
@@ -127,17 +154,19 @@ def _settings(args, cfg, model, model_path, fmt, reward_fn, sampling, seed, rows
 
     options = asdict(cfg.weighting_options())
     defaults = asdict(WeightingOptions())
-    changed = {k: v for k, v in options.items() if k != "token_weighting" and v != defaults[k]}
+    shown = set(options) - {"token_weighting", "temperature"}  # the temperature is a sampling setting, shown there
+    changed = {k: v for k, v in options.items() if k in shown and v != defaults[k]}
     param = next(model.parameters())
     given = all(r.completions is not None for r in rows)
     return {
         "model": f"{args.model} ({model_path}; {param.dtype}, {param.device})",
         "methods": args.method,
-        "prompt format": f"suffix {fmt.suffix!r}, " + (f"chat template {fmt.chat_template_kwargs}" if fmt.chat
-                                                       else "plain text"),
+        "prompt format": fmt.describe(),
         "completions": "given (--completion)" if given else (
-            f"sampled, {sampling.n} per prompt: temperature {sampling.temperature:g}, top_p {sampling.top_p:g}, "
-            f"top_k {sampling.top_k}, at most {sampling.max_new_tokens} new tokens, seed {seed} + prompt index"),
+            f"sampled, {sampling.n} per prompt: top_p {sampling.top_p:g}, top_k {sampling.top_k}, at most "
+            f"{sampling.max_new_tokens} new tokens, seed {seed} + prompt index"),
+        "temperature": f"{cfg.temperature:g} (" + ("" if given else "sampling; ") + "the probes divide the logits by "
+                       "it, as training does)",
         "reward": getattr(reward_fn, "__name__", "reward") if all(r.answer is not None for r in rows)
         else "none (no reference answer)",
         "scale_rewards": str(cfg.scale_rewards),
@@ -157,6 +186,7 @@ def run(args, rest: list[str]) -> int:
 
     from grail.explain import explain
     from grail.explain_html import render_page, write_profile_png
+    from grail.prompts import empty_completions_warning
     from grail.sampling import SamplingParams
     from grail.train import quiet_libraries, resolve_model_path, reward_function
     from grail.warmstart import load_inference_model
@@ -165,8 +195,9 @@ def run(args, rest: list[str]) -> int:
     model_path = resolve_model_path(cfg)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = load_inference_model(model_path)
-    fmt = _prompt_format(cfg, values, model_path)
-    rows = _rows(args, cfg, values, fmt, tokenizer)
+    raw = _raw_rows(args, cfg)
+    fmt = _prompt_format(args, cfg, values, model_path, tokenizer, raw)
+    rows = _rows(args, cfg, raw, fmt, tokenizer)
     reward_fn = reward_function(cfg)
     known = all(r.answer is not None for r in rows)
     advantage = args.advantage if args.advantage is not None or known else DEFAULT_ADVANTAGE
@@ -187,4 +218,7 @@ def run(args, rest: list[str]) -> int:
     print(f"profile: {png}" if wrote_png else "profile PNG skipped: matplotlib is not installed (pip install "
           "matplotlib); the page has the profiles as SVG")
     print(f"open it in a browser: python -m webbrowser {out.resolve().as_uri()}")
+    empty, sampled = _empty_completions(ex, rows, tokenizer)
+    if 2 * empty > sampled:
+        print(empty_completions_warning(f"{empty} of {sampled} sampled completions are empty", fmt))
     return 0

@@ -7,12 +7,12 @@ Colour scale (`weight_colour`), diverging and centred at w = 1, GRPO's uniform w
 so equal ratios above and below 1 get equal depths (w = 2 and w = ½ are equally deep), and every weight outside
 [¼, 4] has the colour of the nearest end (GRAIL's answer tokens, w = 5, are full red).
 
-Every token is one `<span class="tok">` whose text is the token's (escaped), with a tooltip (`title`: token,
-raw signal, weight, Â = w·A, A) and data attributes a test can read from the DOM: data-row, data-sample,
-data-method, data-index, data-weight, data-signal ("" where the probe did not run), data-adv (Â), and
-data-answer / data-box (1 inside the answer span / the whole box). Loaded with `?selftest` in its URL, the page
-records each token's computed background colour and box in data-computed-bg and data-rect
-(tests/test_explain_browser.py reads them with Chromium's --dump-dom).
+Every token is one `<span class="tok">` whose text is the token's (escaped), with a tooltip (`title`: the token's
+text, line breaks and control characters made visible, then raw signal, weight, Â = w·A, A) and data attributes
+a test can read from the DOM: data-row, data-sample, data-method, data-index, data-weight, data-signal ("" where
+the probe did not run), data-adv (Â), and data-answer / data-box (1 inside the answer span / the whole box).
+Loaded with `?selftest` in its URL, the page records each token's computed background colour and box in
+data-computed-bg and data-rect (tests/test_explain_browser.py reads them with Chromium's --dump-dom).
 """
 
 from __future__ import annotations
@@ -143,9 +143,19 @@ def profile_svg(profile: tuple[float, ...], counts: tuple[int, ...], label: str)
     return "".join(parts)
 
 
+_VISIBLE = {"\n": "⏎", "\t": "⇥", "\r": "␍"}  # whitespace a tooltip could not show
+
+
+def _shown(token: str) -> str:
+    """A token as its tooltip shows it: its text as it is (one backslash is one backslash: not Python's repr),
+    with line breaks, tabs and other control characters made visible."""
+    return "".join(_VISIBLE.get(ch, ch if ch.isprintable() else f"\\x{ord(ch):02x}") for ch in token)
+
+
 def _tooltip(token: str, signal: float | None, weight: float, adv: float) -> str:
     sig = "not computed" if signal is None else f"{signal:.4g}"
-    return f"token {token!r}\nsignal {sig}\nweight w = {weight:.4g}\nÂ = w·A = {weight * adv:.4g} (A = {adv:.4g})"
+    return (f"token “{_shown(token)}”\nsignal {sig}\nweight w = {weight:.4g}\nÂ = w·A = {weight * adv:.4g} "
+            f"(A = {adv:.4g})")
 
 
 def _tokens(c: CompletionView, method: str) -> str:

@@ -4,8 +4,9 @@ The one home of the grading logic (METHODS.md sections 1 and 6): the training re
 (`grail.rewards.math_verify_reward`) and evaluation both call `grade` / `grade_many`.
 
 What is compared
-1. The prediction is the content of the last complete box (`grail.boxed`). No complete box: "no_box". A content
-   longer than MAX_ANSWER_CHARS is not parsed: "too_long" (no reference answer is that long).
+1. The prediction is the content of the last complete box (`grail.boxed`). No complete box: "no_box". An empty
+   box (`\boxed{}`, or only spaces inside): "empty_box", a wrong answer. A content longer than MAX_ANSWER_CHARS is
+   not parsed: "too_long" (no reference answer is that long).
 2. Both sides go through `gold_latex`, so the reference and the prediction take the same path through
    math-verify's parser: one pair of math delimiters around the whole text ($..$, $$..$$, \(..\), \[..\]) and
    one final full stop are removed, a number written in spaced groups of three digits ("1\,000") is joined,
@@ -26,9 +27,9 @@ c. both are equations whose sides do not match (side by side, swapped, or as dif
    solution sympy finds: math-verify's last resort zips the two solution lists, and two empty ones count as equal.
 
 Reasons (`GradeResult.reason`): "ok" = compared (`correct` holds the verdict: True, or both sides parsed as
-mathematics and differ); "no_box"; "too_long"; "parse_error" = the box content did not parse as mathematics
-(math-verify extracted nothing, or only text, which differs from the reference's); "bad_reference" = the same
-for the reference; "timeout" = a parse or comparison hit its TIMEOUT_S alarm, or the item overran its
+mathematics and differ); "no_box"; "empty_box"; "too_long"; "parse_error" = the box content did not parse as
+mathematics (math-verify extracted nothing, or only text, which differs from the reference's); "bad_reference" =
+the same for the reference; "timeout" = a parse or comparison hit its TIMEOUT_S alarm, or the item overran its
 wall-clock bound in a worker process and the worker was killed; "worker_died" = the worker process grading it
 exited (killed from outside, out of memory). Only "ok" comes with correct=True.
 
@@ -149,6 +150,8 @@ def _grade_content(content: str | None, reference: Any, timeout_s: float, boxes:
     reference holding several boxes reads (`gold_latex`)."""
     if content is None:
         return GradeResult(False, None, "no_box")
+    if not content.strip():
+        return GradeResult(False, content, "empty_box")
     if len(content) > MAX_ANSWER_CHARS:
         return GradeResult(False, content, "too_long")
     seconds = _alarm_seconds(timeout_s)

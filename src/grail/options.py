@@ -164,5 +164,8 @@ class WarmStartConfig:
             raise ValueError(f"warm start: lr={self.lr} must be > 0.")
 
     def cache_key(self) -> str:
-        payload = json.dumps({"recipe": RECIPE_VERSION, **asdict(self)}, sort_keys=True)
+        settings = asdict(self)
+        if self.task.style == "symbolic":  # the default style leaves the key as it was before styles existed
+            del settings["task"]["style"]
+        payload = json.dumps({"recipe": RECIPE_VERSION, **settings}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]

@@ -1,9 +1,10 @@
 """Config values from presets, YAML files and `--field value` flags, merged and typed.
 
 Precedence: GRAILConfig defaults < preset < YAML file < flags. Every key must be a GRAILConfig field (or
-`preset`); an unknown key is an error naming it and the closest field names. Strings are converted to
-the field's annotated type (so `--learning_rate 1e-6` and `learning_rate: 1e-6` in YAML, which PyYAML
-reads as a string, both become floats).
+`preset`, or `model`, the alias of `model_name_or_path` that `grail eval` and `grail explain` use); an unknown key
+is an error naming it and the closest field names. Strings are converted to the field's annotated type (so
+`--learning_rate 1e-6` and `learning_rate: 1e-6` in YAML, which PyYAML reads as a string, both become floats).
+`report_to` keeps Hugging Face's words: "none", "all", an integration, or several (a comma list or a YAML list).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from grail.presets import preset
 __all__ = ["build_config", "coerce", "ConfigError", "load_yaml", "merge", "parse_flags", "PRESET_KEY"]
 
 PRESET_KEY = "preset"
+ALIASES = {"model": "model_name_or_path"}  # alias → field, one name for the model in every command
 _TRUE, _FALSE, _NONE = ("true", "yes", "1", "on"), ("false", "no", "0", "off"), ("none", "null", "~")
 
 
@@ -29,7 +31,7 @@ class ConfigError(ValueError):
 
 
 def _unknown_key(key: str, source: str) -> ConfigError:
-    close = difflib.get_close_matches(key, list(field_types()) + [PRESET_KEY], n=3)
+    close = difflib.get_close_matches(key, list(field_types()) + [PRESET_KEY, *ALIASES], n=3)
     hint = f" Did you mean {', '.join(close)}?" if close else " See `grail train --help` for the fields."
     return ConfigError(f"unknown config key {key!r} ({source}).{hint}")
 
@@ -66,11 +68,35 @@ def _from_string(hint, text: str):
     return text  # str, Literal and enum-or-str fields: validated by GRAILConfig.__post_init__
 
 
+def _report_to(value):
+    """TrainingArguments.report_to as Hugging Face spells it: "none" (no integration), "all", a name, or a list of
+    names. Not the generic conversion, which reads the word none as Python None (transformers rejects None)."""
+    if value is None:  # YAML `report_to: null`
+        return "none"
+    if isinstance(value, str):
+        if value.strip().startswith("["):
+            value = yaml.safe_load(value)
+        else:
+            names = [v.strip() for v in value.split(",") if v.strip()]
+            return names[0] if len(names) == 1 else names or "none"
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"expected none, all, an integration name or a list of them, got {value!r}")
+    return value
+
+
+_CONVERTERS = {"report_to": _report_to}  # fields whose values the generic, type-driven conversion would misread
+
+
 def coerce(key: str, value, source: str):
     """`value` converted to the type of field `key`; ConfigError naming key, value and source if impossible."""
     hints = field_types()
     if key not in hints:
         raise _unknown_key(key, source)
+    if key in _CONVERTERS:
+        try:
+            return _CONVERTERS[key](value)
+        except ValueError as err:
+            raise ConfigError(f"{key}: cannot use {value!r} ({source}): {err}.") from err
     if not isinstance(value, str):
         hint = hints[key]
         if hint is int and (isinstance(value, bool) or not isinstance(value, int)):
@@ -131,9 +157,23 @@ def merge(file_path: str | None, flags: dict[str, str], base: dict | None = None
     layers += [(file_values, f"config file {file_path}"), (flags, "command line")]
     merged: dict = {}
     for values, source in layers:
-        for key, value in values.items():
+        for key, value in _without_aliases(values, source).items():
             merged[key] = coerce(key, value, source)
     return merged
+
+
+def _without_aliases(values: dict, source: str) -> dict:
+    """`values` with each alias (ALIASES: `model`) renamed to its field; ConfigError when both are given and differ."""
+    values = dict(values)
+    for alias, name in ALIASES.items():
+        if alias not in values:
+            continue
+        value = values.pop(alias)
+        if name in values and values[name] != value:
+            raise ConfigError(f"both {alias}={value!r} and {name}={values[name]!r} are given ({source}); {alias} is "
+                              f"another name for {name}: give one of them.")
+        values[name] = value
+    return values
 
 
 def build_config(values: dict) -> GRAILConfig:

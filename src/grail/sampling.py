@@ -16,7 +16,7 @@ torch is imported where it is used, so that the CLI can read the defaults withou
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Protocol
 
 __all__ = [
@@ -44,6 +44,13 @@ class SamplingParams:
         if self.temperature == 0 and self.n > 1:
             raise ValueError(f"greedy decoding (temperature 0) gives n={self.n} identical samples; use n=1 or a "
                              f"temperature > 0.")
+
+    def record(self) -> dict:
+        """The settings that apply, for a run's record: greedy decoding (temperature 0) uses no top_p or top_k."""
+        values = asdict(self)
+        if self.temperature == 0:
+            del values["top_p"], values["top_k"]
+        return values
 
 
 @dataclass(frozen=True)

@@ -40,10 +40,12 @@ import hashlib
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 __all__ = [
-    "build_example", "CRITICAL_ROLES", "FILLER_WORDS", "generate", "OPERATORS", "ROLES", "sample_fillers",
-    "sample_steps", "split_of", "SPLITS", "SyntheticSet", "TaskConfig", "TaskExample"
+    "build_example", "CRITICAL_ROLES", "expression_of", "FILLER_WORDS", "generate", "OPERATORS", "ROLES",
+    "sample_fillers", "sample_steps", "split_of", "SPLITS", "SyntheticSet", "TASK_STYLES", "TaskConfig", "TaskExample",
+    "TaskStyle"
 ]
 
 FILLER_WORDS = ("so", "well", "okay", "hmm", "now", "then", "right", "next")
@@ -55,6 +57,8 @@ result: digits after each ``=``; answer: digits inside the box braces; filler: l
 words (not their spaces); format: everything else (spaces, ``=``, ``,``, ``.``, ``\\boxed{``, ``}``)."""
 CRITICAL_ROLES = ("operator", "result")
 SPLITS = ("train", "heldout")
+TaskStyle = Literal["symbolic", "words"]
+TASK_STYLES: tuple[str, ...] = get_args(TaskStyle)
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,9 @@ class TaskConfig:
         ``*`` uses [max(2, operand_min), operand_max].
     filler_rate: probability, per gap after a step, of inserting 1-3 filler words.
     max_value: upper bound on every running value (all values also stay >= 0).
+    style: how a problem is written. "symbolic": the expression and trace above (``Q: 7+5*3-4``). "words": the
+        same arithmetic as a short story in natural language with a step-by-step solution in words, for chat models
+        (grail.word_problems); the arithmetic, the splits and the roles' meaning are the same.
     """
 
     num_steps: int = 2  # the embedded default; grail.warmstart.WarmStartConfig records what it reaches
@@ -73,8 +80,12 @@ class TaskConfig:
     operand_max: int = 9
     filler_rate: float = 0.0
     max_value: int = 999
+    style: TaskStyle = "symbolic"
 
     def __post_init__(self):
+        if self.style not in TASK_STYLES:
+            raise ValueError(f"style={self.style!r} is not a task style; choose one of {', '.join(TASK_STYLES)} "
+                             f"(symbolic: `Q: 7+5*3-4`; words: the same arithmetic as a word problem).")
         if self.num_steps < 1:
             raise ValueError(f"num_steps={self.num_steps} must be >= 1; use at least one step.")
         if self.operand_min < 0:
@@ -116,10 +127,11 @@ class SyntheticSet:
 
 @dataclass(frozen=True)
 class TaskExample:
-    """One problem. ``roles[i]`` is the ROLES entry of ``solution[i]``; len(roles) == len(solution)."""
+    """One problem. ``roles[i]`` is the ROLES entry of ``solution[i]``; len(roles) == len(solution). ``prompt``: a
+    string (symbolic style) or chat messages ending with the user's question (words style, grail.word_problems)."""
 
     expression: str
-    prompt: str
+    prompt: str | list[dict[str, str]]
     solution: str
     answer: str
     roles: tuple[str, ...]
@@ -200,7 +212,7 @@ def build_example(
             pieces += [(word, "filler"), (" ", "format")]
         value = result
     pieces += [("\\boxed{", "format"), (str(value), "answer"), ("}", "format")]
-    expression = str(start) + "".join(f"{op}{operand}" for op, operand in steps)
+    expression = expression_of(start, steps)
     return TaskExample(
         expression=expression,
         prompt=f"Q: {expression}\nA:",
@@ -208,6 +220,11 @@ def build_example(
         answer=str(value),
         roles=tuple(role for text, role in pieces for _ in text),
     )
+
+
+def expression_of(start: int, steps: Sequence[tuple[str, int]]) -> str:
+    """The expression of a draw, e.g. ``7+5*3-4`` (what `split_of` hashes and `generate` de-duplicates)."""
+    return str(start) + "".join(f"{op}{operand}" for op, operand in steps)
 
 
 def _check_heldout_fraction(heldout_fraction: float) -> None:
@@ -226,7 +243,7 @@ def split_of(expression: str, heldout_fraction: float) -> str:
 
 
 def generate(
-    config: TaskConfig, n: int, split: str, seed: int, heldout_fraction: float = 0.1
+    config: TaskConfig, n: int, split: str, seed: int, heldout_fraction: float = 0.1, *, word_prompt=None
 ) -> list[TaskExample]:
     """Exactly n examples of ``split`` with distinct expressions, deterministic in (config, n, split, seed).
 
@@ -234,6 +251,10 @@ def generate(
     RNGs, so filler_rate never changes which expressions are drawn. Draws whose ``split_of`` differs
     from ``split`` and repeated expressions are skipped. At most 200*n + 10000 draws are made; if
     that does not yield n examples, ValueError (the problem space is too small).
+
+    Style "words": the same draws, rendered by grail.word_problems with a third RNG per draw (``:words``: the
+    story and the worked example); `word_prompt` (a grail.word_problems.PromptOptions, None = its DEFAULT_PROMPT)
+    says how the problem is asked (for measuring prompt variants; the task's own prompt is the default).
     """
     if split not in SPLITS:
         raise ValueError(f"split={split!r} must be one of {SPLITS}.")
@@ -249,12 +270,17 @@ def generate(
             break
         draw_seed = rng.getrandbits(64)
         start, steps = sample_steps(config, random.Random(f"{draw_seed}:arithmetic"))
-        expression = str(start) + "".join(f"{op}{operand}" for op, operand in steps)
+        expression = expression_of(start, steps)
         if expression in seen or split_of(expression, heldout_fraction) != split:
             continue
         seen.add(expression)
         fillers = sample_fillers(config, random.Random(f"{draw_seed}:filler"))
-        examples.append(build_example(start, steps, fillers))
+        if config.style == "symbolic":
+            examples.append(build_example(start, steps, fillers))
+        else:
+            from grail.word_problems import DEFAULT_PROMPT, build_word_example
+            examples.append(build_word_example(config, start, steps, fillers, random.Random(f"{draw_seed}:words"),
+                                               heldout_fraction, word_prompt or DEFAULT_PROMPT))
     if len(examples) < n:
         raise ValueError(
             f"found only {len(examples)} distinct {split!r} expressions of the n={n} asked in {max_draws} "

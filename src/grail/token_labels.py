@@ -3,7 +3,8 @@ r"""Ground-truth token labels for saliency quality, and the AUROC that scores a 
 Pure code (torch and the standard library; no model). `grail.saliency_quality` runs the methods and calls this.
 
 Saliency rows: one dict per example, with
-  - `prompt`: str, the prompt text (already rendered: a chat template, if any, applied);
+  - `prompt`: str, the prompt text (already rendered: a chat template, if any, applied), or chat messages (the
+    synthetic task's words style), which `grail.saliency_quality` renders with the tokenizer's chat template;
   - `solution`: str, a reference completion containing a complete `\boxed{...}` answer;
   - `critical_spans`: [[start, end], ...], character ranges [start, end) of `solution` that the answer depends on;
   - `filler_spans`: [[start, end], ...], character ranges of `solution` that it does not depend on.
@@ -45,8 +46,8 @@ from grail.boxed import first_boxed, last_boxed
 from grail.tasks import TaskConfig, TaskExample, generate
 
 __all__ = ["CRITICAL", "FILLER", "ROW_KEYS", "UNLABELLED", "AurocResult", "auroc_result", "char_labels",
-           "check_row", "corrupted_solution", "Pairs", "pooled_auroc", "saliency_row", "synthetic_rows", "token_labels",
-           "trace_wins_pairs"]
+           "check_row", "corrupted_solution", "is_messages", "Pairs", "pooled_auroc", "saliency_row", "synthetic_rows",
+           "token_labels", "trace_wins_pairs"]
 
 CRITICAL, FILLER, UNLABELLED = 1, 0, -1
 ROW_KEYS = ("prompt", "solution", "critical_spans", "filler_spans")
@@ -79,6 +80,12 @@ def synthetic_rows(task: TaskConfig | None = None, n: int = 64, split: str = "he
     return [saliency_row(e) for e in generate(task or TaskConfig(filler_rate=0.6), n, split, seed)]
 
 
+def is_messages(prompt) -> bool:
+    """Whether `prompt` is a non-empty list of chat messages ({"role", "content"} dicts)."""
+    return isinstance(prompt, list) and bool(prompt) and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt)
+
+
 def check_row(row: dict, index: int, box: str = "first") -> None:
     """Raise ValueError naming row `index`'s problem and the fix; None if the row is a valid saliency row."""
     where = f"saliency row {index}"
@@ -90,8 +97,11 @@ def check_row(row: dict, index: int, box: str = "first") -> None:
                          f"(spans are [start, end) character offsets into solution); convert synthetic examples "
                          f"with grail.token_labels.saliency_row(example).")
     for key in ("prompt", "solution"):
+        if key == "prompt" and is_messages(row[key]):
+            continue
         if not isinstance(row[key], str) or not row[key]:
-            raise ValueError(f"{where}: {key!r} must be a non-empty string, got {row[key]!r:.80}.")
+            kind = "a non-empty string" + (" or chat messages" if key == "prompt" else "")
+            raise ValueError(f"{where}: {key!r} must be {kind}, got {row[key]!r:.80}.")
     if _PICK_BOX[box](row["solution"]) is None:
         raise ValueError(f"{where}: the solution has no complete \\boxed{{...}}; the probes explain the answer's "
                          f"likelihood, so end the reference solution with its boxed final answer.")
