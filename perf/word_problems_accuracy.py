@@ -32,7 +32,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from grail.boxed import last_boxed_content
 from grail.prompts import resolve_suffix
 from grail.rewards import exact_int_reward
-from grail.tasks import TaskConfig, generate
+from grail.synthetic import generate
+from grail.tasks import TaskConfig
 from grail.word_problems import INSTRUCTION, WORDS_TASK, PromptOptions
 
 

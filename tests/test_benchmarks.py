@@ -298,7 +298,8 @@ def test_hub_uses_the_only_split_when_there_is_no_test_split(monkeypatch):
 
 # ---- synthetic task and name lists ----------------------------------------------------------------------------
 def test_synthetic_through_the_same_interface():
-    from grail.tasks import TaskConfig, generate
+    from grail.synthetic import generate
+    from grail.tasks import TaskConfig
 
     bench = load_benchmark("synthetic", size=None)
     expected = generate(TaskConfig(), 200, "heldout", 0)  # GRAILConfig's defaults: task_num_heldout 200, seed 0

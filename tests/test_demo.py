@@ -144,7 +144,8 @@ def test_the_grader_grades_the_synthetic_answers_like_the_training_reward():
     task's own solutions both say correct, with the answer off by one both say wrong."""
     from grail.grader import grade_many
     from grail.rewards import exact_int_reward
-    from grail.tasks import SyntheticSet, TaskConfig, generate
+    from grail.synthetic import SyntheticSet, generate
+    from grail.tasks import TaskConfig
 
     examples = generate(SyntheticSet().task, 100, "heldout", seed=0)
     examples += generate(TaskConfig(num_steps=3, filler_rate=0.5), 50, "heldout", seed=1)

@@ -214,7 +214,8 @@ def test_checkpoint_evaluation_defaults_to_the_protocols_token_limit(tmp_path):
 
 def test_checkpoint_evaluation_of_synthetic_uses_the_runs_task(tmp_path):
     from grail.config import GRAILConfig
-    from grail.tasks import SyntheticSet, TaskConfig
+    from grail.synthetic import SyntheticSet
+    from grail.tasks import TaskConfig
     from grail.train import CheckpointEval
 
     cfg = GRAILConfig(output_dir=str(tmp_path), eval_benchmarks="synthetic", eval_size="all", task_num_steps=3,

@@ -355,7 +355,7 @@ def test_command_explains_synthetic_rows_with_the_warm_started_tiny_model(warm_c
                  "--warmstart_steps", "200"]) == 0, capsys.readouterr().err
     assert "reusing cached checkpoint" in capsys.readouterr().out  # the session's warm start, not a new one
     page = out.read_text(encoding="utf-8")
-    from grail.tasks import SyntheticSet
+    from grail.synthetic import SyntheticSet
 
     for row in SyntheticSet().rows("train")[:2]:
         assert f'<pre class="prompt">{row["prompt"]}</pre>' in page

@@ -13,8 +13,8 @@ import grail
 PACKAGE = Path(grail.__file__).parent
 # Bottom to top. A module may import modules of its own layer or below, never above.
 LAYERS = {
-    "options": ["options", "checkpoint_dirs", "config_fields", "tasks", "boxed", "prompts", "sampling",
-                "presets"],  # no torch
+    "options": ["options", "checkpoint_dirs", "tasks", "word_problems", "synthetic", "config_fields", "boxed",
+                "prompts", "sampling", "presets"],  # no torch
     "core": ["core", "bilevel", "diagnostics", "spans", "metrics", "token_labels"],  # pure tensor functions
     "model": ["probes", "oar_probes", "tiny", "real_models", "warmstart"],  # functions of a Hugging Face model
     "methods": ["methods", "weighting"],  # the method table and the functional API (no TRL)

@@ -177,7 +177,8 @@ from accelerate import Accelerator
 
 from grail import probes
 from grail.options import WeightingOptions
-from grail.tasks import TaskConfig, generate
+from grail.tasks import TaskConfig
+from grail.synthetic import generate
 from grail.tiny import build_tiny_model, build_tokenizer
 from grail.trainer import GRAILTrainer
 from grail.weighting import token_weights

@@ -6,15 +6,8 @@ from collections import Counter
 
 import pytest
 
-from grail.tasks import (
-    CRITICAL_ROLES,
-    FILLER_WORDS,
-    ROLES,
-    TaskConfig,
-    build_example,
-    generate,
-    split_of,
-)
+from grail.synthetic import generate
+from grail.tasks import CRITICAL_ROLES, FILLER_WORDS, ROLES, TaskConfig, build_example, split_of
 
 # One letter per role, so expected role sequences can be written under the solution string.
 CODE = {"operand": "o", "carry": "c", "operator": "p", "result": "r", "answer": "a", "filler": "f",

@@ -4,7 +4,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grail.boxed import char_span_to_token_positions, find_boxed_spans
-from grail.tasks import TaskConfig, generate
+from grail.synthetic import generate
+from grail.tasks import TaskConfig
 from grail.tiny import build_tiny_model
 
 

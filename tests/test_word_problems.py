@@ -13,22 +13,14 @@ from grail.boxed import last_boxed_content
 from grail.config_fields import GRAILFields
 from grail.presets import PRESETS
 from grail.rewards import exact_int_reward
-from grail.tasks import (
-    CRITICAL_ROLES,
-    FILLER_WORDS,
-    SyntheticSet,
-    TaskConfig,
-    generate,
-    sample_steps,
-    split_of,
-)
+from grail.synthetic import WORDS_SET, SyntheticSet, generate
+from grail.tasks import CRITICAL_ROLES, FILLER_WORDS, TaskConfig, sample_steps, split_of
 from grail.tiny import build_tokenizer
 from grail.token_labels import CRITICAL, FILLER, char_labels, check_row, saliency_row, synthetic_rows, token_labels
 from grail.word_problems import (
     DEFAULT_PROMPT,
     NAMES,
     OBJECTS,
-    WORDS_SET,
     WORDS_TASK,
     PromptOptions,
     build_word_example,

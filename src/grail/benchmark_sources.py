@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from grail.tasks import SyntheticSet
+from grail.synthetic import SyntheticSet
 
 __all__ = ["HUB_IDS", "LOCAL_FILE", "hub_id", "hub_rows", "local_rows", "synthetic_rows"]
 

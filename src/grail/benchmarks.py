@@ -38,7 +38,7 @@ Their schemas differ; each row is normalised to a ``Problem`` as follows (field 
    there is no "test" split. A Hub copy with other field names shows up as every row skipped: ValueError.
 7. Each Problem also carries ``release_answer``, the reference as the release's scoring reads the raw row
    (`release_reference`), used only by ``grail eval --scoring release``.
-8. "synthetic" is the embedded task's held-out split (grail.tasks.SyntheticSet), with the default task settings
+8. "synthetic" is the embedded task's held-out split (grail.synthetic.SyntheticSet), with the default task settings
    or a training run's own (``synthetic_set``). Its problem is the task's prompt ("Q: 7+5*3\nA:"),
    which already carries the task's format; ``data_dir`` and the Hub play no part. "synthetic_words" is its word
    style's held-out split (grail.word_problems: the run's when the run uses that style, else WORDS_SET), whose
@@ -57,7 +57,7 @@ from typing import Literal
 
 from grail.benchmark_sources import hub_id, hub_rows, local_rows, synthetic_rows
 from grail.boxed import last_boxed_content, release_last_box
-from grail.tasks import SyntheticSet
+from grail.synthetic import SyntheticSet
 
 __all__ = [
     "BENCHMARK_NAMES", "load_benchmark", "load_benchmarks", "LOADABLE_NAMES", "LoadedBenchmark",
@@ -355,7 +355,7 @@ def load_benchmark(
     if name == SYNTHETIC:
         rows, origin = synthetic_rows(synthetic_set)
     elif name == SYNTHETIC_WORDS:
-        from grail.word_problems import WORDS_SET
+        from grail.synthetic import WORDS_SET
 
         words = synthetic_set is not None and synthetic_set.task.style == "words"
         rows, origin = synthetic_rows(synthetic_set if words else WORDS_SET)

@@ -29,7 +29,8 @@ from grail.options import (
     ZscoreScope,
 )
 from grail.sampling import SamplingParams
-from grail.tasks import SyntheticSet, TaskConfig, TaskStyle
+from grail.synthetic import SyntheticSet
+from grail.tasks import TaskConfig, TaskStyle
 
 __all__ = ["GRAILFields", "SYNTHETIC_DATASET", "TINY_MODEL"]
 

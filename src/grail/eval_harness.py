@@ -38,7 +38,7 @@ from grail.metrics import BenchmarkScore, average_scores, format_markdown, score
 from grail.prompts import PromptFormat
 from grail.release_scoring import SCORINGS, release_mean_tokens, scoring_reference
 from grail.sampling import Sampler, SamplingParams
-from grail.tasks import SyntheticSet
+from grail.synthetic import SyntheticSet
 
 __all__ = ["EvalReport", "EvalSpec", "Log", "parse_size", "read_samples", "run_evaluation", "sampling_batches"]
 

@@ -6,7 +6,7 @@ Presets only hold values; every field's meaning is documented once, in `GRAILCon
 from __future__ import annotations
 
 from grail.prompts import PAPER_PROMPT_SUFFIX
-from grail.word_problems import WORDS_SET
+from grail.synthetic import WORDS_SET
 
 __all__ = ["NOTES", "PAPER", "PAPER_LOSS", "PAPER_NOTES", "preset", "PRESETS", "render", "SMOLLM_WORDS", "TINY_CPU"]
 

@@ -43,7 +43,8 @@ from typing import Literal
 import torch
 
 from grail.boxed import first_boxed, last_boxed
-from grail.tasks import TaskConfig, TaskExample, generate
+from grail.synthetic import generate
+from grail.tasks import TaskConfig, TaskExample
 
 __all__ = ["CRITICAL", "FILLER", "ROW_KEYS", "UNLABELLED", "AurocResult", "auroc_result", "char_labels",
            "check_row", "corrupted_solution", "is_messages", "Pairs", "pooled_auroc", "saliency_row", "synthetic_rows",

@@ -23,7 +23,7 @@ from grail.config_fields import TINY_MODEL
 from grail.options import WarmStartConfig
 from grail.real_models import REAL_MODELS, check_not_gguf_dir, default_cache_dir
 from grail.real_models import resolve as resolve_real_model
-from grail.tasks import generate
+from grail.synthetic import generate
 from grail.tiny import build_tiny_model, build_tokenizer
 
 __all__ = ["default_cache_dir", "load_inference_model", "resolve_model", "train_warm_start", "warm_start"]

@@ -66,10 +66,10 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from grail.tasks import SyntheticSet, TaskConfig, TaskExample, _apply, expression_of, sample_steps, split_of
+from grail.tasks import TaskConfig, TaskExample, _apply, expression_of, sample_steps, split_of
 
 __all__ = ["build_word_example", "DEFAULT_PROMPT", "INSTRUCTION", "NAMES", "OBJECTS", "PHRASES", "PromptOptions",
-           "question", "render_prompt", "solution_pieces", "Story", "WORDS_SET", "WORDS_TASK"]
+           "question", "render_prompt", "solution_pieces", "Story", "WORDS_TASK"]
 
 NAMES = (("Mia", "she"), ("Tom", "he"), ("Ava", "she"), ("Leo", "he"), ("Zoe", "she"), ("Sam", "he"),
          ("Lily", "she"), ("Ben", "he"), ("Emma", "she"), ("Max", "he"), ("Nora", "she"), ("Jack", "he"))
@@ -102,7 +102,6 @@ class PromptOptions:
 DEFAULT_PROMPT = PromptOptions()
 # The measured default (module docstring): 1-step problems on 1..20 with every value <= 40.
 WORDS_TASK = TaskConfig(num_steps=1, operand_min=1, operand_max=20, max_value=40, style="words")
-WORDS_SET = SyntheticSet(task=WORDS_TASK, num_train=600, num_heldout=64)
 
 
 @dataclass(frozen=True)
