@@ -8,9 +8,9 @@ problem staying together), greedy accuracy, the share of completions with no com
 stopped (end-of-sequence before --max-new-tokens) and the mean completion length in tokens. Used to choose the word
 style's defaults so that sampled accuracy before RL is 20-60% (GRPO groups with mixed rewards):
 
-    python perf/word_problems_accuracy.py [--model /tmp/smol] [--n-problems 64] [--samples 4] [--max-new-tokens 128] \
-        [--num-steps 1] [--operand-max 20] [--max-value 40] [--shots 4] [--instruction default|none|TEXT] \
-        [--suffix TEXT|paper] [--threads 2] [--json PATH]
+    python perf/word_problems_accuracy.py [--model smollm2-135m] [--n-problems 64] [--samples 4] \
+        [--max-new-tokens 128] [--num-steps 1] [--operand-max 20] [--max-value 40] [--shots 4] \
+        [--instruction default|none|TEXT] [--suffix TEXT|paper] [--threads 2] [--json PATH]
 
 The task options default to grail.word_problems.WORDS_TASK and its prompt (--shots 4, --instruction default, no
 suffix); the results are recorded in grail.word_problems' docstring. Each prompt is run once and its cache shared by
@@ -34,12 +34,14 @@ from grail.prompts import resolve_suffix
 from grail.rewards import exact_int_reward
 from grail.synthetic import generate
 from grail.tasks import TaskConfig
+from grail.warmstart import resolve_model
 from grail.word_problems import INSTRUCTION, WORDS_TASK, PromptOptions
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="/tmp/smol", help="a save_pretrained directory or Hub id (default /tmp/smol)")
+    p.add_argument("--model", default="smollm2-135m",
+                   help="a built-in real model name (`grail models list`), a save_pretrained directory or a Hub id")
     p.add_argument("--n-problems", type=int, default=64)
     p.add_argument("--samples", type=int, default=4, help="sampled completions per problem (T=1.0)")
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -113,9 +115,10 @@ def run(args: argparse.Namespace) -> dict:
                       max_value=args.max_value, filler_rate=args.filler_rate, style="words")
     examples = generate(task, args.n_problems, args.split, args.task_seed,
                         word_prompt=PromptOptions(shots=args.shots, instruction=instruction))
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    path = resolve_model(args.model)
+    tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     texts = [tokenizer.apply_chat_template(_with_suffix(e.prompt, suffix), add_generation_prompt=True, tokenize=False)
              for e in examples]
     answers = [e.answer for e in examples]
