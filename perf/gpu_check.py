@@ -14,7 +14,8 @@ Printed (one JSON object on stdout; progress on stderr), per shape × length × 
     reweighted tokens whose weights differ by more than 0.05 (bf16 rounding is ~1e-2 of a weight).
 
 Run on a CUDA machine: `python perf/gpu_check.py` (bf16; sized for minutes, not yet timed). `--smoke` runs a tiny shape
-on the CPU in fp32 to test the script. Nothing here was run on a GPU in this repository yet: see README "GPU check".
+on the CPU in fp32 to test the script. Nothing here was run on a GPU in this repository yet: see
+docs/getting-started/gpu-check.md.
 """
 
 from __future__ import annotations

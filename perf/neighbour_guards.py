@@ -1,7 +1,7 @@
 """False accepts of the grader with and without grail's guards: `grail grader-check --neighbour` on every benchmark
 twice, once with `grail.grader.accepted` replaced by "accept every pair math-verify accepts" (math-verify alone).
 
-    python perf/neighbour_guards.py --data-dir ../shared/data/benchmarks
+    python perf/neighbour_guards.py --data-dir DIR  # DIR/<name>/test.jsonl, docs/guides/evaluation.md
 
 Grades in this process (one worker: the replacement must be seen where the grading runs); about 25 minutes per pass
 on 2 cores. Prints, per benchmark, the neighbour pairs accepted, and each accepted pair.

@@ -23,6 +23,7 @@ from grail.saliency_quality import METHOD_NAMES, SaliencyQualityOptions, model_d
 from grail.tasks import TaskConfig
 from grail.token_labels import synthetic_rows
 from grail.warmstart import resolve_model
+from grail.word_problems import WORDS_TASK
 
 
 def main() -> None:
@@ -34,13 +35,14 @@ def main() -> None:
     parser.add_argument("--pairs", default="within_trace", choices=("within_trace", "all"))
     parser.add_argument("--methods", default=",".join(METHOD_NAMES))
     args = parser.parse_args()
-    task = replace(TaskConfig(), style=args.task_style)
+    words = args.task_style == "words"
+    task = WORDS_TASK if words else TaskConfig()  # each style's default difficulty (word_problems.WORDS_TASK)
     if args.model == TINY_MODEL:
         path = resolve_model(TINY_MODEL, WarmStartConfig(task=replace(task, filler_rate=args.warm_start_filler_rate)))
     else:
         path = resolve_model(args.model)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    fmt = resolve_prompt_format(tokenizer, synthetic=True)
+    fmt = resolve_prompt_format(tokenizer, synthetic=True, messages=words)  # word prompts are chat messages
     rows = [{**r, "prompt": fmt.render(tokenizer, r["prompt"])}
             for r in synthetic_rows(replace(task, filler_rate=0.6), n=args.rows, split="heldout", seed=0)]
     methods = [m.strip() for m in args.methods.split(",")]

@@ -74,6 +74,13 @@ Departures from a training run:
   4. GRPO is `GRAILTrainer` with token_weighting none, which still finds the answer spans and logs weight
      diagnostics; its cost is in the baseline.
 
+`--reward coin`: every completion's reward is a fair coin flip (seeded; the same sequence for every method), so
+a group of G has mixed rewards with probability 1 - 2^(1-G) and every method does its full work on the rows it
+reweights. A step's cost does not depend on what the reward means, but it does depend on which rows have A != 0;
+on a real model, completions forced past their natural end are graded on a box written after it (mostly wrong),
+and with the task's reward few groups are mixed (on SmolLM2 at 256 tokens, 8 rows: no row probed in a round).
+The mean reward and probed_rows_frac then describe the coin, not the model.
+
 Run: `python perf/step_overhead.py` (defaults above; several minutes on 2 CPU cores).
 A real model: `--model smollm2-135m --set task_style=words` (any config field with --set FIELD=VALUE); the
 model's own defaults then apply (its chat template, the prompt suffix), not the tiny model's warm start.
@@ -211,6 +218,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--smoke", action="store_true", help="tiny settings to test the script (module docstring)")
     parser.add_argument("--model", default="tiny", help="model_name_or_path: `tiny` (default), a real model's name "
                         "such as smollm2-135m (`grail models fetch` it first), or a checkpoint directory")
+    parser.add_argument("--reward", default="task", choices=("task", "coin"),
+                        help="task: the run's reward (default); coin: each completion's reward is a fair coin flip, "
+                        "seeded by --seed and the same sequence for every method (timing only; module docstring)")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="any other config field for every trainer, e.g. --set task_style=words (repeatable)")
     args = parser.parse_args(argv)
@@ -239,6 +249,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def coin_reward(seed: int):
+    """A reward of fair coin flips from random.Random(seed): each trainer gets its own generator, so every method
+    sees the same sequence of rewards."""
+    import random
+
+    rng = random.Random(seed)
+
+    def coin(completions, **kwargs) -> list[float]:
+        return [float(rng.random() < 0.5) for _ in completions]
+
+    return coin
+
+
 def build_trainer(method: str, args: argparse.Namespace, use_cpu: bool, output_dir: str):
     from grail.config import GRAILConfig
     from grail.data import load_train_dataset
@@ -263,7 +286,8 @@ def build_trainer(method: str, args: argparse.Namespace, use_cpu: bool, output_d
     for key, text in args.fields.items():
         values[key] = coerce(key, text, "--set")
     cfg = GRAILConfig(**values)
-    trainer = GRAILTrainer(model=resolve_model_path(cfg, log), reward_funcs=[reward_function(cfg)], args=cfg,
+    reward = coin_reward(args.seed) if args.reward == "coin" else reward_function(cfg)
+    trainer = GRAILTrainer(model=resolve_model_path(cfg, log), reward_funcs=[reward], args=cfg,
                            train_dataset=load_train_dataset(cfg))
     return trainer, cfg
 
@@ -456,7 +480,7 @@ def run(args: argparse.Namespace, malloc_tuning: str | None) -> dict:
             "perturbation_chunk_tokens": cfg.perturbation_chunk_tokens, "warmstart_steps": cfg.warmstart_steps,
             "loss_type": cfg.loss_type, "scale_rewards": cfg.scale_rewards, "beta": cfg.beta,
             "num_iterations": cfg.num_iterations, "mask_truncated_completions": cfg.mask_truncated_completions,
-            "checkpointing": args.checkpointing, "model": args.model, "fields": args.fields,
+            "checkpointing": args.checkpointing, "model": args.model, "fields": args.fields, "reward": args.reward,
             "torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__,
             "python": platform.python_version(),
         },

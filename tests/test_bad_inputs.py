@@ -1,5 +1,5 @@
 """Bad input, one row each: `grail train` exits 2 before any work, with a message naming the key, row or file and
-the fix, no traceback, and no run output that claims success (README "Bad input")."""
+the fix, no traceback, and no run output that claims success (docs/reference/errors.md)."""
 
 import json
 

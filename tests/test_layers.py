@@ -1,5 +1,6 @@
-"""The package's layers (README "Package layout"): imports point down, there is no cycle, and the light entry points
-stay light (no TRL for the evaluation side and the CLI's help, no transformers for the pure core)."""
+"""The package's layers (docs/reference/layers.md, generated from LAYERS): imports point down, there is no cycle,
+and the light entry points stay light (no TRL for the evaluation side and the CLI's help, no transformers for the
+pure core)."""
 
 import ast
 import subprocess
@@ -49,7 +50,7 @@ GRAPH = {path.stem: _grail_imports(path) for path in PACKAGE.glob("*.py")}
 
 
 def test_every_module_has_a_layer():
-    assert set(GRAPH) == set(RANK), "add new modules to LAYERS (and to the README's package layout)"
+    assert set(GRAPH) == set(RANK), "add new modules to LAYERS (docs/reference/layers.md is generated from it)"
 
 
 def test_no_module_imports_a_higher_layer_or_a_sibling():

@@ -382,12 +382,12 @@ def test_checkpoint_evaluation_on_a_sharded_model_is_refused_before_training():
     check_sharding(cfg, _fake_trainer(zero_stage=2))
 
 
-# ---------------------------------------------------------------- the README's DeepSpeed ZeRO-2 config
+# ------------------------------------------------ the DeepSpeed ZeRO-2 config of docs/getting-started/clusters.md
 
 ZERO2_CONFIG = REPO / "examples" / "accelerate_zero2.yaml"
 
 
-def test_the_readme_zero2_accelerate_config_is_valid_and_shown_in_the_readme():
+def test_the_zero2_accelerate_config_is_valid_and_shown_in_the_docs():
     """The file is read by accelerate's own code as `accelerate launch --config_file` reads it (without deepspeed
     installed: only the launcher's validation runs, not DeepSpeed), asks for ZeRO-2 on 4 processes in bf16, and is
     the file the README shows."""
@@ -395,7 +395,7 @@ def test_the_readme_zero2_accelerate_config_is_valid_and_shown_in_the_readme():
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
     from accelerate.utils import DistributedType
 
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "getting-started" / "clusters.md").read_text()
     shown = readme.split(f"--config_file {ZERO2_CONFIG.relative_to(REPO)}", 1)[1].split("```yaml\n", 1)[1]
     assert yaml.safe_load(shown.split("```", 1)[0]) == yaml.safe_load(ZERO2_CONFIG.read_text())  # one config
     config = ClusterConfig.from_yaml_file(str(ZERO2_CONFIG))  # an unknown top-level key is a ValueError naming it

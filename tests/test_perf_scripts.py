@@ -10,7 +10,8 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[1] / "perf" / "step_overhead.py"
 PER_METHOD_KEYS = {"median_step_s", "step_s", "time_ratio_to_grpo", "peak_mem_increase_mb_median",
                    "peak_mem_increase_mb", "peak_mem_mb_max", "mem_ratio_to_grpo", "weights_seconds_median",
-                   "rollout_s_median", "optimizer_s_median", "mean_completion_tokens", "rows_with_box_frac", "probed_rows_frac",
+                   "rollout_s_median", "optimizer_s_median", "mean_completion_tokens", "rows_with_box_frac",
+                   "probed_rows_frac",
                    "fused_frac", "mean_tokens_before_box", "reward_mean", "ess_ratio_mean"}
 # 32 tokens hold a 2-step trace and its box (about 25), which --smoke's 16 do not; 4 groups of 8 completions.
 CLOSES_BOXES = ["--completion-tokens", "32", "--rows", "32", "--generations", "8"]

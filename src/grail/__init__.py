@@ -7,7 +7,7 @@ Shape letters, one legend for the whole package (suffixes on tensor names, e.g. 
     D  hidden size              V  vocabulary
     N  items flattened from several rows, or samples per problem    C  copies of a row (OAR-P's perturbed copies)
     P  problems of a benchmark  R  bootstrap resamples     M  metrics stacked together   K  values of k (pass@k)
-Masks are bool with True = real token. README "Package layout" shows the layers.
+Masks are bool with True = real token. docs/reference/layers.md shows the layers.
 """
 
 __version__ = "0.1.0"

@@ -28,7 +28,7 @@ def local_rows(name: str, data_dir: str | Path) -> tuple[list[tuple[int, dict]],
     path = Path(data_dir).expanduser() / name / LOCAL_FILE
     if not path.is_file():
         raise FileNotFoundError(f"benchmark {name!r}: no file {str(path)!r}. data_dir must hold one folder per "
-                                f"benchmark, <data_dir>/<name>/{LOCAL_FILE} (as ../shared/data/benchmarks does).")
+                                f"benchmark, <data_dir>/<name>/{LOCAL_FILE}; see docs/guides/evaluation.md).")
     rows = []
     with path.open(encoding="utf-8") as lines:
         for index, line in enumerate(lines):

@@ -1,7 +1,7 @@
 r"""Evaluation benchmarks as (id, problem, reference answer) triples: six math sets and the synthetic task.
 
-The six sets of METHODS.md section 6 are read from a local copy laid out as ``<data_dir>/<name>/test.jsonl``
-(``../shared/data/benchmarks`` in development) or, with no ``data_dir``, from the Hugging Face Hub
+The six sets of the evaluation protocol (docs/guides/evaluation.md) are read from a local copy laid out as
+``<data_dir>/<name>/test.jsonl`` or, with no ``data_dir``, from the Hugging Face Hub
 (grail.benchmark_sources.HUB_IDS).
 Their schemas differ; each row is normalised to a ``Problem`` as follows (field names of the local copies):
 
@@ -26,7 +26,7 @@ Their schemas differ; each row is normalised to a ``Problem`` as follows (field 
    Its ``unit`` field (set on 8 rows) is not appended to the answer.
 4. ``size="release"`` takes the release's fixed 200-problem files for CollegeMath and OlympiadBench, in the
    release's order, and every usable row elsewhere. Their identities are read from the lists in
-   RELEASE_SUBSET_FILES, ``<lists_dir>/<name>/<file>`` (the shared data holds them next to test.jsonl): one
+   RELEASE_SUBSET_FILES, ``<lists_dir>/<name>/<file>`` (a local copy keeps them next to test.jsonl): one
    OlympiadBench ``id`` per line; one JSON object per line with CollegeMath's ``data_source`` and
    ``question_number`` (the pair that makes its id) and ``row``, the 0-based line in the local test.jsonl,
    checked against a local copy. Problems are matched by id, so a Hub copy works too, given the lists'
@@ -265,7 +265,7 @@ def _check_name(name: str) -> None:
 def _release_list_path(name: str, lists_dir: str | Path | None) -> Path:
     file = f"{name}/{RELEASE_SUBSET_FILES[name]}"
     fix = (f"pass a local copy holding it as data_dir (grail eval --data-dir, training's eval_data_dir; "
-           f"../shared/data/benchmarks holds the lists), or its folder as release_subsets_dir (grail eval "
+           f"a local copy keeps the lists next to test.jsonl), or its folder as release_subsets_dir (grail eval "
            f"--release-subsets-dir DIR, DIR/{file}); or choose another size: `all` or a number (a seeded subset, "
            f"not the release's)")
     if lists_dir is None:

@@ -1,4 +1,4 @@
-"""OAR's bi-level reshaping of token importance (METHODS.md 3): pure tensor functions, like `grail.core`.
+"""OAR's bi-level reshaping of token importance (docs/methods/oar_g.md): pure tensor functions, like `grail.core`.
 
 Dimension letters: B rows, T completion tokens (grail/__init__.py has the package's legend).
 """
@@ -20,7 +20,7 @@ TAU_RULES = ("interpolate", "sorted_index")
 
 def bilevel_weights(importance_BT: torch.Tensor, scored_BT: torch.Tensor, mask_BT: torch.Tensor, *,
                     quantile: float, beta: float, floor: float, tau_rule: str = "interpolate") -> torch.Tensor:
-    """OAR's bi-level reshaping (METHODS.md 3), per row over its scored tokens:
+    """OAR's bi-level reshaping (docs/methods/oar_g.md), per row over its scored tokens:
 
         Ī = log(1 + I);   Î = (Ī − min Ī) / (max Ī − min Ī) ∈ [0, 1];   τ = q-quantile of Î
         ω_t = max(Î_t / τ, floor)               if Î_t < τ
@@ -99,7 +99,7 @@ class BilevelWeights(NamedTuple):
 def oar_weights_from_importance(importance_BT: torch.Tensor, mask_BT: torch.Tensor, scored_BT: torch.Tensor, *,
                                 quantile: float, beta: float, floor: float, min_importance: float = 0.0,
                                 tau_rule: str = "interpolate") -> BilevelWeights:
-    """OAR's token weights for a micro-batch (METHODS.md 3), with a uniform fallback for unusable rows.
+    """OAR's token weights for a micro-batch (docs/methods/oar_g.md), with a uniform fallback for unusable rows.
 
     Importances below `min_importance` (a rounding floor) are taken as 0 first: they are indistinguishable
     from rounding, so their order must not steer the weights.

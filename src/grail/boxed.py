@@ -1,7 +1,7 @@
 r"""`\boxed{...}` spans in character space, and the map from characters to tokens.
 
 The reward reads the LAST complete box of a completion, GRAIL's answer span the FIRST
-(METHODS.md sections 1 and 2.1). Both come from `find_boxed_spans`, so they agree on what a box is:
+(docs/methods/none.md, docs/methods/grail.md step 1). Both come from `find_boxed_spans`, so they agree on what a box is:
 
 - The marker is exactly `\boxed{` (no space, no `\fbox`, no `\boxed 5`).
 - A box is complete iff the opening brace of its marker has a matching closing brace. Matching is

@@ -1,5 +1,5 @@
 """`GRAILFields`: the fields `grail.config.GRAILConfig` adds to TRL's `GRPOConfig`, with their help (their only
-documentation: `grail train --help` prints it, README "Token weighting" points here). A plain dataclass without
+documentation: `grail train --help` prints it, docs/reference/config.md is generated from it). A plain dataclass without
 torch or TRL, so that the CLI's help, `grail presets` and the config loader's checks stay light; `GRAILConfig`
 inherits it and adds the device-dependent resolution that needs torch.
 """
@@ -112,7 +112,7 @@ class GRAILFields:
                   "stops before any work; --resume_from_checkpoint true continues that run instead (TRL's field: a "
                   "checkpoint directory, or true for the last complete one)."},
     )
-    # ---- token weighting (METHODS.md 2-5; defaults = the released values, one home: WeightingOptions) ----
+    # ---- token weighting (docs/methods/; defaults = the released values, one home: WeightingOptions) ----
     token_weighting: Method = field(
         default=_W.token_weighting,
         metadata={"help": "How each completion token's share of the advantage is chosen (Â = w·A). `none`: w = 1, "
@@ -196,7 +196,7 @@ class GRAILFields:
     )
     oar_variant: OarVariant = field(
         default=_W.oar_variant,
-        metadata={"help": "Which OAR to run. `oar_excerpt` (Li et al. 2026, as METHODS.md 3 excerpts it): noise "
+        metadata={"help": "Which OAR to run. `oar_excerpt` (Li et al. 2026, as docs/methods/oar_g.md states it): noise "
                   "on, and importance read at, each token's own position with the clean embedding; P_final "
                   "divided by the sampling temperature; τ an interpolated quantile. `grail_release`: the GRAIL "
                   "release's OAR-G baseline (`qwen3_oar_g.yaml`), exactly: P_0 = softmax of the mean clean logits "

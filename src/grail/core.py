@@ -2,7 +2,7 @@
 model, config, logger or `.item()`.
 
 Every method gives each completion token a weight w_{i,t} >= 0, and the policy-gradient loss uses the
-token advantage  Â_{i,t} = w_{i,t} · A_i  in place of A_i (../shared/METHODS.md, notation). Plain GRPO is
+token advantage  Â_{i,t} = w_{i,t} · A_i  in place of A_i (docs/methods/index.md, notation). Plain GRPO is
 w ≡ 1. Weights are constants in the loss: they are detached here, so no gradient flows through them.
 
 Shape letters: grail/__init__.py (B rows, T completion tokens, L input positions, D hidden, V vocabulary).
@@ -52,7 +52,7 @@ def token_advantages(adv_B: torch.Tensor, weights_BT: torch.Tensor) -> torch.Ten
 
 
 def gradient_activation_saliency(grad_BLD: torch.Tensor, hidden_BLD: torch.Tensor) -> torch.Tensor:
-    """GRAIL's per-position saliency s = ‖ ∂ℓ/∂h ⊙ h ‖₂ over the hidden dimension (METHODS.md 2.4).
+    """GRAIL's per-position saliency s = ‖ ∂ℓ/∂h ⊙ h ‖₂ over the hidden dimension (docs/methods/grail.md step 4).
 
     Args:
         grad_BLD: (B, L, D) gradient of the answer NLL with respect to the leaf h.
@@ -95,8 +95,8 @@ def kl_divergence(p_logits_NV: torch.Tensor, q_logits_NV: torch.Tensor) -> torch
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# GRAIL: saliency → weights (METHODS.md 2.5–2.8). The entropy control (METHODS.md 4) reuses these with the
-# policy's token entropy as the signal.
+# GRAIL: saliency → weights (docs/methods/grail.md, steps 5–8). The entropy control (docs/methods/entropy.md)
+# reuses these with the policy's token entropy as the signal.
 # ---------------------------------------------------------------------------------------------------------------
 
 _LOG_EPS = 1e-8  # log(s + 1e-8), as in the GRAIL release
@@ -104,7 +104,7 @@ _VAR_EPS = 1e-8  # z = (x − mean) / sqrt(var + 1e-8), as in the GRAIL release
 
 
 def log_zscore(signal_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
-    """Per-row z-score of the log signal over real tokens (METHODS.md 2.5).
+    """Per-row z-score of the log signal over real tokens (docs/methods/grail.md, step 5).
 
         x_t = log(s_t + 1e-8);   z_t = (x_t − mean_row x) / sqrt(var_row x + 1e-8)
 
@@ -135,7 +135,8 @@ def log_zscore(signal_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
 
 def saliency_weights(signal_BT: torch.Tensor, mask_BT: torch.Tensor, *, weight_mean: float, weight_std: float,
                      weight_min: float, weight_max: float, scope_BT: torch.Tensor | None = None) -> torch.Tensor:
-    """GRAIL's affine-and-clip of the log z-score (METHODS.md 2.5): w = clip(w_mean + w_std · z, w_min, w_max).
+    """GRAIL's affine-and-clip of the log z-score (docs/methods/grail.md, step 5):
+    w = clip(w_mean + w_std · z, w_min, w_max).
 
     Release values: w_mean 1.0, w_std 0.5, w_min 0.5, w_max 5.0. No renormalisation (the mean weight can
     exceed 1; `row_mean_rescaled` is the opt-in one).
@@ -159,7 +160,7 @@ ROLLOUT_SYMMETRIES: tuple[str, ...] = get_args(RolloutSymmetry)
 
 
 def reweighted_rows(adv_B: torch.Tensor, rollout_symmetry: str) -> torch.Tensor:
-    """Which rows get saliency weights (METHODS.md 2.6), before the box and validity checks.
+    """Which rows get saliency weights (docs/methods/grail.md, step 6), before the box and validity checks.
 
     "wrong" (release default) → A_i ≤ 0; "correct" → A_i > 0; "both" → every row.
 
@@ -237,7 +238,7 @@ def row_mean_rescaled(weights_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.
 
 def answer_span_overrides(weights_BT: torch.Tensor, answer_BT: torch.Tensor, after_BT: torch.Tensor, *,
                           weight_mean: float, weight_max: float) -> torch.Tensor:
-    """GRAIL's answer-span overrides (METHODS.md 2.7): w_max strictly inside the box, w_mean on the rest.
+    """GRAIL's answer-span overrides (docs/methods/grail.md, step 7): w_max strictly inside the box, w_mean on the rest.
 
     Args:
         weights_BT: (B, T) weights; not modified.
@@ -268,17 +269,17 @@ def grail_weights_from_saliency(saliency_BT: torch.Tensor, adv_B: torch.Tensor, 
                                 answer_BT: torch.Tensor, after_BT: torch.Tensor, *, rollout_symmetry: str,
                                 weight_mean: float, weight_std: float, weight_min: float, weight_max: float,
                                 scope_BT: torch.Tensor | None = None) -> SaliencyWeights:
-    """GRAIL's token weights for a micro-batch (METHODS.md 2.5–2.8); with token entropy as the signal, the
-    entropy control (METHODS.md 4).
+    """GRAIL's token weights for a micro-batch (docs/methods/grail.md, steps 5–8); with token entropy as the signal,
+    the entropy control (docs/methods/entropy.md).
 
     1. has_box_i = any(answer_BT[i]) (the caller leaves answer/after empty for rows without a complete box).
     2. selected = reweighted_rows(A, rollout_symmetry) & has_box;
        fallback = selected & ~valid_signal_rows(signal); reweighted = selected & ~fallback.
     3. Reweighted rows: `saliency_weights`, z-scored over ALL the row's real tokens (answer span included,
        then overridden, as the release does), or over scope_BT's (validity checked over the same tokens; the
-       tokens left out get w_mean). Every other row: 1 on real tokens (METHODS.md 2.8 for rows
+       tokens left out get w_mean). Every other row: 1 on real tokens (docs/methods/grail.md step 8 for rows
        without a box; GRPO's weight for rows step 2 did not choose; a fallback row has nothing to normalise).
-    4. Rows with a box that are not fallback rows, whatever rollout_symmetry chose (METHODS.md 2.7):
+    4. Rows with a box that are not fallback rows, whatever rollout_symmetry chose (docs/methods/grail.md, step 7):
        `answer_span_overrides`. A fallback row stays uniform, overrides included.
 
     Args:
@@ -316,13 +317,13 @@ def grail_weights_from_saliency(saliency_BT: torch.Tensor, adv_B: torch.Tensor, 
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Controls (METHODS.md 4)
+# Controls (docs/methods/random.md, docs/methods/entropy.md)
 # ---------------------------------------------------------------------------------------------------------------
 
 
 def permuted_weights(weights_BT: torch.Tensor, permute_BT: torch.Tensor,
                      generator: torch.Generator | None = None) -> torch.Tensor:
-    """The random-reweighting control (METHODS.md 4): per row, the values at the positions where permute_BT
+    """The random-reweighting control (docs/methods/random.md): per row, the values at the positions where permute_BT
     is True, shuffled uniformly at random among those same positions; every other position unchanged.
 
     Mechanism: the k-th permuted position (in order) receives the value of the k-th position in a random

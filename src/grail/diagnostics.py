@@ -1,4 +1,4 @@
-"""Weight diagnostics as additive statistics: where the credit goes (METHODS.md 5, README "Metrics").
+"""Weight diagnostics as additive statistics: where the credit goes (docs/reference/metrics.md).
 
 Pure tensor functions (torch only, no `.item()`). A batch gives `weight_sums`: sums and counts (and one max), all
 0-dim or (num_bins,) tensors on the batch's device. Sums from several micro-batches and processes add up (and the
@@ -121,7 +121,7 @@ def finish(sums: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         ess_ratio, top10_mass: row means (1 and 0.1, the uniform values, if no row).
         reasoning_std: population std of the weights of the reasoning tokens (before `\\boxed{`), pooled over
             tokens; 0 if none. How far the weights of the tokens that carry the reasoning spread: GRAIL's z-score
-            over the whole completion compresses it (README "Token weighting", zscore_scope).
+            over the whole completion compresses it (docs/methods/grail.md, zscore_scope).
         position_profile: (num_bins,) token-pooled mean weight per bin (0 for an empty bin); position_count.
     """
     def ratio(num, den, empty):
@@ -160,7 +160,7 @@ def weight_diagnostics(weights_BT: torch.Tensor, adv_B: torch.Tensor, mask_BT: t
 def release_diagnostics(adv_B: torch.Tensor, adv_BT: torch.Tensor, mask_BT: torch.Tensor, clip_BT: torch.Tensor,
                         reweighted_BT: torch.Tensor) -> dict[str, torch.Tensor]:
     """The GRAIL release's own definitions of three logged statistics, for comparison with its logs. They differ
-    from `weight_diagnostics`' on purpose; both are logged (README "Metrics").
+    from `weight_diagnostics`' on purpose; both are logged (docs/reference/metrics.md).
 
     Keys (0-dim float32; per micro-batch and process, as the release computes them; the trainer averages them
     over micro-batches and processes, as the release averages them over processes):

@@ -40,7 +40,7 @@ def add_parsers(sub) -> None:
     ev.add_argument("--release-subsets-dir", help="folder holding the release subsets' identity lists as "
                     "DIR/olympiadbench/release_subset_ids.txt and DIR/college_math/release_subset.jsonl (default: "
                     "--data-dir). Needed with --size release when the benchmarks come from the Hub: the lists are "
-                    "in the shared data, not in grail-rl or on the Hub")
+                    "in a local copy of the benchmarks, not in grail-rl or on the Hub")
     ev.add_argument("--subset-seed", type=int, default=0, help="seed of the seeded subsets (--size N; default 0)")
     ev.add_argument("--samples", "--n", dest="n", type=int, default=RELEASE.n,
                     help=f"samples per problem (release {RELEASE.n}; `grail train --eval_samples`)")

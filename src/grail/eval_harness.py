@@ -1,7 +1,7 @@
 """Benchmark evaluation: sample, grade, score; resumable; results as JSON, markdown and per-sample JSONL.
 
 Stands alone (never imports the trainer); `grail eval`, training's checkpoint evaluation and the throughput
-benchmark all call `run_evaluation`. Protocol: ../shared/METHODS.md §6 (the prompt as in training, n samples per
+benchmark all call `run_evaluation`. Protocol: docs/guides/evaluation.md (the prompt as in training, n samples per
 problem, the last `\\boxed{}` graded against the reference with math-verify, acc@n and pass@k per benchmark, the
 unweighted and the size-weighted average), plus 95% bootstrap CIs over problems (`grail.metrics`).
 

@@ -1,6 +1,6 @@
 r"""The math grader: the content of the LAST complete `\boxed{}` of a completion against a reference answer.
 
-The one home of the grading logic (METHODS.md sections 1 and 6): the training reward
+The one home of the grading logic (docs/methods/none.md, docs/guides/evaluation.md): the training reward
 (`grail.rewards.math_verify_reward`) and evaluation both call `grade` / `grade_many`.
 
 What is compared
@@ -90,7 +90,7 @@ __all__ = [
     "WORKER_START_S"
 ]
 
-TIMEOUT_S = 5  # per math-verify parse and per comparison (METHODS.md section 1)
+TIMEOUT_S = 5  # per math-verify parse and per comparison (docs/methods/none.md)
 MAX_ANSWER_CHARS = 1000  # longer box contents are not parsed: no reference answer is this long
 WORKER_START_S = 60  # bound on spawning a worker process and importing math-verify in it
 MAX_WORKERS = 8  # default cap on grading processes: grading keeps up with generation well below it

@@ -134,7 +134,7 @@ def _entropy_probe(model, rows: ProbeBatch, options: WeightingOptions, generator
 
 
 def _oar_g_probe(model, rows: ProbeBatch, options: WeightingOptions, generator) -> torch.Tensor:
-    release = options.oar_variant == "grail_release"  # the GRAIL release's own OAR-G (METHODS.md 3)
+    release = options.oar_variant == "grail_release"  # the GRAIL release's own OAR-G (docs/methods/oar_g.md)
     return oar_probes.oar_g_importance(model, rows.input_ids_BL, rows.attention_mask_BL, rows.scored_BT, rows.answer_BT,
                                    distribution=options.oar_distribution, noise_std=options.oar_noise_std,
                                    temperature=1.0 if release else options.temperature, generator=generator,
@@ -180,7 +180,7 @@ def uniform_pipeline(spec, signal_BT, adv_B, spans, mask_BT, rows_B, options, ge
 
 
 def saliency_pipeline(spec, signal_BT, adv_B, spans, mask_BT, rows_B, options, generator, min_importance):
-    """GRAIL's: log → per-row z-score → affine → clip, then the answer-span overrides (METHODS.md 2)."""
+    """GRAIL's: log → per-row z-score → affine → clip, then the answer-span overrides (docs/methods/grail.md)."""
     out = core.grail_weights_from_saliency(
         signal_BT, adv_B, mask_BT, spans.answer_BT, spans.after_BT, rollout_symmetry=options.rollout_symmetry,
         weight_mean=options.weight_mean, weight_std=options.weight_std, weight_min=options.weight_min,
@@ -196,7 +196,7 @@ def saliency_pipeline(spec, signal_BT, adv_B, spans, mask_BT, rows_B, options, g
 
 
 def bilevel_pipeline(spec, signal_BT, adv_B, spans, mask_BT, rows_B, options, generator, min_importance):
-    """OAR's: normalised importance → bi-level reshaping with a mass-preserving rescale (METHODS.md 3)."""
+    """OAR's: normalised importance → bi-level reshaping with a mass-preserving rescale (docs/methods/oar_g.md)."""
     out = bilevel.oar_weights_from_importance(
         signal_BT, mask_BT, scored_tokens(spans, mask_BT, options), quantile=options.oar_quantile,
         beta=options.oar_beta, floor=options.oar_floor, min_importance=min_importance,
@@ -215,11 +215,11 @@ PIPELINES: dict[str, ToWeights] = {"uniform": uniform_pipeline, "saliency": sali
 METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
     MethodSpec("none", "GRPO", probe=None, pipeline="uniform", fuse=None, permutes=False),
     MethodSpec("grail", "GRAIL", _saliency_probe, "saliency", fuse="saliency", permutes=False,
-               title="GRAIL (gradient × activation saliency of the answer's NLL; METHODS.md 2)",
+               title="GRAIL (gradient × activation saliency of the answer's NLL)",
                example="saliency_leaf='middle', rollout_symmetry='both'",
                cost="one forward and one backward to the leaf on the rows it reweights"),
     MethodSpec("oar_g", "OAR-G", _oar_g_probe, "bilevel", fuse=None, permutes=False, unshardable=_OUTPUT_SHARD,
-               title="OAR-G (gradient proxy of the answer distribution's KL under embedding noise; METHODS.md 3)",
+               title="OAR-G (gradient proxy of the answer distribution's KL under embedding noise)",
                example="oar_variant='grail_release' (GRAIL's OAR-G baseline, exactly)",
                cost="two forwards and one backward to the embeddings"),
     MethodSpec("oar_p", "OAR-P", _oar_p_probe, "bilevel", fuse=None, permutes=False, min_importance=oar_p_floor,
@@ -227,15 +227,15 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
                            "chunk of perturbed copies), so the processes' parameter gathers would not match and the "
                            "run would hang; and " + _OUTPUT_SHARD,
                title="OAR-P (answer-distribution KL when each scored token is replaced by the pad token; "
-                     "METHODS.md 3)",
+                     ")",
                example="perturbation_chunk_tokens=8192 to bound memory",
                cost="one no-grad forward per scored token, batched in chunks that share the clean prefix"),
     MethodSpec("random", "random", _saliency_probe, "saliency", fuse="saliency", permutes=True,
-               title="Random control (GRAIL's weights for a row, permuted over its reasoning tokens; METHODS.md 4)",
+               title="Random control (GRAIL's weights for a row, permuted over its reasoning tokens)",
                example="rollout_symmetry='both'",
                cost="as GRAIL's; same weight distribution, no saliency information"),
     MethodSpec("entropy", "entropy", _entropy_probe, "saliency", fuse="entropy", permutes=False,
-               title="Entropy control (token entropy through GRAIL's normalisation; METHODS.md 4)",
+               title="Entropy control (token entropy through GRAIL's normalisation)",
                example="weight_std=1.0",
                cost="one no-grad forward (gradient-free)"),
 )}

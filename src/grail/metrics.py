@@ -1,7 +1,7 @@
 """Evaluation metrics: acc@n, unbiased pass@k, bootstrap CIs over problems, averages over benchmarks,
 paired differences.
 
-Pure functions on per-sample correctness (no model, no I/O; stdlib + torch). ../shared/METHODS.md §6:
+Pure functions on per-sample correctness (no model, no I/O; stdlib + torch). docs/guides/evaluation.md:
 
     acc@n   = (1/P) Σ_p c_p / n                                  (c_p correct samples out of n for problem p)
     pass@k  = (1/P) Σ_p [1 − C(n − c_p, k) / C(n, k)]           (Chen et al. 2021, "Evaluating LLMs trained on code")

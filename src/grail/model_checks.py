@@ -1,7 +1,7 @@
 """Checks of the model and tokenizer a run will load, made before the trainer is built, so that a missing tokenizer,
 a tokenizer without pad or EOS token, or a chat template the prompts need but the tokenizer lacks costs seconds and
-gives a message naming the field and the fix (README "Bad input"). The model's own accessors (input embeddings, the
-saliency leaf) are checked by `GRAILTrainer` when it is built, where the loaded model is at hand."""
+gives a message naming the field and the fix (docs/reference/errors.md). The model's own accessors (input
+embeddings, the saliency leaf) are checked by `GRAILTrainer` when it is built, where the loaded model is at hand."""
 
 from __future__ import annotations
 

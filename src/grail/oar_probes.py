@@ -1,8 +1,8 @@
 """OAR's probes: the answer distribution P_final, OAR-G's gradient proxy and OAR-P's perturbation importance
-(../shared/METHODS.md 3), on the model plumbing of `grail.probes` (whose docstring gives the batch layout and the
-guarantees every probe keeps).
+(docs/methods/oar_g.md, docs/methods/oar_p.md), on the model plumbing of `grail.probes` (whose docstring gives the
+batch layout and the guarantees every probe keeps).
 
-Departures from METHODS.md (choices the text leaves open, or makes here):
+Departures from the specification (docs/methods/; choices it leaves open, or makes here):
   1. OAR's distributions use logits / temperature (the spec does not say; GRAIL's saliency does, and it is the
      distribution the tokens were sampled from); the caller passes temperature 1 for the GRAIL release's OAR-G.
   2. OAR "next-token distribution at the last position" = the logits at the row's last real input position, i.e. the
@@ -52,7 +52,7 @@ DISTRIBUTIONS: tuple[Distribution, ...] = get_args(Distribution)
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# OAR: the answer distribution P_final (METHODS.md 3).
+# OAR: the answer distribution P_final (docs/methods/oar_g.md).
 
 
 def _answer_pool_BL(attention_mask_BL: torch.Tensor, answer_BT: torch.Tensor,
@@ -106,8 +106,8 @@ def oar_g_importance(model: nn.Module, input_ids_BL: torch.Tensor, attention_mas
                      scored_BT: torch.Tensor, answer_BT: torch.Tensor, *, distribution: Distribution,
                      noise_std: float, temperature: float, generator: torch.Generator | None = None,
                      at: Literal["token", "predicting"] = "token", noisy_product: bool = False) -> torch.Tensor:
-    """OAR-G: I_t = | Σ_d (∂J/∂e_p)_d · e_{p,d} |, J = Σ_i KL(P_0,i ‖ P_noisy,i) (METHODS.md 3), where p is the
-    input position of token t chosen by `at`.
+    """OAR-G: I_t = | Σ_d (∂J/∂e_p)_d · e_{p,d} |, J = Σ_i KL(P_0,i ‖ P_noisy,i) (docs/methods/oar_g.md), where p
+    is the input position of token t chosen by `at`.
 
     P_0 = P_final of a clean no-grad forward; e = the input embeddings as a fresh leaf; the noisy forward adds
     noise_std · N(0, 1) to e at the scored tokens' positions only. One clean forward, one forward and one
@@ -317,7 +317,7 @@ def oar_p_importance(model: nn.Module, input_ids_BL: torch.Tensor, attention_mas
                      scored_BT: torch.Tensor, answer_BT: torch.Tensor, *, distribution: Distribution,
                      pad_token_id: int, temperature: float, chunk_tokens: int) -> torch.Tensor:
     """OAR-P: I_t = KL(P_final ‖ P_final^(t)), P^(t) from a copy of the row with y_t replaced by `pad_token_id`
-    (substitution: the attention mask is unchanged) (METHODS.md 3). No gradient.
+    (substitution: the attention mask is unchanged) (docs/methods/oar_p.md). No gradient.
 
     One extra forward per scored token, batched: each row is stripped of its padding (its copies have the row's real
     length), and the copies run in chunks of at most max(1, chunk_tokens // n) copies of a row of real length n. A

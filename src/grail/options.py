@@ -2,7 +2,7 @@
 token-weighting options (`WeightingOptions`) and the tiny model's warm-start settings (`WarmStartConfig`).
 `grail.config_fields.GRAILFields` (the fields `GRAILConfig` adds to TRL's) builds on them.
 
-This module is the bottom layer of the package (README "Package layout"): it imports nothing heavier than the
+This module is the bottom layer of the package (docs/reference/layers.md): it imports nothing heavier than the
 standard library and the torch-free `grail.tasks` / `grail.sampling` defaults, so that `grail --help`,
 `grail presets`, the config loader's checks and the evaluation layer can read options without loading torch,
 transformers or TRL.
@@ -54,7 +54,7 @@ def parse_methods(text: str | None, example: str = "none,grail") -> tuple[str, .
     return methods
 
 
-# Per OAR variant, the values that `None` in the scope / quantile / beta fields stands for (METHODS.md 3):
+# Per OAR variant, the values that `None` in the scope / quantile / beta fields stands for (docs/methods/oar_g.md):
 # the OAR release's excerpt, and the GRAIL release's own OAR-G baseline (`qwen3_oar_g.yaml`).
 OAR_VARIANT_DEFAULTS: dict[str, dict[str, object]] = {
     "oar_excerpt": {"oar_scope": "reasoning", "oar_quantile": 0.25, "oar_beta": 1.0},
@@ -64,10 +64,10 @@ OAR_VARIANT_DEFAULTS: dict[str, dict[str, object]] = {
 
 @dataclass(frozen=True)
 class WeightingOptions:
-    """Every option of the token-weighting methods, with the released defaults (METHODS.md 2–4).
+    """Every option of the token-weighting methods, with the released defaults (docs/methods/).
 
     Field names, defaults and meanings are those of the same-named `GRAILConfig` fields, whose help texts
-    document them (`grail train --help`, README "Token weighting"). `temperature` is TRL's sampling
+    document them (`grail train --help`, docs/reference/weighting-fields.md). `temperature` is TRL's sampling
     temperature: every distribution a probe forms divides the logits by it (except the GRAIL release's OAR-G,
     which does not). `oar_scope`, `oar_quantile` and `oar_beta` left at None take `oar_variant`'s values
     (`OAR_VARIANT_DEFAULTS`); an explicit value wins.

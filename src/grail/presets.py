@@ -10,7 +10,7 @@ from grail.synthetic import WORDS_SET
 
 __all__ = ["NOTES", "PAPER", "PAPER_LOSS", "PAPER_NOTES", "preset", "PRESETS", "render", "SMOLLM_WORDS", "TINY_CPU"]
 
-# The GRAIL release's loss and grouping (METHODS.md section 1): A = r - mean(group) without std scaling,
+# The GRAIL release's loss and grouping (docs/methods/none.md): A = r - mean(group) without std scaling,
 # Dr. GRPO aggregation, asymmetric clip, no KL, truncated completions masked, 8 completions per prompt.
 PAPER_LOSS = {
     "scale_rewards": "none",
@@ -22,7 +22,7 @@ PAPER_LOSS = {
     "num_generations": 8,
 }
 
-# The GRAIL release's GRPO recipe (../shared/METHODS.md section 1), for Qwen3-4B on DeepMath-103K.
+# The GRAIL release's GRPO recipe (docs/methods/none.md), for Qwen3-4B on DeepMath-103K.
 # 32 prompts x 8 completions per optimiser step assumes 4 processes (4 GPUs x per-device 8 x accumulation 8);
 # on another GPU count, scale gradient_accumulation_steps to keep 256 completions per step.
 PAPER = {

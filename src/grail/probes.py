@@ -1,5 +1,5 @@
-"""Model-touching probes: GRAIL's answer-NLL saliency and token entropies (../shared/METHODS.md 2, 4), and the model
-plumbing they share with OAR's probes (`grail.oar_probes`).
+"""Model-touching probes: GRAIL's answer-NLL saliency and token entropies (docs/methods/grail.md,
+docs/methods/entropy.md), and the model plumbing they share with OAR's probes (`grail.oar_probes`).
 
 Every probe takes TRL's batch layout: `input_ids_BL = cat(prompt_ids_BS, completion_ids_BT)`, prompts left-padded,
 completions right-padded, `attention_mask_BL` alike, L = S + T. It returns a float32, detached (B, T) tensor on the
@@ -10,7 +10,7 @@ inputs=[leaf])` on a fresh leaf, so no parameter `.grad` is written; `requires_g
 temperature wherever a distribution is formed.
 
 Position ids are not passed: the backbone numbers positions 0..L−1 whatever the padding, exactly as in TRL's own
-forward. With rotary position embeddings (Qwen3, Llama: every model of METHODS.md 1) attention depends only on
+forward. With rotary position embeddings (Qwen3, Llama: every model of the GRAIL paper) attention depends only on
 position differences, so a left-padded row gives the same outputs as the row alone (tested to 1e-5); a model with
 absolute position embeddings would need explicit `position_ids`.
 
@@ -92,7 +92,7 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
 
 
 def leaf_module(model: nn.Module, leaf: Leaf) -> nn.Module:
-    """The module whose forward OUTPUT is the leaf h (METHODS.md 2.2).
+    """The module whose forward OUTPUT is the leaf h (docs/methods/grail.md, step 2).
 
     "embeddings": the input embedding module (`hidden_states[0]`); "first" / "middle" / "last": the decoder layer whose
     output is `hidden_states[k]` of `output_hidden_states`, k = 1, L // 2, L − 1 (L decoder layers), i.e. layer k − 1.
@@ -258,7 +258,7 @@ def completion_mask_BT(attention_mask_BL: torch.Tensor, num_completion_tokens: i
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# GRAIL: answer-NLL saliency (METHODS.md 2, steps 2–4).
+# GRAIL: answer-NLL saliency (docs/methods/grail.md, steps 2–4).
 
 
 def answer_nll_saliency(model: nn.Module, input_ids_BL: torch.Tensor, attention_mask_BL: torch.Tensor,
@@ -298,7 +298,7 @@ def answer_nll_saliency(model: nn.Module, input_ids_BL: torch.Tensor, attention_
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Entropy control (METHODS.md 4).
+# Entropy control (docs/methods/entropy.md).
 
 
 @torch.no_grad()

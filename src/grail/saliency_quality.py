@@ -34,9 +34,9 @@ What is measured, per example (`prompt`, `solution`, `critical_spans`, `filler_s
      OAR's bi-level map), so with within-trace pairs "weights" differs from "signal" only by the rows it scores,
      the ties that clipping or OAR's floor create, and (random) the permutation.
 GRAIL's per-token signal (leaf = embeddings) is the saliency of the input that PREDICTS the token, i.e. of the previous
-token's embedding (METHODS.md 2.4); OAR-P's and OAR-G's (oar_excerpt) are of the token itself (the GRAIL release's
-OAR-G, oar_variant="grail_release", also reads the predicting position). The AUROC reads each signal where the
-method puts it.
+token's embedding (docs/methods/grail.md, step 4); OAR-P's and OAR-G's (oar_excerpt) are of the token itself (the
+GRAIL release's OAR-G, oar_variant="grail_release", also reads the predicting position). The AUROC reads each signal
+where the method puts it.
 
 Errors: rows lacking a key, with bad spans or without a box → ValueError naming the row; no filler (or no critical)
 token at all → ValueError (the AUROC is undefined; for the synthetic task set filler_rate > 0). A method/part with

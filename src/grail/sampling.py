@@ -5,9 +5,9 @@
 including the end-of-sequence token). The same `seed` and prompts give the same samples on the same machine
 and backend, which is what makes an interrupted evaluation resumable batch by batch.
 
-SamplingParams' defaults are the release's evaluation settings (METHODS.md 6), the one home of those numbers
-(`grail eval`'s flags and training's checkpoint evaluation read them from here). The HF backend generates at most
-what the model can hold: max_new_tokens is capped per batch at max_position_embeddings minus the batch's longest
+SamplingParams' defaults are the release's evaluation settings (docs/guides/evaluation.md), the one home of those
+numbers (`grail eval`'s flags and training's checkpoint evaluation read them from here). The HF backend generates at
+most what the model can hold: max_new_tokens is capped per batch at max_position_embeddings minus the batch's longest
 prompt (`new_token_limit`); the embedded tiny model holds 512 positions, a Qwen3-4B 40960.
 
 torch is imported where it is used, so that the CLI can read the defaults without loading it.
@@ -27,7 +27,7 @@ __all__ = [
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Sampling settings; the defaults are the release's evaluation protocol (METHODS.md 6)."""
+    """Sampling settings; the defaults are the release's evaluation protocol (docs/guides/evaluation.md)."""
 
     n: int = 3
     temperature: float = 0.6  # 0 = greedy

@@ -4,7 +4,7 @@ Two concerns, both about indexing completion tokens:
 
 1. `align_to_completion`: per-input-position values (B, L, ...) → per-completion-token values (B, T, ...).
    The only place the one-position shift (position S − 1 + t predicts token t) is written.
-2. Answer spans (METHODS.md 2.1 and 2.7): which completion tokens are inside the chosen `\boxed{...}`,
+2. Answer spans (docs/methods/grail.md, steps 1 and 7): which completion tokens are inside the chosen `\boxed{...}`,
    which are its marker, closing brace and everything after it, and which are the reasoning before it.
    Three steps per row:
      ids --`token_char_offsets`--> (text, one character range per token)   the tokenizer's own decoder
@@ -189,7 +189,8 @@ class AnswerSpans(NamedTuple):
 
 def answer_spans(tokenizer, completion_ids_BT: torch.Tensor, mask_BT: torch.Tensor, *,
                  box: AnswerBox = "first") -> AnswerSpans:
-    r"""Answer span, post-box tokens and reasoning of each completion (METHODS.md 2.1, 2.7, 3).
+    r"""Answer span, post-box tokens and reasoning of each completion (docs/methods/grail.md steps 1 and 7,
+    docs/methods/oar_g.md).
 
     Per row: the real tokens (mask True, taken in order wherever they are; no prefix layout assumed) are decoded
     with `token_char_offsets`; the FIRST (`box="first"`, the GRAIL release) or LAST (`"last"`, what the reward

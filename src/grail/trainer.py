@@ -70,7 +70,7 @@ def refuse_if_unshardable(method, sharded: str | None) -> None:
     """ValueError, before training, for a method (a `MethodSpec`) whose probe cannot run on a sharded model."""
     if sharded and method.unshardable:
         raise ValueError(f"token_weighting={method.name!r} cannot train a model sharded by {sharded}: "
-                         f"{method.unshardable}. Use DeepSpeed ZeRO-2 or DDP (README, \"Real models and clusters\"), "
+                         f"{method.unshardable}. Use DeepSpeed ZeRO-2 or DDP (docs/getting-started/clusters.md), "
                          f"or another token_weighting.")
 
 
@@ -367,7 +367,7 @@ class GRAILTrainer(GRPOTrainer):
 
     def reduce_weight_metrics(self, mode: str) -> dict[str, float]:
         """Pool the mode's accumulated statistics over processes (one gather) and append the `weights/*` metrics
-        (README "Metrics") to TRL's lists; called by `log` once per logging step, on every process."""
+        (docs/reference/metrics.md) to TRL's lists; called by `log` once per logging step, on every process."""
         K = len(SUM_KEYS) + 2 * NUM_BINS
         device = self.accelerator.device
         sums, peak = self._weight_sums.pop(mode, (torch.zeros(K, device=device), torch.zeros((), device=device)))

@@ -1,0 +1,301 @@
+"""MkDocs hook: the reference pages that are generated from the code at build time, so each fact has one home.
+
+A page asks for generated content with a marker line, which `on_page_markdown` replaces:
+
+    <!-- grail:config-fields [only="SECTION"] [skip="SECTION"] -->   GRAILFields, from each field's help
+    <!-- grail:cli -->                                               the argparse parsers of grail.cli
+    <!-- grail:presets -->                                           grail.presets.PRESETS, as `grail presets` prints
+    <!-- grail:layers -->                                            LAYERS of tests/test_layers.py, module docstrings
+    <!-- grail:scripts -->                                           the perf/ scripts, from their docstrings
+
+Only light imports: `grail.config_fields` and `grail.cli` load neither torch nor TRL (tests/test_layers.py checks it),
+and the layer table is read from the test file with `ast`, never imported. `generated(name, **args)` is what
+tests/test_docs.py calls to measure the generated pages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import io
+import re
+import tokenize
+import types
+import typing
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "src" / "grail"
+LAYER_TEST = ROOT / "tests" / "test_layers.py"
+MARKER = re.compile(r"^<!-- grail:([a-z-]+)((?:\s+\w+=\"[^\"]*\")*)\s*-->$", re.MULTILINE)
+ARG = re.compile(r"(\w+)=\"([^\"]*)\"")
+
+
+# ----------------------------------------------------------------------------------------------- text helpers
+
+def _escape(text: str) -> str:
+    """Markdown-safe prose for a table cell or a paragraph: `&`, `<`, `>`, `*`, brackets and `|` escaped outside
+    code spans; a code span holding `|` becomes HTML (a table would split it, and `\\|` shows inside code)."""
+    parts = re.split(r"(`[^`]*`)", text)
+    out = []
+    for i, part in enumerate(parts):
+        if i % 2 == 0:
+            part = part.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("*", r"\*")
+            part = part.replace("[", r"\[").replace("]", r"\]").replace("|", r"\|")
+        elif "|" in part:
+            part = _code(part[1:-1])
+        out.append(part)
+    return "".join(out)
+
+
+def _code(text: str) -> str:
+    """An inline code span, as HTML where it holds `|` or a backtick (safe in a table cell)."""
+    if "|" in text or "`" in text:
+        inner = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "&#124;")
+        return f"<code>{inner}</code>"
+    return f"`{text}`"
+
+
+def _first_sentence(doc: str | None) -> str:
+    if not doc:
+        return ""
+    paragraph = " ".join(doc.strip().split("\n\n")[0].split()).replace("``", "`")
+    match = re.match(r"(.+?[.])\s+(?=[A-Z])", paragraph)
+    return match.group(1) if match else paragraph
+
+
+# ----------------------------------------------------------------------------------------------- config fields
+
+def _type_text(hint) -> str:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Literal:
+        return " \\| ".join(_code(str(a)) for a in args)
+    if origin in (typing.Union, types.UnionType):
+        return " \\| ".join(_type_text(a) for a in args)
+    if hint is type(None):
+        return "`None`"
+    return _code(getattr(hint, "__name__", str(hint)))
+
+
+def _field_sections() -> list[tuple[str, str, list[int]]]:
+    """(title, note, first lines of the fields) per `# ---- title (note) ----` comment of GRAILFields."""
+    source = (PACKAGE / "config_fields.py").read_text()
+    comments = [(tok.start[0], tok.string) for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+                if tok.type == tokenize.COMMENT and tok.string.startswith("# ----")]
+    cls = next(node for node in ast.parse(source).body if isinstance(node, ast.ClassDef) and node.name == "GRAILFields")
+    field_lines = [node.lineno for node in cls.body if isinstance(node, ast.AnnAssign)]
+    sections = []
+    for i, (line, text) in enumerate(comments):
+        end = comments[i + 1][0] if i + 1 < len(comments) else 10**9
+        lines = [n for n in field_lines if line < n < end]
+        if not lines:
+            continue
+        text = text.strip("#- ").strip()
+        title, _, note = text.partition(" (")
+        sections.append((title[:1].upper() + title[1:], note.rstrip(")").strip(), lines))
+    return sections
+
+
+def config_fields(only: str = "", skip: str = "") -> str:
+    from grail.config_fields import GRAILFields
+
+    hints = typing.get_type_hints(GRAILFields)
+    source = (PACKAGE / "config_fields.py").read_text()
+    cls = next(node for node in ast.parse(source).body if isinstance(node, ast.ClassDef) and node.name == "GRAILFields")
+    line_of = {node.target.id: node.lineno for node in cls.body if isinstance(node, ast.AnnAssign)}
+    by_line = {line_of[f.name]: f for f in dataclasses.fields(GRAILFields)}
+    out = []
+    for title, note, lines in _field_sections():
+        if (only and not title.lower().startswith(only.lower())) or (skip and title.lower().startswith(skip.lower())):
+            continue
+        out += [f"## {title}", ""]
+        if note:
+            out += [f"*{_escape(note)}*", ""]
+        for line in lines:
+            f = by_line[line]
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            out += [f"### `{f.name}`", "",
+                    f"{_type_text(hints[f.name])} · default {_code(repr(default))}", "",
+                    _escape(" ".join(f.metadata.get("help", "").split())), ""]
+    return "\n".join(out)
+
+
+# ----------------------------------------------------------------------------------------------- command line
+
+def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, str, argparse.ArgumentParser]]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {a.dest: (a.help or "").replace("%%", "%") for a in action._choices_actions}
+            return [(name, helps.get(name, ""), sub) for name, sub in action.choices.items()]
+    return []
+
+
+def _option_rows(parser: argparse.ArgumentParser) -> list[str]:
+    formatter = parser._get_formatter()
+    rows = []
+    for action in parser._actions:
+        if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)) or action.help == argparse.SUPPRESS:
+            continue
+        if action.option_strings:
+            metavar = "" if action.nargs == 0 else " " + formatter._format_args(action, action.dest.upper())
+            name = ", ".join(action.option_strings) + metavar
+        else:
+            name = formatter._format_args(action, action.dest)
+        help_text = formatter._expand_help(action) if action.help else ""
+        default = "" if action.default in (None, argparse.SUPPRESS, False, []) else _code(repr(action.default))
+        if action.required:
+            default = "required"
+        rows.append(f"| {_code(name)} | {default} | {_escape(' '.join(help_text.split()))} |")
+    return rows
+
+
+def _command(path: list[str], help_text: str, parser: argparse.ArgumentParser, fields_epilog: str) -> list[str]:
+    level = "#" * len(path)
+    out = [f"{level} `{' '.join(path)}`", ""]
+    if help_text:
+        out += [_escape(help_text[:1].upper() + help_text[1:]) + ".", ""]
+    formatter = parser.formatter_class(prog=parser.prog, width=110)  # fixed: the page must not follow the terminal
+    formatter.add_usage(parser.usage, parser._actions, parser._mutually_exclusive_groups, prefix="")
+    out += ["```text", formatter.format_help().strip("\n"), "```", ""]
+    if parser.description:
+        if parser.formatter_class is argparse.RawDescriptionHelpFormatter:
+            out += ["```text", parser.description.strip("\n"), "```", ""]
+        else:
+            out += [_escape(" ".join(parser.description.split())), ""]
+    rows = _option_rows(parser)
+    if rows:
+        out += ["| argument | default | meaning |", "|---|---|---|", *rows, ""]
+    if parser.epilog == fields_epilog:
+        out += ["Every config field is a flag too: `--FIELD VALUE` (see [Config fields](config.md) and "
+                "[Token-weighting fields](weighting-fields.md)).", ""]
+    elif parser.epilog:
+        out += ["```text", parser.epilog.strip("\n"), "```", ""]
+    for name, sub_help, sub in _subcommands(parser):
+        out += _command([*path, name], sub_help, sub, fields_epilog)
+    return out
+
+
+def cli() -> str:
+    from grail import cli as grail_cli
+
+    parser = grail_cli._parser()
+    fields_epilog = grail_cli._fields_help()
+    out = ["| command | what it does |", "|---|---|"]
+    commands = _subcommands(parser)
+    for name, help_text, _ in commands:
+        out.append(f"| [`grail {name}`](#grail-{name}) | {_escape(help_text)} |")
+    out.append("")
+    for name, help_text, sub in commands:
+        out += _command(["grail", name], help_text, sub, fields_epilog)
+    return "\n".join(out)
+
+
+# ----------------------------------------------------------------------------------------------- presets
+
+def presets() -> str:
+    """Each preset as `grail presets NAME` prints it: its values, with what each `paper` value is for."""
+    from grail.presets import PRESETS, render
+
+    out = []
+    for name in PRESETS:
+        out += [f"## `{name}`", "", "```yaml", render([name]).rstrip("\n"), "```", ""]
+    return "\n".join(out)
+
+
+# ----------------------------------------------------------------------------------------------- layers
+
+def _layers() -> tuple[dict[str, list[str]], dict[str, str], set[tuple[str, str]]]:
+    """LAYERS (bottom to top), the comment beside or above each layer, and SIBLINGS, read from the test's source."""
+    source = LAYER_TEST.read_text()
+    tokens = [tok for tok in tokenize.generate_tokens(io.StringIO(source).readline) if tok.type == tokenize.COMMENT]
+    beside = {tok.start[0]: tok.string.lstrip("# ").strip() for tok in tokens}
+    above = {tok.start[0]: tok.string.lstrip("# ").strip() for tok in tokens if tok.line.lstrip().startswith("#")}
+    layers, notes, siblings = {}, {}, set()
+    for node in ast.parse(source).body:
+        if not isinstance(node, ast.Assign) or not isinstance(node.targets[0], ast.Name):
+            continue
+        if node.targets[0].id == "LAYERS":
+            for key, value in zip(node.value.keys, node.value.values, strict=True):
+                name = ast.literal_eval(key)
+                layers[name] = list(ast.literal_eval(value))
+                note = beside.get(value.end_lineno) or above.get(key.lineno - 1)
+                if note:
+                    notes[name] = note
+        elif node.targets[0].id == "SIBLINGS":
+            siblings = set(ast.literal_eval(node.value))
+    return layers, notes, siblings
+
+
+def _module_file(module: str) -> Path | None:
+    base = PACKAGE.joinpath(*module.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _docstring(path: Path | None) -> str:
+    if path is None:
+        return ""
+    return ast.get_docstring(ast.parse(path.read_text())) or ""
+
+
+def layers() -> str:
+    table, notes, siblings = _layers()
+    out = ["| layer | modules | note |", "|---|---|---|"]
+    for name, modules in reversed(table.items()):
+        out.append(f"| **{name}** | {', '.join(_code(m) for m in modules)} | {_escape(notes.get(name, ''))} |")
+    out.append("")
+    for a, b in sorted(siblings):
+        out += [f"`{a}` and `{b}` sit side by side: neither may import the other.", ""]
+    out += ["## Modules", "", "Each module's first sentence of its docstring, layer by layer from the top.", "",
+            "| module | layer | what it holds |", "|---|---|---|"]
+    for name, modules in reversed(table.items()):
+        layer = f"**{name}**"
+        for module in modules:
+            if module == "__main__":
+                continue
+            path = _module_file(module)
+            dotted = "grail" if module == "__init__" else f"grail.{module}"
+            out.append(f"| `{dotted}` | {layer} | {_escape(_first_sentence(_docstring(path)))} |")
+            layer = ""
+    return "\n".join(out)
+
+
+def scripts() -> str:
+    out = ["| script | what it measures |", "|---|---|"]
+    for path in sorted((ROOT / "perf").glob("*.py")):
+        out.append(f"| `perf/{path.name}` | {_escape(_first_sentence(_docstring(path)))} |")
+    return "\n".join(out)
+
+
+# ----------------------------------------------------------------------------------------------- the hook
+
+GENERATORS = {"config-fields": config_fields, "cli": cli, "presets": presets, "layers": layers, "scripts": scripts}
+
+
+def generated(name: str, **args: str) -> str:
+    return GENERATORS[name](**args)
+
+
+def expand(markdown: str) -> str:
+    """The page with every marker replaced by its generated content."""
+    return MARKER.sub(lambda m: generated(m.group(1), **dict(ARG.findall(m.group(2)))), markdown)
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:
+    return expand(markdown) if "<!-- grail:" in markdown else markdown
+
+
+# Docstrings index tensors as `x[p][j]`, which Markdown reads as a reference link and mkdocs-autorefs as a
+# cross-reference to an object named `j`. An identifier of one or two letters without a dot is never an object of
+# the package: put the brackets back as text.
+INDEX_REF = re.compile(r'<autoref (?=[^>]*identifier="([A-Za-z_]{1,2})")[^>]*>(.*?)</autoref>', re.DOTALL)
+
+
+def on_page_content(html: str, page, config, files) -> str:
+    return INDEX_REF.sub(lambda m: f"[{m.group(2)}][{m.group(1)}]", html)
+
+
+__all__ = ["expand", "generated", "on_page_content", "on_page_markdown"]
