@@ -53,7 +53,7 @@ she has 7 + 5 = 12. ..."; "compact" = the equations only, "7 + 5 = 12. \boxed{12
   2, 1..9, 999           2 long examples as chat turns             4.2%      0.0%    40%
   (* 8 problems x 8 samples.) Two steps stay below 10% whatever the prompt: the 135M model's arithmetic at T=1.
 
-Chosen default (WORDS_TASK / WORDS_SET, the `words` preset): 1 step, operands 1..20, every value <= 40 (so ``*``
+Chosen default (WORDS_TASK / WORDS_SET, the `smollm-words` preset): 1 step, operands 1..20, every value <= 40 (so ``*``
 is "2 to 20 times as many" with a product <= 40), 4 worked examples, the short solution. 708 distinct expressions:
 642 train, 66 held-out, hence WORDS_SET's 600 / 64. Confirmation on 64 held-out problems x 4 samples, 128 new
 tokens (python perf/word_problems_accuracy.py --threads 1; the defaults are WORDS_SET's):
