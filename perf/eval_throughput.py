@@ -1,4 +1,4 @@
-"""Evaluation throughput of the tiny model: samples per second through `grail.eval_harness.run_evaluation`.
+"""Evaluation throughput of the tiny model: samples per second through `grail.evaluation.harness.run_evaluation`.
 
 What is measured: the wall time of a complete `run_evaluation` (prompt rendering, HF `generate` sampling, grading
 with math-verify in `--workers` processes, metrics and file writing) of the warm-started tiny model on the
@@ -33,12 +33,12 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from grail.benchmarks import load_benchmark
-    from grail.eval_harness import EvalSpec, run_evaluation
-    from grail.options import WarmStartConfig
-    from grail.prompts import PromptFormat
-    from grail.sampling import HFSampler, SamplingParams
-    from grail.warmstart import warm_start
+    from grail.evaluation.benchmarks import load_benchmark
+    from grail.evaluation.harness import EvalSpec, run_evaluation
+    from grail.models.warmstart import warm_start
+    from grail.options.choices import WarmStartConfig
+    from grail.options.prompts import PromptFormat
+    from grail.options.sampling import HFSampler, SamplingParams
 
     path = warm_start(WarmStartConfig(), args.cache_dir, log=lambda s: print(s, file=sys.stderr))
     model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)

@@ -99,7 +99,7 @@ def build(shape: str, cuda: bool):
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from grail.tiny import build_tokenizer
+    from grail.models.tiny import build_tokenizer
 
     tokenizer = build_tokenizer()
     config = Qwen3Config(vocab_size=VOCAB if shape != "smoke" else len(tokenizer), max_position_embeddings=8192,
@@ -114,9 +114,9 @@ def build(shape: str, cuda: bool):
 def trainer_for(model, tokenizer, variant: str, checkpointing: str, cuda: bool, out: str):
     from datasets import Dataset
 
-    from grail.config import GRAILConfig
-    from grail.rewards import exact_int_reward
-    from grail.trainer import GRAILTrainer
+    from grail.evaluation.rewards import exact_int_reward
+    from grail.training.config import GRAILConfig
+    from grail.training.trainer import GRAILTrainer
 
     args = GRAILConfig(output_dir=out, per_device_train_batch_size=2, num_generations=2, report_to="none",
                        beta=0.0, loss_type="dr_grpo", use_cpu=not cuda, bf16=cuda,

@@ -1,4 +1,5 @@
-r"""Grader throughput: verifications per second of `grail.grader.grade_many` with 1 worker and with cpu_count.
+r"""Grader throughput: verifications per second of `grail.evaluation.grader.grade_many` with 1 worker and with
+cpu_count.
 
 What is graded (`--mix`):
 - `math500_solutions` (default): each MATH500 worked solution (a realistic completion: prose, LaTeX, [asy] code,
@@ -38,7 +39,7 @@ def items(mix: str, data_dir: Path, repeats: int) -> tuple[list[str], list[str]]
         with (data_dir / "math500" / "test.jsonl").open(encoding="utf-8") as lines:
             rows = [json.loads(line) for line in lines if line.strip()]
         return [r["solution"] for r in rows] * repeats, [r["answer"] for r in rows] * repeats
-    from grail.benchmarks import BENCHMARK_NAMES, load_benchmark
+    from grail.evaluation.benchmarks import BENCHMARK_NAMES, load_benchmark
 
     problems = [p for name in BENCHMARK_NAMES for p in load_benchmark(name, data_dir=data_dir, size=None).problems]
     return ["\\boxed{" + p.answer + "}" for p in problems] * repeats, [p.answer for p in problems] * repeats
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from sympy.core.cache import clear_cache
 
-    from grail.grader import TIMEOUT_S, _parse_reference, grade_many
+    from grail.evaluation.grader import TIMEOUT_S, _parse_reference, grade_many
 
     repeats = args.repeats or (3 if args.mix == "math500_solutions" else 1)
     completions, references = items(args.mix, args.data_dir, repeats)

@@ -1,5 +1,6 @@
 """False accepts of the grader with and without grail's guards: `grail grader-check --neighbour` on every benchmark
-twice, once with `grail.grader.accepted` replaced by "accept every pair math-verify accepts" (math-verify alone).
+twice, once with `grail.evaluation.grader.accepted` replaced by "accept every pair math-verify accepts" (math-verify
+alone).
 
     python perf/neighbour_guards.py --data-dir DIR  # DIR/<name>/test.jsonl, docs/guides/evaluation.md
 
@@ -9,8 +10,8 @@ on 2 cores. Prints, per benchmark, the neighbour pairs accepted, and each accept
 
 import argparse
 
-import grail.grader as grader
-from grail.grader_check import grader_check
+import grail.evaluation.grader as grader
+from grail.evaluation.grader_check import grader_check
 
 
 def main() -> None:

@@ -13,12 +13,12 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from grail import oar_probes, probes
-from grail.bilevel import oar_weights_from_importance
-from grail.methods import scored_tokens
-from grail.options import WarmStartConfig, WeightingOptions
-from grail.spans import answer_spans
-from grail.warmstart import warm_start
+from grail.methods import oar_probes, probes
+from grail.methods.bilevel import oar_weights_from_importance
+from grail.methods.spans import answer_spans
+from grail.methods.table import scored_tokens
+from grail.models.warmstart import warm_start
+from grail.options.choices import WarmStartConfig, WeightingOptions
 
 PROMPT, COMPLETION = "Q: 7*5-7-1\nA:", " 7*5=35, 35-7=28, now 28-1=27. \\boxed{27}"
 

@@ -52,8 +52,8 @@ def measure_one(args) -> dict:
     import torch
     from step_overhead import RssPeakSampler, tune_glibc_malloc
 
-    from grail.oar_probes import oar_p_importance
-    from grail.tiny import build_tiny_model, build_tokenizer
+    from grail.methods.oar_probes import oar_p_importance
+    from grail.models.tiny import build_tiny_model, build_tokenizer
 
     malloc = tune_glibc_malloc()
     torch.manual_seed(0)

@@ -1,5 +1,6 @@
 """Saliency AUROC (critical vs filler tokens) of the five methods on the synthetic task: 64 held-out problems with
-filler words at rate 0.6, teacher-forced (grail.saliency_quality), on the warm-started tiny model or a real model.
+filler words at rate 0.6, teacher-forced (grail.analysis.saliency.quality), on the warm-started tiny model or a real
+model.
 
     python perf/saliency_auroc.py [--warm-start-filler-rate 0.6] [--rows 64] [--pairs within_trace|all]
     python perf/saliency_auroc.py --model smollm2-135m --task-style words [--rows 64]
@@ -7,8 +8,8 @@ filler words at rate 0.6, teacher-forced (grail.saliency_quality), on the warm-s
 --warm-start-filler-rate: the filler rate of the tiny model's warm start's own training traces (default 0, the
 embedded default: the model has never seen a filler word; 0.6 warm-starts, or reuses from the cache, a model trained
 with filler). --model: a real model's name (`grail models fetch` it first) or a checkpoint directory; its prompts are
-rendered as training renders them (grail.prompts.resolve_prompt_format: the chat template when the tokenizer has
-one, no suffix on the synthetic task). --task-style words: the word-problem style (grail.word_problems).
+rendered as training renders them (grail.options.prompts.resolve_prompt_format: the chat template when the tokenizer has
+one, no suffix on the synthetic task). --task-style words: the word-problem style (grail.tasks.word_problems).
 """
 
 import argparse
@@ -16,14 +17,14 @@ from dataclasses import replace
 
 from transformers import AutoTokenizer
 
-from grail.config_fields import TINY_MODEL
-from grail.options import WarmStartConfig
-from grail.prompts import resolve_prompt_format
-from grail.saliency_quality import METHOD_NAMES, SaliencyQualityOptions, model_dir_saliency_auroc
-from grail.tasks import TaskConfig
-from grail.token_labels import synthetic_rows
-from grail.warmstart import resolve_model
-from grail.word_problems import WORDS_TASK
+from grail.analysis.saliency.quality import METHOD_NAMES, SaliencyQualityOptions, model_dir_saliency_auroc
+from grail.analysis.saliency.token_labels import synthetic_rows
+from grail.models.warmstart import resolve_model
+from grail.options.choices import WarmStartConfig
+from grail.options.fields import TINY_MODEL
+from grail.options.prompts import resolve_prompt_format
+from grail.tasks.arithmetic import TaskConfig
+from grail.tasks.word_problems import WORDS_TASK
 
 
 def main() -> None:

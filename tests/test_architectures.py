@@ -16,12 +16,12 @@ import transformers
 from datasets import Dataset
 from torch import nn
 
-from grail import oar_probes, probes
-from grail.config import GRAILConfig
-from grail.options import WeightingOptions
-from grail.rewards import exact_int_reward
-from grail.trainer import GRAILTrainer
-from grail.weighting import METHOD_FUNCTIONS, batch_spans, probe_rows, run_probe, token_weights
+from grail.evaluation.rewards import exact_int_reward
+from grail.methods import oar_probes, probes
+from grail.methods.weighting import METHOD_FUNCTIONS, batch_spans, probe_rows, run_probe, token_weights
+from grail.options.choices import WeightingOptions
+from grail.training.config import GRAILConfig
+from grail.training.trainer import GRAILTrainer
 
 SIZES = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
              max_position_embeddings=128)

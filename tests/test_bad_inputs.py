@@ -6,7 +6,7 @@ import json
 import pytest
 
 from grail.cli import main
-from grail.tiny import build_tokenizer, save_tiny
+from grail.models.tiny import build_tokenizer, save_tiny
 
 
 def _jsonl(path, rows):

@@ -1,6 +1,6 @@
-"""grail.benchmarks: the six local benchmark copies (skipped when ../shared/data/benchmarks is absent), the release's
-fixed subsets and seeded subsets, error paths on small files written in the test, the Hub error path offline, and
-the synthetic task."""
+"""grail.evaluation.benchmarks: the six local benchmark copies (skipped when ../shared/data/benchmarks is absent), the
+release's fixed subsets and seeded subsets, error paths on small files written in the test, the Hub error path offline,
+and the synthetic task."""
 
 import json
 import re
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from grail.benchmark_sources import HUB_IDS
-from grail.benchmarks import (
+from grail.evaluation.benchmark_sources import HUB_IDS
+from grail.evaluation.benchmarks import (
     BENCHMARK_NAMES,
     RELEASE_SUBSET_FILES,
     Problem,
@@ -298,8 +298,8 @@ def test_hub_uses_the_only_split_when_there_is_no_test_split(monkeypatch):
 
 # ---- synthetic task and name lists ----------------------------------------------------------------------------
 def test_synthetic_through_the_same_interface():
-    from grail.synthetic import generate
-    from grail.tasks import TaskConfig
+    from grail.tasks.arithmetic import TaskConfig
+    from grail.tasks.synthetic import generate
 
     bench = load_benchmark("synthetic", size=None)
     expected = generate(TaskConfig(), 200, "heldout", 0)  # GRAILConfig's defaults: task_num_heldout 200, seed 0

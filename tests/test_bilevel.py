@@ -1,11 +1,11 @@
-"""grail.bilevel: OAR's bi-level reshaping, by hand and against the loop reference."""
+"""grail.methods.bilevel: OAR's bi-level reshaping, by hand and against the loop reference."""
 
 import math
 
 import pytest
 import torch
 
-from grail.bilevel import bilevel_weights, oar_weights_from_importance
+from grail.methods.bilevel import bilevel_weights, oar_weights_from_importance
 from references import random_batch, ref_bilevel
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -1,10 +1,10 @@
-r"""Tests for grail.boxed: `\boxed{}` spans in character space and the character-to-token map."""
+r"""Tests for grail.tasks.boxed: `\boxed{}` spans in character space and the character-to-token map."""
 
 import random
 
 import pytest
 
-from grail.boxed import (
+from grail.tasks.boxed import (
     BoxSpan,
     char_span_to_token_positions,
     find_boxed_spans,

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from conftest import WARM_STEPS
 from grail.cli import main
-from grail.prompts import PAPER_PROMPT_SUFFIX
+from grail.options.prompts import PAPER_PROMPT_SUFFIX
 
 # conftest's shorter warm start (WARM_STEPS, not the default 300) keeps the suite fast; it still gives groups with
 # mixed rewards, which a GRPO update needs to move the parameters at all. The session's `warm_cache` holds it.
@@ -195,9 +195,9 @@ def test_default_demo_improves_heldout_accuracy(tmp_path, cache_dir):
     is a third of that, so a sign error or a dead advantage hook fails it, ordinary numeric drift does not.
     GRAIL is not asserted to beat GRPO: one seed on a toy task cannot show that.
     """
-    from grail.demo import run_demo
-    from grail.overrides import build_config, merge
-    from grail.presets import TINY_CPU
+    from grail.options.presets import TINY_CPU
+    from grail.training.demo import run_demo
+    from grail.training.overrides import build_config, merge
 
     values = {**merge(None, {}, base=TINY_CPU), "output_dir": str(tmp_path / "demo"), "disable_tqdm": True}
     summary = run_demo(build_config(values), values, log=lambda s: None)
@@ -238,12 +238,12 @@ def test_help_of_every_command_exits_0_through_the_real_entry_point(command):
 
 def test_a_bad_dataset_stops_the_run_before_the_model_is_resolved(tmp_path, capsys, monkeypatch):
     """Cheap checks first: no warm start (a minute) or model download before the dataset is known to be usable."""
-    import grail.train
+    import grail.training.run
 
     def resolve(*args, **kwargs):
         raise AssertionError("the model was resolved before the dataset was validated")
 
-    monkeypatch.setattr(grail.train, "resolve_model_path", resolve)
+    monkeypatch.setattr(grail.training.run, "resolve_model_path", resolve)
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"question": "1+1", "answer": "2"}) + "\n")  # no `prompt` column
     rc = main(["train", "--dataset", str(bad), "--max_steps", "1", "--output_dir", str(tmp_path / "run")])

@@ -17,10 +17,11 @@ import time
 import pytest
 
 from conftest import WARM_STEPS
-from grail import compare, compare_run
+from grail.analysis.compare import plan as compare
+from grail.analysis.compare import run as compare_run
+from grail.analysis.compare.report import RESULT_FILE
+from grail.analysis.compare.stats import seeds_needed, t_cdf, t_interval, t_quantile
 from grail.cli import main
-from grail.compare_report import RESULT_FILE
-from grail.compare_stats import seeds_needed, t_cdf, t_interval, t_quantile
 
 ARMS = "none,grail@saliency_leaf=middle"
 # lr 1e-3 moves the tiny model in 2 steps, so arms and seeds differ; 2 prompts × 8 completions per step
@@ -91,10 +92,10 @@ def test_the_report_is_the_t_interval_of_the_runs_results(comparison):
 
 
 def test_each_run_reports_the_saliency_auroc_of_its_final_model_and_of_the_warm_start(comparison, warm_cache):
-    """extra_metrics.json holds grail.compare_auroc's figures, which recomputing on the final model reproduces; the
-    warm start's are in auroc_warmstart.json and in report.md."""
-    from grail.compare_auroc import AUROC_METHODS, run_auroc
-    from grail.overrides import build_config
+    """extra_metrics.json holds grail.analysis.compare.auroc's figures, which recomputing on the final model reproduces;
+    the warm start's are in auroc_warmstart.json and in report.md."""
+    from grail.analysis.compare.auroc import AUROC_METHODS, run_auroc
+    from grail.training.overrides import build_config
 
     out, _ = comparison
     _, warm_start_dir = warm_cache
@@ -124,8 +125,8 @@ def test_each_checkpoint_gets_the_saliency_auroc_and_the_report_follows_it_over_
     """auroc_checkpoints.json holds run_auroc of every checkpoint (recomputed here); report.json's AUROC-over-training
     curve is step 0 = the warm start, then the checkpoints' mean over seeds. A run finished without the file (an
     earlier grail-rl) gets it on the next rerun, and nothing else is redone."""
-    from grail.compare_auroc import run_auroc
-    from grail.overrides import build_config
+    from grail.analysis.compare.auroc import run_auroc
+    from grail.training.overrides import build_config
 
     source, cache = comparison
     plan = json.loads((source / "compare.json").read_text())
@@ -337,7 +338,7 @@ def _workers_of(out) -> list[int]:
             state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if b"grail.compare_cli" in cmdline and str(out).encode() in cmdline and state != "Z":
+        if b"grail.analysis.compare.cli" in cmdline and str(out).encode() in cmdline and state != "Z":
             found.append(int(pid))
     return found
 
@@ -374,7 +375,7 @@ def test_jobs_run_in_worker_processes_that_end_with_their_comparison(tmp_path, w
 
 
 def test_the_learning_curves_are_a_trailing_moving_average():
-    from grail.compare_plots import smoothed
+    from grail.analysis.compare.plots import smoothed
 
     values = {1: 1.0, 2: 0.0, 3: 1.0, 5: 0.0}  # step 4 not logged: the window counts logged steps
     assert smoothed(values, 2) == {1: 1.0, 2: 0.5, 3: 0.5, 5: 0.5}

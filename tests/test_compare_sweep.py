@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from grail import compare
-from grail.compare_report import RESULT_FILE, run_path, write_report
-from grail.compare_sweep import layout
+from grail.analysis.compare import plan as compare
+from grail.analysis.compare.report import RESULT_FILE, run_path, write_report
+from grail.analysis.compare.sweep import layout
 
 PRIMARY = "sampled/synthetic/acc@4"
 RATES = ["0", "0.5"]

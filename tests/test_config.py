@@ -4,17 +4,17 @@ import dataclasses
 
 import pytest
 
-from grail.config import GRAILConfig, literal_choices
-from grail.config_fields import GRAILFields
-from grail.core import ROLLOUT_SYMMETRIES
-from grail.methods import METHODS, method_spec
-from grail.options import OAR_VARIANT_DEFAULTS, WeightingOptions
-from grail.presets import PAPER_NOTES, PRESETS
-from grail.probes import LEAVES
-from grail.release_scoring import SCORINGS
-from grail.rewards import REWARDS
-from grail.spans import BOX_CHOICES
-from grail.weighting import METHOD_FUNCTIONS
+from grail.evaluation.release_scoring import SCORINGS
+from grail.evaluation.rewards import REWARDS
+from grail.methods.core import ROLLOUT_SYMMETRIES
+from grail.methods.probes import LEAVES
+from grail.methods.spans import BOX_CHOICES
+from grail.methods.table import METHODS, method_spec
+from grail.methods.weighting import METHOD_FUNCTIONS
+from grail.options.choices import OAR_VARIANT_DEFAULTS, WeightingOptions
+from grail.options.fields import GRAILFields
+from grail.options.presets import PAPER_NOTES, PRESETS
+from grail.training.config import GRAILConfig, literal_choices
 
 OWN_FIELDS = [*dataclasses.fields(GRAILFields),
               *(f for f in dataclasses.fields(GRAILConfig) if f.name in GRAILConfig.__annotations__)]

@@ -7,12 +7,12 @@ import math
 import pytest
 import torch
 
-from grail import core
-from grail.diagnostics import finish, weight_diagnostics, weight_sums
-from grail.methods import METHODS, zscore_tokens
-from grail.options import ZSCORE_FREE, WeightingOptions
-from grail.spans import AnswerSpans
-from grail.weighting import probe_rows, weights_from_signal
+from grail.methods import core
+from grail.methods.diagnostics import finish, weight_diagnostics, weight_sums
+from grail.methods.spans import AnswerSpans
+from grail.methods.table import METHODS, zscore_tokens
+from grail.methods.weighting import probe_rows, weights_from_signal
+from grail.options.choices import ZSCORE_FREE, WeightingOptions
 from references import random_batch, ref_log_zscore
 
 RELEASE = {"weight_mean": 1.0, "weight_std": 0.5, "weight_min": 0.5, "weight_max": 5.0}  # METHODS.md 2.5
@@ -20,7 +20,7 @@ ZERO_SALIENCY = math.log(1e-8)  # log(0 + 1e-8): what a post-answer token contri
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# A hand-built batch with answer spans (the layout grail.spans produces)
+# A hand-built batch with answer spans (the layout grail.methods.spans produces)
 # ---------------------------------------------------------------------------------------------------------------
 
 def _spans_batch():
@@ -58,7 +58,7 @@ def _weights(method, signal, adv, spans, mask, generator=None, **options):
 # ---------------------------------------------------------------------------------------------------------------
 
 def test_defaults_are_the_release_and_the_choices_are_named():
-    from grail.config import literal_choices
+    from grail.training.config import literal_choices
 
     options = WeightingOptions()
     assert (options.weight_rescale, options.zscore_scope) == ("none", "completion")
@@ -75,7 +75,7 @@ def test_defaults_are_the_release_and_the_choices_are_named():
     ({"zscore_scope": "to_answer", "token_weighting": "oar_p"}, "OAR has no z-score"),
 ])
 def test_bad_values_are_refused_naming_the_field(bad, named, tmp_path):
-    from grail.config import GRAILConfig
+    from grail.training.config import GRAILConfig
 
     with pytest.raises(ValueError, match=named):
         WeightingOptions(**bad)
@@ -85,7 +85,7 @@ def test_bad_values_are_refused_naming_the_field(bad, named, tmp_path):
 
 def test_the_options_reach_the_config_and_the_help(tmp_path):
     from grail.cli import _fields_help
-    from grail.config import GRAILConfig
+    from grail.training.config import GRAILConfig
 
     cfg = GRAILConfig(output_dir=str(tmp_path), weight_rescale="row_mean", zscore_scope="to_answer",
                       token_weighting="entropy")
@@ -281,7 +281,7 @@ def test_reasoning_std_pools_unequal_batches_like_the_concatenated_batch():
 
 def test_trainer_logs_reasoning_std_and_honours_both_options(tiny_dir, tmp_path):
     from batches import loss_and_grads, make_trainer, trl_batch
-    from grail.trainer import GRAILTrainer
+    from grail.training.trainer import GRAILTrainer
 
     for options in ({}, {"weight_rescale": "row_mean", "zscore_scope": "to_answer"}):
         trainer = make_trainer(GRAILTrainer, tiny_dir, tmp_path / str(len(options)), token_weighting="grail",
@@ -303,8 +303,8 @@ def test_trainer_logs_reasoning_std_and_honours_both_options(tiny_dir, tmp_path)
 
 
 def test_the_functional_api_honours_both_options(tokenizer):
-    from grail.tiny import build_tiny_model
-    from grail.weighting import grail_weights, oar_g_weights
+    from grail.methods.weighting import grail_weights, oar_g_weights
+    from grail.models.tiny import build_tiny_model
 
     model = build_tiny_model(tokenizer, seed=0).eval()
     p = tokenizer(["Q: 1+2\nA:", "Q: 5-1\nA:"], return_tensors="pt", padding=True, padding_side="left",

@@ -1,4 +1,4 @@
-"""grail.core: token advantages and their invariants."""
+"""grail.methods.core: token advantages and their invariants."""
 
 import itertools
 import math
@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from grail.bilevel import bilevel_weights, oar_weights_from_importance
-from grail.core import (
+from grail.methods.bilevel import bilevel_weights, oar_weights_from_importance
+from grail.methods.core import (
     ROLLOUT_SYMMETRIES,
     answer_span_overrides,
     grail_weights_from_saliency,

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from grail.config import GRAILConfig
-from grail.data import load_train_dataset
+from grail.training.config import GRAILConfig
+from grail.training.data import load_train_dataset
 
 
 def _cfg(tmp_path, **kw):
@@ -82,7 +82,7 @@ def test_auto_prompt_format_is_decided_by_the_tokenizer_and_the_task(tmp_path, t
     without a suffix. Without a tokenizer, auto cannot be decided on a real dataset: an error that says so."""
     import copy
 
-    from grail.prompts import PAPER_PROMPT_SUFFIX
+    from grail.options.prompts import PAPER_PROMPT_SUFFIX
 
     path = _jsonl(tmp_path, [{"prompt": "What is 2+2?", "answer": "4"}])
     cfg = GRAILConfig(output_dir=str(tmp_path / "run"), dataset=path)

@@ -1,4 +1,4 @@
-"""grail.demo's evaluation through the harness, without training: prompts as training renders them, greedy
+"""grail.training.demo's evaluation through the harness, without training: prompts as training renders them, greedy
 decoding, the grader on the synthetic task's answers, the harness's files and figures, fresh directories.
 
 The demo's training (and its table after real runs) is tested end to end in test_cli.py."""
@@ -9,14 +9,14 @@ import json
 import pytest
 import torch
 
-from grail import demo
-from grail.eval_harness import read_samples
-from grail.metrics import Estimate
-from grail.overrides import build_config, merge
-from grail.presets import TINY_CPU
-from grail.prompts import PAPER_PROMPT_SUFFIX
-from grail.sampling import HFSampler, SamplingParams
-from grail.train import TrainResult
+from grail.evaluation.harness import read_samples
+from grail.evaluation.scores import Estimate
+from grail.options.presets import TINY_CPU
+from grail.options.prompts import PAPER_PROMPT_SUFFIX
+from grail.options.sampling import HFSampler, SamplingParams
+from grail.training import demo
+from grail.training.overrides import build_config, merge
+from grail.training.run import TrainResult
 
 
 def _config(tmp_path, **values):
@@ -50,9 +50,9 @@ def untrained_demo(monkeypatch, tiny_dir):
 @pytest.mark.parametrize("conversational", [False, True])
 def test_the_demo_evaluates_the_prompts_training_reads(tmp_path, untrained_demo, tokenizer, conversational):
     """prompt_suffix (and conversational) apply to the demo's evaluation as to training: the text the sampler
-    gets for each held-out problem is what training makes of that problem (grail.data on a file of the held-out
+    gets for each held-out problem is what training makes of that problem (grail.training.data on a file of the held-out
     rows; chat prompts rendered as TRL renders them)."""
-    from grail.data import load_train_dataset
+    from grail.training.data import load_train_dataset
 
     prompts, _ = untrained_demo
     cfg, values = _config(tmp_path, prompt_suffix="paper", conversational=conversational)
@@ -120,7 +120,7 @@ def test_the_demo_refuses_a_directory_with_an_earlier_evaluation(tmp_path, untra
 def test_greedy_sampling_is_argmax_decoding(tokenizer):
     """SamplingParams accepts temperature 0 (with n=1) and HFSampler then decodes greedily: the argmax token at
     every step (a loop reference here), whatever the seed."""
-    from grail.tiny import build_tiny_model
+    from grail.models.tiny import build_tiny_model
 
     model = build_tiny_model(tokenizer, seed=3)
     model.generation_config.min_new_tokens = 8  # no early end token: all 8 steps are compared
@@ -140,12 +140,12 @@ def test_greedy_sampling_is_argmax_decoding(tokenizer):
 
 
 def test_the_grader_grades_the_synthetic_answers_like_the_training_reward():
-    """The demo's accuracy comes from grail.grader (math-verify), training's reward from exact_int_reward: on the
-    task's own solutions both say correct, with the answer off by one both say wrong."""
-    from grail.grader import grade_many
-    from grail.rewards import exact_int_reward
-    from grail.synthetic import SyntheticSet, generate
-    from grail.tasks import TaskConfig
+    """The demo's accuracy comes from grail.evaluation.grader (math-verify), training's reward from exact_int_reward: on
+    the task's own solutions both say correct, with the answer off by one both say wrong."""
+    from grail.evaluation.grader import grade_many
+    from grail.evaluation.rewards import exact_int_reward
+    from grail.tasks.arithmetic import TaskConfig
+    from grail.tasks.synthetic import SyntheticSet, generate
 
     examples = generate(SyntheticSet().task, 100, "heldout", seed=0)
     examples += generate(TaskConfig(num_steps=3, filler_rate=0.5), 50, "heldout", seed=1)

@@ -1,11 +1,12 @@
-"""grail.diagnostics: the weight statistics, one batch by hand and against loop references, and their pooling."""
+"""grail.methods.diagnostics: the weight statistics, one batch by hand and against loop references, and their
+pooling."""
 
 
 import pytest
 import torch
 
-from grail.core import saliency_weights, token_advantages, uniform_weights
-from grail.diagnostics import finish, release_diagnostics, weight_diagnostics, weight_sums
+from grail.methods.core import saliency_weights, token_advantages, uniform_weights
+from grail.methods.diagnostics import finish, release_diagnostics, weight_diagnostics, weight_sums
 from references import random_batch, ref_diagnostics
 
 RELEASE = {"weight_mean": 1.0, "weight_std": 0.5, "weight_min": 0.5, "weight_max": 5.0}  # METHODS.md 2.5

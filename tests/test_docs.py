@@ -62,7 +62,7 @@ def test_the_generated_reference_covers_every_config_field_and_command():
     from dataclasses import fields
 
     from grail import cli
-    from grail.config_fields import GRAILFields
+    from grail.options.fields import GRAILFields
 
     hook = _hook()
     text = hook.generated("config-fields", skip="token weighting") + hook.generated("config-fields",

@@ -77,8 +77,8 @@ def test_every_checkpoint_evaluation_field_is_a_grail_eval_flag_of_the_same_name
     import argparse
     import dataclasses
 
-    from grail.config_fields import GRAILFields
-    from grail.eval_cli import add_parsers
+    from grail.evaluation.cli import add_parsers
+    from grail.options.fields import GRAILFields
 
     sub = argparse.ArgumentParser().add_subparsers()
     add_parsers(sub)
@@ -106,7 +106,7 @@ def test_vllm_backend_without_vllm_says_so_before_loading_any_model(tmp_path, ti
 
     _refuse_hf_weights(monkeypatch)
     resolved = []
-    monkeypatch.setattr("grail.warmstart.resolve_model", lambda *a, **k: resolved.append(a) or str(tiny_dir))
+    monkeypatch.setattr("grail.models.warmstart.resolve_model", lambda *a, **k: resolved.append(a) or str(tiny_dir))
     monkeypatch.setitem(sys.modules, "vllm", None)  # vLLM absent (as on this machine), even where it is installed
     assert main(_argv(tiny_dir, data_dir, tmp_path / "out", "--backend", "vllm")) == 2
     err = capsys.readouterr().err

@@ -1,15 +1,15 @@
-"""grail.eval_harness and `grail eval`: outputs, resuming after an interruption, refusing mixed arguments."""
+"""grail.evaluation.harness and `grail eval`: outputs, resuming after an interruption, refusing mixed arguments."""
 
 import json
 from pathlib import Path
 
 import pytest
 
-from grail.benchmarks import LoadedBenchmark, Problem
 from grail.cli import main
-from grail.eval_harness import EvalSpec, read_samples, run_evaluation
-from grail.prompts import PromptFormat
-from grail.sampling import Sample, SamplingParams
+from grail.evaluation.benchmarks import LoadedBenchmark, Problem
+from grail.evaluation.harness import EvalSpec, read_samples, run_evaluation
+from grail.options.prompts import PromptFormat
+from grail.options.sampling import Sample, SamplingParams
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "benchmarks"
 
@@ -162,7 +162,8 @@ class BoxOrNotSampler:
 
 
 def _olympiad_like():
-    # release_answer as the release reads OlympiadBench's ["$2n$"] and ["108"] (grail.release_scoring, rule 2)
+    # release_answer as the release reads OlympiadBench's ["$2n$"] and ["108"] (grail.evaluation.release_scoring, rule
+    # 2)
     problems = (Problem("1620", "p1620", "2n", "olympiadbench", release_answer="['$2n$']"),
                 Problem("2910", "p2910", "108", "olympiadbench", release_answer="['108']"))
     return [LoadedBenchmark("olympiadbench", problems, 2, (), "all")]
@@ -206,17 +207,17 @@ def test_grail_eval_release_subsets_need_the_identity_lists(capsys):
 
 
 def test_checkpoint_evaluation_defaults_to_the_protocols_token_limit(tmp_path):
-    from grail.config import GRAILConfig
+    from grail.training.config import GRAILConfig
 
     cfg = GRAILConfig(output_dir=str(tmp_path))
     assert cfg.eval_max_new_tokens == SamplingParams().max_new_tokens != cfg.max_completion_length
 
 
 def test_checkpoint_evaluation_of_synthetic_uses_the_runs_task(tmp_path):
-    from grail.config import GRAILConfig
-    from grail.synthetic import SyntheticSet
-    from grail.tasks import TaskConfig
-    from grail.train import CheckpointEval
+    from grail.tasks.arithmetic import TaskConfig
+    from grail.tasks.synthetic import SyntheticSet
+    from grail.training.config import GRAILConfig
+    from grail.training.run import CheckpointEval
 
     cfg = GRAILConfig(output_dir=str(tmp_path), eval_benchmarks="synthetic", eval_size="all", task_num_steps=3,
                       task_num_heldout=7, task_seed=5, task_operand_max=7, eval_scoring="release")

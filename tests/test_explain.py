@@ -12,8 +12,7 @@ from html.parser import HTMLParser
 import pytest
 import torch
 
-from grail.cli import main
-from grail.explain import (
+from grail.analysis.explain.compute import (
     CompletionView,
     ExplainRow,
     Explanation,
@@ -22,11 +21,12 @@ from grail.explain import (
     explain,
     group_advantages,
 )
-from grail.explain_html import BLUE, GREY, HIGH, LOW, RED, WHITE, render_page, weight_colour, write_profile_png
-from grail.options import WeightingOptions
-from grail.rewards import exact_int_reward
-from grail.sampling import SamplingParams
-from grail.weighting import METHOD_FUNCTIONS
+from grail.analysis.explain.html import BLUE, GREY, HIGH, LOW, RED, WHITE, render_page, weight_colour, write_profile_png
+from grail.cli import main
+from grail.evaluation.rewards import exact_int_reward
+from grail.methods.weighting import METHOD_FUNCTIONS
+from grail.options.choices import WeightingOptions
+from grail.options.sampling import SamplingParams
 
 ALL_METHODS = ("grail", "oar_g", "oar_p", "random", "entropy", "none")
 PROMPT = "Q: 7+5*3\nA:"
@@ -336,9 +336,9 @@ def test_a_prompt_of_ones_own_is_graded_with_math_verify_unless_reward_says_othe
 def test_mostly_empty_sampled_completions_get_one_warning_with_the_cause_and_the_fix(tiny_dir, tmp_path, capsys,
                                                                                      monkeypatch):
     """A chat model given plain text often answers with its end-of-sequence token at once: the command says so."""
-    import grail.explain
+    import grail.analysis.explain.compute
 
-    monkeypatch.setattr(grail.explain, "sample_completions",
+    monkeypatch.setattr(grail.analysis.explain.compute, "sample_completions",
                         lambda model, tokenizer, prompt, params, seed: [[tokenizer.eos_token_id]] * params.n)
     assert main(["explain", "--model", str(tiny_dir), "--prompt", "What is 1+1?", "--samples", "2", "--method", "none",
                  "--output", str(tmp_path / "e.html")]) == 0, capsys.readouterr().err
@@ -355,7 +355,7 @@ def test_command_explains_synthetic_rows_with_the_warm_started_tiny_model(warm_c
                  "--warmstart_steps", "200"]) == 0, capsys.readouterr().err
     assert "reusing cached checkpoint" in capsys.readouterr().out  # the session's warm start, not a new one
     page = out.read_text(encoding="utf-8")
-    from grail.synthetic import SyntheticSet
+    from grail.tasks.synthetic import SyntheticSet
 
     for row in SyntheticSet().rows("train")[:2]:
         assert f'<pre class="prompt">{row["prompt"]}</pre>' in page

@@ -13,7 +13,7 @@ from itertools import accumulate
 
 import pytest
 
-from grail.explain_html import render_page, weight_colour
+from grail.analysis.explain.html import render_page, weight_colour
 from test_explain import build_explanation, by_completion, parse_page
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

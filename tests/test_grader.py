@@ -1,4 +1,4 @@
-r"""Tests for grail.grader: the last complete box against a reference with math-verify, on any thread and in
+r"""Tests for grail.evaluation.grader: the last complete box against a reference with math-verify, on any thread and in
 parallel (grader_check: tests/test_grader_check.py).
 
 Each expected value in TRICKY is what the mathematics says (the comment gives the derivation), not what the
@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from grail import grader
-from grail.grader import GradeResult, GradingPool, grade, grade_many
-from grail.reference_text import gold_latex
+from grail.evaluation import grader
+from grail.evaluation.grader import GradeResult, GradingPool, grade, grade_many
+from grail.evaluation.reference_text import gold_latex
 
 POWER_TOWER = "\\boxed{9^{9^{9^{9}}}}"  # sympy would compute 9^(9^9) exactly: only a timeout stops it
 

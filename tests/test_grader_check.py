@@ -1,4 +1,4 @@
-"""grail.grader_check, the grader's self-test on benchmark-shaped data: on rows written here, on the shared
+"""grail.evaluation.grader_check, the grader's self-test on benchmark-shaped data: on rows written here, on the shared
 benchmark copies, and its exit status through the CLI."""
 
 import json
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from grail.cli import main
-from grail.grader_check import format_grader_check, grader_check
+from grail.evaluation.grader_check import format_grader_check, grader_check
 
 SHARED_BENCHMARKS = Path(__file__).resolve().parents[2] / "shared" / "data" / "benchmarks"
 

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from grail.grader import GradeResult, GradingPool
-from grail.rewards import math_verify_reward
+from grail.evaluation.grader import GradeResult, GradingPool
+from grail.evaluation.rewards import math_verify_reward
 
 REASONS = {"ok", "no_box", "empty_box", "too_long", "parse_error", "timeout", "bad_reference", "worker_died"}
 NASTY = [

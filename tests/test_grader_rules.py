@@ -4,11 +4,11 @@ text fallbacks)."""
 
 import pytest
 
-from grail.eval_cli import SCORING_NAMES
-from grail.eval_harness import EvalSpec
-from grail.grader import ALL_BOXES_SCORING, grade, grade_many, reference_parse
-from grail.reference_text import gold_latex
-from grail.rewards import reward_named
+from grail.evaluation.cli import SCORING_NAMES
+from grail.evaluation.grader import ALL_BOXES_SCORING, grade, grade_many, reference_parse
+from grail.evaluation.harness import EvalSpec
+from grail.evaluation.reference_text import gold_latex
+from grail.evaluation.rewards import reward_named
 
 SPLIT = "\\boxed{1}, \\boxed{2}, \\boxed{3}"
 

@@ -1,4 +1,4 @@
-"""Tests for grail.metrics: pass@k vs brute force, bootstrap CI behaviour, scores and averages by hand."""
+"""Tests for grail.evaluation.scores: pass@k vs brute force, bootstrap CI behaviour, scores and averages by hand."""
 
 import itertools
 import json
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from grail.metrics import (
+from grail.evaluation.scores import (
     Average,
     BenchmarkScore,
     Estimate,

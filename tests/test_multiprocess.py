@@ -61,7 +61,7 @@ RECORD_SCRIPT = '''
 import json, os, sys
 
 from grail.cli import main
-from grail.trainer import GRAILTrainer
+from grail.training.trainer import GRAILTrainer
 
 original = GRAILTrainer._accumulate
 
@@ -118,7 +118,7 @@ def _pooled(sums_per_rank: list[dict]) -> dict[str, float]:
     main process must log if its gather brought in every process's sums."""
     import torch
 
-    from grail.trainer import GRAILTrainer
+    from grail.training.trainer import GRAILTrainer
 
     size = len(next(x["sums"] for x in sums_per_rank if x["sums"] is not None))
     local = torch.stack([torch.tensor([*(x["sums"] or [0.0] * size), x["peak"] or 0.0]) for x in sums_per_rank])
@@ -165,8 +165,8 @@ def test_two_process_training_logs_weights_pooled_over_both_processes(tmp_path, 
 # ---------------------------------------------------------------- weights: per process = one process, same rows
 
 WEIGHTS_SCRIPT = '''
-"""Each process computes `grail.weighting.token_weights` on its shard of one batch, reducing with the trainer's own
-`GRAILTrainer._any_process`; the main process compares every shard's weights with a one-process computation on the
+"""Each process computes `grail.methods.weighting.token_weights` on its shard of one batch, reducing with the trainer's
+own `GRAILTrainer._any_process`; the main process compares every shard's weights with a one-process computation on the
 same rows (and, for the methods without randomness, with the whole batch at once)."""
 import json, sys
 from types import SimpleNamespace
@@ -175,13 +175,13 @@ import torch
 import torch.distributed as dist
 from accelerate import Accelerator
 
-from grail import probes
-from grail.options import WeightingOptions
-from grail.tasks import TaskConfig
-from grail.synthetic import generate
-from grail.tiny import build_tiny_model, build_tokenizer
-from grail.trainer import GRAILTrainer
-from grail.weighting import token_weights
+from grail.methods import probes
+from grail.options.choices import WeightingOptions
+from grail.tasks.arithmetic import TaskConfig
+from grail.tasks.synthetic import generate
+from grail.models.tiny import build_tiny_model, build_tokenizer
+from grail.training.trainer import GRAILTrainer
+from grail.methods.weighting import token_weights
 
 accelerator = Accelerator(cpu=True)
 rank, world = accelerator.process_index, accelerator.num_processes
@@ -212,7 +212,8 @@ CASES = {  # advantages of the whole batch; shard 0 = rows 0-3 (process 0), shar
     "neither": torch.zeros(8),
 }
 # ZeRO-3 imitated: every backbone forward runs a collective, so processes running different numbers of forwards
-# hang (the launching test's timeout ends them). Not for OAR-G/OAR-P, which grail.train refuses on sharded models.
+# hang (the launching test's timeout ends them). Not for OAR-G/OAR-P, which grail.training.run refuses on sharded
+# models.
 collective = {"on": False, "forwards": 0}
 
 
@@ -309,10 +310,10 @@ def test_checkpoint_evaluation_is_sharded_over_processes_and_matches_one_process
     grades and writes; the samples are those a one-process evaluation of the saved checkpoint draws."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from grail.config import GRAILConfig
-    from grail.eval_harness import run_evaluation
-    from grail.sampling import HFSampler
-    from grail.train import CheckpointEval
+    from grail.evaluation.harness import run_evaluation
+    from grail.options.sampling import HFSampler
+    from grail.training.config import GRAILConfig
+    from grail.training.run import CheckpointEval
 
     cache, _ = warm_cache
     run = tmp_path / "run"
@@ -329,7 +330,7 @@ def test_checkpoint_evaluation_is_sharded_over_processes_and_matches_one_process
             if "eval/synthetic/acc@2" in x] == [1]
 
     # the same evaluation in this one process, on the checkpoint the training saved at that step
-    from grail.overrides import build_config, merge, parse_flags
+    from grail.training.overrides import build_config, merge, parse_flags
 
     cfg = build_config(merge(None, parse_flags([*flags, "--output_dir", str(tmp_path / "unused")])))
     assert isinstance(cfg, GRAILConfig)
@@ -357,8 +358,8 @@ def _fake_trainer(zero_stage=None, fsdp=False):
 @pytest.mark.parametrize("method", ["oar_p", "oar_g"])
 @pytest.mark.parametrize("sharding", [{"zero_stage": 3}, {"fsdp": True}])
 def test_oar_on_a_sharded_model_is_refused_before_training(method, sharding):
-    from grail.methods import method_spec
-    from grail.trainer import refuse_if_unshardable, sharded_by
+    from grail.methods.table import method_spec
+    from grail.training.trainer import refuse_if_unshardable, sharded_by
 
     def check(name, trainer):  # what GRAILTrainer runs when it is built
         refuse_if_unshardable(method_spec(name), sharded_by(trainer))
@@ -373,8 +374,8 @@ def test_oar_on_a_sharded_model_is_refused_before_training(method, sharding):
 
 
 def test_checkpoint_evaluation_on_a_sharded_model_is_refused_before_training():
-    from grail.config import GRAILConfig
-    from grail.train import check_sharding
+    from grail.training.config import GRAILConfig
+    from grail.training.run import check_sharding
 
     cfg = GRAILConfig(output_dir="unused", token_weighting="grail", eval_benchmarks="synthetic")
     with pytest.raises(ValueError, match="eval_benchmarks='synthetic' cannot run.*grail eval"):
@@ -414,12 +415,13 @@ def test_the_zero2_accelerate_config_is_valid_and_shown_in_the_docs():
 def test_grail_train_refuses_oar_p_on_a_sharded_model_before_the_first_step(tmp_path, warm_cache, monkeypatch,
                                                                             capsys):
     """Through the CLI: the refusal comes after the trainer is built (it knows the sharding) and before training."""
-    import grail.trainer
+    import grail.training.trainer
     from grail.cli import main
-    from grail.trainer import GRAILTrainer
+    from grail.training.trainer import GRAILTrainer
 
     cache, _ = warm_cache
-    monkeypatch.setattr(grail.trainer, "sharded_by", lambda trainer: "FSDP")  # GRAILTrainer refuses it when built
+    # GRAILTrainer refuses it when built
+    monkeypatch.setattr(grail.training.trainer, "sharded_by", lambda trainer: "FSDP")
     monkeypatch.setattr(GRAILTrainer, "train", lambda self, *a, **k: pytest.fail("training started"))
     assert main(["train", *FAST, "--token_weighting", "oar_p", "--cache_dir", str(cache),
                  "--output_dir", str(tmp_path / "run")]) == 2

@@ -7,12 +7,12 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-import grail.trainer
+import grail.training.trainer
 from batches import loss_and_grads, make_trainer, trl_batch
-from grail.options import WeightingOptions
-from grail.tiny import build_tiny_model
-from grail.trainer import GRAILTrainer
-from grail.weighting import token_weights
+from grail.methods.weighting import token_weights
+from grail.models.tiny import build_tiny_model
+from grail.options.choices import WeightingOptions
+from grail.training.trainer import GRAILTrainer
 
 PROBED = ("grail", "random", "entropy", "oar_g", "oar_p")
 
@@ -90,13 +90,13 @@ def test_training_steps_stay_finite_and_count_the_fallback(tiny_dir, tmp_path, m
                            rollout_symmetry="both")
     model = trainer.model
     if path == "separate":
-        probe = grail.trainer.token_weights
+        probe = grail.training.trainer.token_weights
 
         def poisoned(*args, **kwargs):
             with non_finite_rows(args[0], [0], float("nan")):
                 return probe(*args, **kwargs)
 
-        monkeypatch.setattr(grail.trainer, "token_weights", poisoned)
+        monkeypatch.setattr(grail.training.trainer, "token_weights", poisoned)
         expected = [True, False, False, False]
     else:
         cut = detached_leaf(model)  # kept referenced: a collected context manager would remove its hook

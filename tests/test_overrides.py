@@ -2,7 +2,7 @@
 
 import pytest
 
-from grail.overrides import ConfigError, build_config, merge, parse_flags
+from grail.training.overrides import ConfigError, build_config, merge, parse_flags
 
 
 def _yaml(tmp_path, text):

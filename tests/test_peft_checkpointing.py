@@ -8,9 +8,9 @@ import torch
 from peft import LoraConfig
 
 from batches import loss_and_grads, make_trainer, trl_batch
-from grail.methods import METHODS as METHOD_TABLE
-from grail.trainer import GRAILTrainer
-from grail.weighting import token_weights
+from grail.methods.table import METHODS as METHOD_TABLE
+from grail.methods.weighting import token_weights
+from grail.training.trainer import GRAILTrainer
 
 METHODS = ["none", "grail", "oar_g", "oar_p", "random", "entropy"]
 LORA = dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)

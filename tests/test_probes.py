@@ -1,13 +1,14 @@
-"""grail.probes on a tiny Qwen3 built in the test: each probe against a reference computed another way (full logits,
-`output_hidden_states`, a slicing shift written here, one forward per perturbed copy), plus the invariants every probe
-keeps (no parameter .grad, requires_grad unchanged, detached float32, 0 on padding, left padding changes nothing)."""
+"""grail.methods.probes on a tiny Qwen3 built in the test: each probe against a reference computed another way (full
+logits, `output_hidden_states`, a slicing shift written here, one forward per perturbed copy), plus the invariants every
+probe keeps (no parameter .grad, requires_grad unchanged, detached float32, 0 on padding, left padding changes
+nothing)."""
 
 import pytest
 import torch
 
-from grail import oar_probes, probes
-from grail.core import kl_divergence
-from grail.tiny import build_tiny_model
+from grail.methods import oar_probes, probes
+from grail.methods.core import kl_divergence
+from grail.models.tiny import build_tiny_model
 
 PAD = 0  # the tiny tokenizer's pad (= eos) id
 P, T = 6, 10  # prompt and completion widths of the test batch

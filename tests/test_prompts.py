@@ -1,11 +1,11 @@
-"""grail.prompts: one format for training and evaluation; evaluation renders exactly what TRL renders; the named
+"""grail.options.prompts: one format for training and evaluation; evaluation renders exactly what TRL renders; the named
 suffixes, the release's backspace included."""
 
 import json
 
 import pytest
 
-from grail.prompts import FORMAT_FILE, PAPER_PROMPT_SUFFIX, RELEASE_PROMPT_SUFFIX, PromptFormat, resolve_suffix
+from grail.options.prompts import FORMAT_FILE, PAPER_PROMPT_SUFFIX, RELEASE_PROMPT_SUFFIX, PromptFormat, resolve_suffix
 
 
 def test_plain_and_chat_training_prompts():
@@ -53,9 +53,9 @@ def test_the_release_suffix_renders_a_backspace_in_training_and_evaluation_alike
     """prompt_suffix=release in training, --prompt-suffix release in `grail eval`: the same text reaches the model."""
     from types import SimpleNamespace
 
-    from grail.config import GRAILConfig
-    from grail.data import load_train_dataset
-    from grail.eval_cli import _prompt_format
+    from grail.evaluation.cli import _prompt_format
+    from grail.training.config import GRAILConfig
+    from grail.training.data import load_train_dataset
 
     path = tmp_path / "d.jsonl"
     path.write_text(json.dumps({"prompt": "What is 2+2?", "answer": "4"}) + "\n")
@@ -77,9 +77,9 @@ def _three_formats(tokenizer, tmp_path, dataset: str, benchmark_synthetic: bool)
     prompt setting left at its default."""
     from types import SimpleNamespace
 
-    from grail.config import GRAILConfig
-    from grail.eval_cli import _prompt_format as eval_format
-    from grail.explain_cli import _prompt_format as explain_format
+    from grail.analysis.explain.cli import _prompt_format as explain_format
+    from grail.evaluation.cli import _prompt_format as eval_format
+    from grail.training.config import GRAILConfig
 
     cfg = GRAILConfig(output_dir=str(tmp_path / "run"), dataset=dataset)
     unsaved = str(tmp_path / "no-saved-format")
@@ -103,7 +103,7 @@ def test_train_eval_and_explain_share_one_default_decided_by_the_model(tokenizer
 
 
 def test_explicit_prompt_settings_win_over_auto(tokenizer):
-    from grail.prompts import resolve_prompt_format
+    from grail.options.prompts import resolve_prompt_format
 
     assert resolve_prompt_format(tokenizer, False, False, "") == PromptFormat("", False, {})
     assert resolve_prompt_format(tokenizer, True, True, "paper") == PromptFormat(PAPER_PROMPT_SUFFIX, True,

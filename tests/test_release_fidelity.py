@@ -12,10 +12,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grail import bilevel
-from grail.options import WeightingOptions
-from grail.tiny import build_tiny_model
-from grail.weighting import grail_weights, oar_g_weights
+from grail.methods import bilevel
+from grail.methods.weighting import grail_weights, oar_g_weights
+from grail.models.tiny import build_tiny_model
+from grail.options.choices import WeightingOptions
 
 MARKER = "\\boxed{"
 
@@ -245,7 +245,7 @@ def test_oar_variant_resolves_its_defaults_and_rejects_what_the_release_lacks():
 
 
 def test_box_finding_differs_from_the_release_only_on_unbalanced_escaped_braces():
-    from grail.boxed import first_boxed
+    from grail.tasks.boxed import first_boxed
 
     def ours(text):
         span = first_boxed(text)

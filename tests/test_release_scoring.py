@@ -1,4 +1,4 @@
-r"""grail.release_scoring: the GRAIL release's evaluation scoring, reproduced as an opt-in.
+r"""grail.evaluation.release_scoring: the GRAIL release's evaluation scoring, reproduced as an opt-in.
 
 Expectations are derived from the release's rules (the module docstring, from declare-lab/grail src/eval/), each
 comment giving the derivation; the contrast with grail's own grader is part of most tests.
@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from grail.benchmarks import release_reference
-from grail.boxed import last_boxed_content, release_boxes, release_last_box
-from grail.grader import GradeResult, grade, grade_many
-from grail.grader_check import grader_check
-from grail.release_scoring import RELEASE_SCORING, grade_release_content, release_mean_tokens
+from grail.evaluation.benchmarks import release_reference
+from grail.evaluation.grader import GradeResult, grade, grade_many
+from grail.evaluation.grader_check import grader_check
+from grail.evaluation.release_scoring import RELEASE_SCORING, grade_release_content, release_mean_tokens
+from grail.tasks.boxed import last_boxed_content, release_boxes, release_last_box
 
 SHARED_BENCHMARKS = Path(__file__).resolve().parents[2] / "shared" / "data" / "benchmarks"
 POWER_TOWER = "\\boxed{9^{9^{9^{9}}}}"  # sympy would compute 9^(9^9) exactly: only a bound stops it
@@ -30,12 +30,12 @@ def test_release_extraction_keeps_the_last_box():
     assert release_last_box("a \\boxed{1} b \\boxed{\\frac{1}{2}} c") == "\\frac{1}{2}"
     assert release_last_box("no box here") is None
     assert release_last_box("\\boxed{}") == ""  # a box, empty: not None, so its tokens count (rule 4)
-    # the search resumes after a box, so a box inside a box is part of its content (as in grail.boxed)
+    # the search resumes after a box, so a box inside a box is part of its content (as in grail.tasks.boxed)
     assert release_boxes("\\boxed{a \\boxed{b}} c") == ["a \\boxed{b}"]
 
 
 def test_release_extraction_counts_escaped_braces_and_stops_at_an_unclosed_box():
-    """Where the release and grail.boxed differ."""
+    """Where the release and grail.tasks.boxed differ."""
     # "\left\{ x \right." opens a brace the release counts (no escapes): depth never returns to 0, no box.
     # grail skips the escaped brace and closes the box at the final "}".
     text = "so \\boxed{\\left\\{ x \\right.}"
@@ -83,7 +83,7 @@ def test_olympiadbench_list_references_under_both_scorings(row, answer, release_
     completion = f"So the answer is \\boxed{{{answer}}}."
     gold = release_reference("olympiadbench", row)
     assert release_grade(completion, gold).correct is release_correct
-    loaded_answer = row["final_answer"][0].strip("$")  # what grail.benchmarks makes of the list (one element)
+    loaded_answer = row["final_answer"][0].strip("$")  # what grail.evaluation.benchmarks makes of the list (one item)
     assert grade(completion, loaded_answer).correct  # grail reads every one of them
 
 
@@ -99,7 +99,8 @@ def test_no_normalisation_and_the_other_reasons():
 
 
 def test_release_scoring_is_bounded_like_grails():
-    """The same bounds as grail.grader: the alarm on the main thread, the worker process off it and in a pool."""
+    """The same bounds as grail.evaluation.grader: the alarm on the main thread, the worker process off it and in a
+    pool."""
     started = time.perf_counter()
     assert grade_release_content(POWER_TOWER[7:-1], "1", 1) == GradeResult(False, POWER_TOWER[7:-1], "timeout")
     assert time.perf_counter() - started < 1.9  # without the alarm this runs for hours

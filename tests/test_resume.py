@@ -1,5 +1,5 @@
-"""A killed run resumes where it stopped (grail.resume): complete checkpoints only, metrics.jsonl without duplicate
-or missing steps, the same parameters as a run that was never interrupted; a second run never writes into the
+"""A killed run resumes where it stopped (grail.training.resume): complete checkpoints only, metrics.jsonl without
+duplicate or missing steps, the same parameters as a run that was never interrupted; a second run never writes into the
 first one's directory."""
 
 import json
@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import WARM_STEPS
-from grail.resume import MARKER, complete_checkpoints, prepare_run_dir, resolve_resume
+from grail.training.resume import MARKER, complete_checkpoints, prepare_run_dir, resolve_resume
 
 STEPS, SAVE_EVERY = 6, 2
 RUN = ["--preset", "tiny-cpu", "--max_steps", str(STEPS), "--save_steps", str(SAVE_EVERY), "--logging_steps", "1",

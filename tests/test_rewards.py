@@ -1,13 +1,13 @@
-"""Tests for grail.rewards: TRL-contract reward functions over the last complete box."""
+"""Tests for grail.evaluation.rewards: TRL-contract reward functions over the last complete box."""
 
 import threading
 import time
 
 import pytest
 
-from grail import grader, rewards
-from grail.reference_text import gold_latex
-from grail.rewards import completion_text, exact_int_reward, math_verify_reward
+from grail.evaluation import grader, rewards
+from grail.evaluation.reference_text import gold_latex
+from grail.evaluation.rewards import completion_text, exact_int_reward, math_verify_reward
 
 POWER_TOWER = "\\boxed{9^{9^{9^{9}}}}"  # sympy would compute 9^(9^9) exactly: only a timeout stops it
 

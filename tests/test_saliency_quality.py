@@ -1,5 +1,5 @@
-"""grail.token_labels and grail.saliency_quality: labels from offsets, the AUROC against a pairwise count, the CI, and
-the methods' AUROC on a toy task whose answer depends on one known token."""
+"""grail.analysis.saliency.token_labels and grail.analysis.saliency.quality: labels from offsets, the AUROC against a
+pairwise count, the CI, and the methods' AUROC on a toy task whose answer depends on one known token."""
 
 import itertools
 import math
@@ -9,10 +9,13 @@ import pytest
 import torch
 from torch.nn.functional import cross_entropy
 
-from grail.saliency_quality import METHOD_NAMES, SaliencyQualityOptions, checkpoints_saliency_auroc, saliency_auroc
-from grail.tasks import TaskConfig, build_example
-from grail.tiny import build_tiny_model
-from grail.token_labels import (
+from grail.analysis.saliency.quality import (
+    METHOD_NAMES,
+    SaliencyQualityOptions,
+    checkpoints_saliency_auroc,
+    saliency_auroc,
+)
+from grail.analysis.saliency.token_labels import (
     CRITICAL,
     FILLER,
     UNLABELLED,
@@ -26,6 +29,8 @@ from grail.token_labels import (
     token_labels,
     trace_wins_pairs,
 )
+from grail.models.tiny import build_tiny_model
+from grail.tasks.arithmetic import TaskConfig, build_example
 
 C, F, U = CRITICAL, FILLER, UNLABELLED
 

@@ -1,4 +1,4 @@
-"""grail.sampling: parameter checks, the HF keyword arguments, the length cap, and HF sampling on the tiny model
+"""grail.options.sampling: parameter checks, the HF keyword arguments, the length cap, and HF sampling on the tiny model
 (n samples per prompt in prompt order, seeded, token counts through the first end token)."""
 
 import importlib.util
@@ -6,8 +6,15 @@ import importlib.util
 import pytest
 import torch
 
-from grail.sampling import HFSampler, Sample, SamplingParams, generate_batch, hf_generation_kwargs, new_token_limit
-from grail.tiny import build_tiny_model
+from grail.models.tiny import build_tiny_model
+from grail.options.sampling import (
+    HFSampler,
+    Sample,
+    SamplingParams,
+    generate_batch,
+    hf_generation_kwargs,
+    new_token_limit,
+)
 
 PROMPTS = ["Q: 1+2\nA:", "Q: 12*3-4\nA:", "Q: 5\nA:"]  # different lengths: the batch is left-padded
 
@@ -134,7 +141,7 @@ def test_generation_stops_at_the_end_token_and_counts_through_it(model, tokenize
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed")
 def test_vllm_backend_without_vllm_says_how_to_install_it():
-    from grail.sampling import VLLMSampler
+    from grail.options.sampling import VLLMSampler
 
     with pytest.raises(ImportError, match=r"\.\[vllm\].*--backend hf"):
         VLLMSampler("any/model")
@@ -155,7 +162,7 @@ def test_new_token_limit_caps_at_the_models_positions():
 def test_hf_sampler_generates_at_most_what_the_model_holds(tokenizer):
     """A 64-position tiny model asked for the protocol's 8192 new tokens, with its end token suppressed: the
     completion fills the positions the prompt leaves, and stops there."""
-    from grail.tiny import build_tiny_model
+    from grail.models.tiny import build_tiny_model
 
     model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, max_positions=64)
     prompt = "Q: 1+1\nA:"

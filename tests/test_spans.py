@@ -1,4 +1,4 @@
-r"""Tests for grail.spans: the one-position shift, token character offsets and `\boxed{}` answer spans."""
+r"""Tests for grail.methods.spans: the one-position shift, token character offsets and `\boxed{}` answer spans."""
 
 import random
 
@@ -7,9 +7,9 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-import grail.spans
-from grail.boxed import char_span_to_token_positions, first_boxed, last_boxed
-from grail.spans import BOX_CHOICES, AnswerBox, align_to_completion, answer_spans, token_char_offsets
+import grail.methods.spans
+from grail.methods.spans import BOX_CHOICES, AnswerBox, align_to_completion, answer_spans, token_char_offsets
+from grail.tasks.boxed import char_span_to_token_positions, first_boxed, last_boxed
 
 EOS = "<|endoftext|>"
 
@@ -112,7 +112,7 @@ def test_offsets_reconstruct_the_decode_and_cover_it_contiguously(tokenizer):
 
 def test_decode_mismatch_raises_and_the_row_has_no_box(tokenizer, monkeypatch):
     # Simulate a decoder that DecodeStream does not reproduce: the reference decode disagrees.
-    monkeypatch.setattr(grail.spans, "_reference_decode", lambda backend, ids: "something else")
+    monkeypatch.setattr(grail.methods.spans, "_reference_decode", lambda backend, ids: "something else")
     ids = ids_of(tokenizer, ["\\boxed{", "1", "}"])
     with pytest.raises(ValueError, match="differs from tokenizer.decode"):
         token_char_offsets(tokenizer, ids)

@@ -1,4 +1,4 @@
-"""Tests for grail.tasks: formats, per-character roles, determinism, splits, bounds, errors."""
+"""Tests for grail.tasks.arithmetic: formats, per-character roles, determinism, splits, bounds, errors."""
 
 import json
 import re
@@ -6,8 +6,8 @@ from collections import Counter
 
 import pytest
 
-from grail.synthetic import generate
-from grail.tasks import CRITICAL_ROLES, FILLER_WORDS, ROLES, TaskConfig, build_example, split_of
+from grail.tasks.arithmetic import CRITICAL_ROLES, FILLER_WORDS, ROLES, TaskConfig, build_example, split_of
+from grail.tasks.synthetic import generate
 
 # One letter per role, so expected role sequences can be written under the solution string.
 CODE = {"operand": "o", "carry": "c", "operator": "p", "result": "r", "answer": "a", "filler": "f",

@@ -3,10 +3,10 @@
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from grail.boxed import char_span_to_token_positions, find_boxed_spans
-from grail.synthetic import generate
-from grail.tasks import TaskConfig
-from grail.tiny import build_tiny_model
+from grail.models.tiny import build_tiny_model
+from grail.tasks.arithmetic import TaskConfig
+from grail.tasks.boxed import char_span_to_token_positions, find_boxed_spans
+from grail.tasks.synthetic import generate
 
 
 def test_round_trip_ascii_unicode_and_specials(tokenizer):

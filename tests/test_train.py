@@ -1,4 +1,4 @@
-"""grail.train's pieces without a training run: the step line (groups with a gradient, the empty-completions
+"""grail.training.run's pieces without a training run: the step line (groups with a gradient, the empty-completions
 warning), config.yaml's types, and the prompt format a run resolves and records."""
 
 import copy
@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from grail.config import GRAILConfig
-from grail.train import Progress, resolve_prompt_fields, write_run_config
+from grail.training.config import GRAILConfig
+from grail.training.run import Progress, resolve_prompt_fields, write_run_config
 
 
 def _args(**kw):

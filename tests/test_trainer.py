@@ -7,10 +7,10 @@ from datasets import Dataset
 from trl import GRPOTrainer
 
 from batches import assert_same, loss_and_grads, make_trainer, trl_batch
-from grail import probes
-from grail import trainer as trainer_module
-from grail.rewards import exact_int_reward
-from grail.trainer import GRAILTrainer
+from grail.evaluation.rewards import exact_int_reward
+from grail.methods import probes
+from grail.training import trainer as trainer_module
+from grail.training.trainer import GRAILTrainer
 
 LOSS_TYPES = ["dr_grpo", "dapo", "grpo", "bnpo"]
 

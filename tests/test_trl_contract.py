@@ -1,4 +1,4 @@
-"""The seam to TRL (grail/trainer.py, S1-S4), checked against TRL's real `_prepare_inputs` and `compute_loss`.
+"""The seam to TRL (grail/training/trainer.py, S1-S4), checked against TRL's real `_prepare_inputs` and `compute_loss`.
 
 A TRL upgrade that changes any of these behaviours fails here, by name, instead of silently training with the
 wrong advantages. The spy subclass only records; the training code under test is GRAILTrainer's and TRL's own.
@@ -9,11 +9,11 @@ import torch
 from datasets import Dataset
 from trl import GRPOTrainer
 
-from grail.config import GRAILConfig
-from grail.methods import TokenWeights
-from grail.rewards import exact_int_reward
-from grail.trainer import SPAN_KEYS, GRAILTrainer
-from grail.weighting import batch_spans
+from grail.evaluation.rewards import exact_int_reward
+from grail.methods.table import TokenWeights
+from grail.methods.weighting import batch_spans
+from grail.training.config import GRAILConfig
+from grail.training.trainer import SPAN_KEYS, GRAILTrainer
 
 PROMPTS = ["Q: 3+4*5\nA:", "Q: 7*2-9\nA:", "Q: 9-5*3\nA:", "Q: 6+8-7\nA:"]  # two-step problems, as trained
 ANSWERS = ["35", "5", "12", "7"]

@@ -1,5 +1,5 @@
-"""grail.warmstart: the cache key covers every warm-start setting, a cached checkpoint is reused without training,
-an interrupted or damaged entry is never handed out, and a real (2-step) warm start is a loadable checkpoint.
+"""grail.models.warmstart: the cache key covers every warm-start setting, a cached checkpoint is reused without
+training, an interrupted or damaged entry is never handed out, and a real (2-step) warm start is a loadable checkpoint.
 
 Most tests replace the training with a stub that writes a file (the cache logic does not need a trained model);
 one trains for real on tiny settings."""
@@ -12,12 +12,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import grail.options
-import grail.warmstart
-from grail.config_fields import GRAILFields
-from grail.options import WarmStartConfig
-from grail.tasks import TASK_STYLES, TaskConfig
-from grail.warmstart import default_cache_dir, warm_start
+import grail.models.warmstart
+import grail.options.choices
+from grail.models.warmstart import default_cache_dir, warm_start
+from grail.options.choices import WarmStartConfig
+from grail.options.fields import GRAILFields
+from grail.tasks.arithmetic import TASK_STYLES, TaskConfig
 
 SMALL = WarmStartConfig(steps=2, batch_size=4, num_examples=8, warmup_steps=1, hidden_size=32, num_layers=1)
 # the run's task settings that shape the RL data set (train / held-out prompts), not the supervised warm start
@@ -47,7 +47,7 @@ def trainings(monkeypatch):
         (out_dir / "config.json").write_text(json.dumps({"steps": config.steps}))
         return out_dir
 
-    monkeypatch.setattr(grail.warmstart, "train_warm_start", fake_train)
+    monkeypatch.setattr(grail.models.warmstart, "train_warm_start", fake_train)
     return calls
 
 
@@ -73,7 +73,7 @@ def test_identical_settings_give_the_same_key():
 
 def test_a_new_recipe_version_changes_every_key(monkeypatch):
     before = WarmStartConfig().cache_key()
-    monkeypatch.setattr(grail.options, "RECIPE_VERSION", grail.options.RECIPE_VERSION + 1)
+    monkeypatch.setattr(grail.options.choices, "RECIPE_VERSION", grail.options.choices.RECIPE_VERSION + 1)
     assert WarmStartConfig().cache_key() != before
 
 
@@ -123,12 +123,12 @@ def test_an_interrupted_training_leaves_nothing_trusted_and_the_next_run_builds_
         (out_dir / "model.safetensors").write_bytes(b"half a checkpoint")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(grail.warmstart, "train_warm_start", killed)
+    monkeypatch.setattr(grail.models.warmstart, "train_warm_start", killed)
     with pytest.raises(KeyboardInterrupt):
         warm_start(SMALL, tmp_path, log=lambda s: None)
     assert not (tmp_path / f"tiny-warmstart-{SMALL.cache_key()}").exists()  # only a staging directory
     done = []
-    monkeypatch.setattr(grail.warmstart, "train_warm_start", lambda config, out_dir, log: done.append(out_dir))
+    monkeypatch.setattr(grail.models.warmstart, "train_warm_start", lambda config, out_dir, log: done.append(out_dir))
     path = warm_start(SMALL, tmp_path, log=lambda s: None)
     assert len(done) == 1 and (path / "warmstart.json").is_file()
     assert not any(p.name.startswith(".") for p in tmp_path.iterdir())  # the same process cleared its staging
@@ -143,7 +143,7 @@ def test_when_another_process_finishes_first_its_checkpoint_is_kept(tmp_path, mo
         (final / "warmstart.json").write_text("{}")
         (out_dir / "config.json").write_text("ours")
 
-    monkeypatch.setattr(grail.warmstart, "train_warm_start", racing)
+    monkeypatch.setattr(grail.models.warmstart, "train_warm_start", racing)
     assert warm_start(SMALL, tmp_path, log=lambda s: None) == final
     assert (final / "config.json").read_text() == "theirs"
     assert [p.name for p in tmp_path.iterdir()] == [final.name]  # our staging copy is gone
@@ -171,6 +171,6 @@ def test_a_real_warm_start_is_a_checkpoint_loadable_by_path(tmp_path, monkeypatc
     def fail(*args, **kwargs):
         raise AssertionError("retrained a cached warm start")
 
-    monkeypatch.setattr(grail.warmstart, "train_warm_start", fail)
+    monkeypatch.setattr(grail.models.warmstart, "train_warm_start", fail)
     assert warm_start(SMALL, tmp_path, log=lambda s: None) == path
     assert {p.name: os.stat(p).st_mtime_ns for p in path.iterdir()} == mtimes  # nothing rewritten

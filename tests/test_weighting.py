@@ -1,12 +1,12 @@
-"""grail.weighting: the functional API on a tiny model built here, row selection, skipping, options."""
+"""grail.methods.weighting: the functional API on a tiny model built here, row selection, skipping, options."""
 
 import pytest
 import torch
 
-from grail import probes, weighting
-from grail.options import WeightingOptions
-from grail.tiny import build_tiny_model
-from grail.weighting import METHOD_FUNCTIONS, probe_rows, run_probe, token_weights
+from grail.methods import probes, weighting
+from grail.methods.weighting import METHOD_FUNCTIONS, probe_rows, run_probe, token_weights
+from grail.models.tiny import build_tiny_model
+from grail.options.choices import WeightingOptions
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
-"""The "words" style of the synthetic task (grail.word_problems): the same arithmetic and splits as the symbolic
+"""The "words" style of the synthetic task (grail.tasks.word_problems): the same arithmetic and splits as the symbolic
 style, a natural-language prompt and solution, per-character roles that an independent parser of the solution
-text reproduces, and labels that survive tokenisation (grail.token_labels)."""
+text reproduces, and labels that survive tokenisation (grail.analysis.saliency.token_labels)."""
 
 import random
 import re
@@ -8,16 +8,24 @@ from dataclasses import replace
 
 import pytest
 
-from grail.benchmarks import load_benchmark, parse_benchmark_list
-from grail.boxed import last_boxed_content
-from grail.config_fields import GRAILFields
-from grail.presets import PRESETS
-from grail.rewards import exact_int_reward
-from grail.synthetic import WORDS_SET, SyntheticSet, generate
-from grail.tasks import CRITICAL_ROLES, FILLER_WORDS, TaskConfig, sample_steps, split_of
-from grail.tiny import build_tokenizer
-from grail.token_labels import CRITICAL, FILLER, char_labels, check_row, saliency_row, synthetic_rows, token_labels
-from grail.word_problems import (
+from grail.analysis.saliency.token_labels import (
+    CRITICAL,
+    FILLER,
+    char_labels,
+    check_row,
+    saliency_row,
+    synthetic_rows,
+    token_labels,
+)
+from grail.evaluation.benchmarks import load_benchmark, parse_benchmark_list
+from grail.evaluation.rewards import exact_int_reward
+from grail.models.tiny import build_tokenizer
+from grail.options.fields import GRAILFields
+from grail.options.presets import PRESETS
+from grail.tasks.arithmetic import CRITICAL_ROLES, FILLER_WORDS, TaskConfig, sample_steps, split_of
+from grail.tasks.boxed import last_boxed_content
+from grail.tasks.synthetic import WORDS_SET, SyntheticSet, generate
+from grail.tasks.word_problems import (
     DEFAULT_PROMPT,
     NAMES,
     OBJECTS,
@@ -48,7 +56,7 @@ def left_to_right(expression: str) -> int:
 
 
 def check_words_example(ex, config):
-    """Everything derivable from the texts, recomputed independently of grail.word_problems."""
+    """Everything derivable from the texts, recomputed independently of grail.tasks.word_problems."""
     assert len(ex.roles) == len(ex.solution)
     assert SHAPE.fullmatch(ex.solution), ex.solution
     equations = list(EQUATION.finditer(ex.solution))
@@ -249,8 +257,8 @@ def test_saliency_rows_survive_the_tiny_tokenizer():
 @pytest.mark.real
 def test_saliency_rows_survive_a_byte_level_bpe_tokenizer(real_model_dir):
     """SmolLM2's tokenizer merges a leading space into words (" so") and splits digits: each critical token is a
-    (space +) operator or digit, each filler token a (space +) filler word or a piece of one, as grail.token_labels'
-    rules expect."""
+    (space +) operator or digit, each filler token a (space +) filler word or a piece of one, as
+    grail.analysis.saliency.token_labels' rules expect."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(real_model_dir)
@@ -268,9 +276,9 @@ def test_saliency_rows_survive_a_byte_level_bpe_tokenizer(real_model_dir):
 
 
 def test_message_prompts_reach_the_saliency_traces_through_the_chat_template():
-    """grail.saliency_quality renders a words row's chat messages with the tokenizer's chat template, as training
-    does; the completion is the solution alone."""
-    from grail.saliency_quality import SaliencyQualityOptions, _traces
+    """grail.analysis.saliency.quality renders a words row's chat messages with the tokenizer's chat template, as
+    training does; the completion is the solution alone."""
+    from grail.analysis.saliency.quality import SaliencyQualityOptions, _traces
 
     tokenizer = build_tokenizer()
     rows = synthetic_rows(replace(WORDS_TASK, filler_rate=1.0), n=3, split="heldout", seed=0)
@@ -299,7 +307,7 @@ def test_synthetic_words_benchmark():
 
 
 def test_the_tiny_model_refuses_the_words_style(tmp_path):
-    from grail.config import GRAILConfig
+    from grail.training.config import GRAILConfig
 
     with pytest.raises(ValueError, match="task_style='words' is for pretrained chat models.*smollm2-135m"):
         GRAILConfig(output_dir=str(tmp_path), task_style="words")

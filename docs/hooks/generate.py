@@ -4,11 +4,11 @@ A page asks for generated content with a marker line, which `on_page_markdown` r
 
     <!-- grail:config-fields [only="SECTION"] [skip="SECTION"] -->   GRAILFields, from each field's help
     <!-- grail:cli -->                                               the argparse parsers of grail.cli
-    <!-- grail:presets -->                                           grail.presets.PRESETS, as `grail presets` prints
-    <!-- grail:layers -->                                            LAYERS of tests/test_layers.py, module docstrings
-    <!-- grail:scripts -->                                           the perf/ scripts, from their docstrings
+    <!-- grail:presets -->                                           grail.options.presets.PRESETS, as `grail presets`
+    prints <!-- grail:layers -->                                            LAYERS of tests/test_layers.py, module
+    docstrings <!-- grail:scripts -->                                           the perf/ scripts, from their docstrings
 
-Only light imports: `grail.config_fields` and `grail.cli` load neither torch nor TRL (tests/test_layers.py checks it),
+Only light imports: `grail.options.fields` and `grail.cli` load neither torch nor TRL (tests/test_layers.py checks it),
 and the layer table is read from the test file with `ast`, never imported. `generated(name, **args)` is what
 tests/test_docs.py calls to measure the generated pages.
 """
@@ -98,7 +98,7 @@ def _field_sections() -> list[tuple[str, str, list[int]]]:
 
 
 def config_fields(only: str = "", skip: str = "") -> str:
-    from grail.config_fields import GRAILFields
+    from grail.options.fields import GRAILFields
 
     hints = typing.get_type_hints(GRAILFields)
     source = (PACKAGE / "config_fields.py").read_text()
@@ -195,7 +195,7 @@ def cli() -> str:
 
 def presets() -> str:
     """Each preset as `grail presets NAME` prints it: its values, with what each `paper` value is for."""
-    from grail.presets import PRESETS, render
+    from grail.options.presets import PRESETS, render
 
     out = []
     for name in PRESETS:

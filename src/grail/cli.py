@@ -18,10 +18,15 @@ import textwrap
 import time
 from dataclasses import fields
 
-from grail import __version__, compare_cli, eval_cli, explain_cli, models_cli, presets
-from grail.config_fields import GRAILFields
-from grail.options import parse_methods
-from grail.presets import PRESETS, TINY_CPU
+from grail import __version__
+from grail.analysis.compare import cli as compare_cli
+from grail.analysis.explain import cli as explain_cli
+from grail.evaluation import cli as eval_cli
+from grail.models import cli as models_cli
+from grail.options import presets
+from grail.options.choices import parse_methods
+from grail.options.fields import GRAILFields
+from grail.options.presets import PRESETS, TINY_CPU
 
 __all__ = ["GRAIL_FIELDS", "main", "run"]
 
@@ -67,8 +72,8 @@ def _default_run_dir(command: str) -> str:
 
 
 def _train(args, rest: list[str]) -> int:
-    from grail.overrides import build_config, merge, parse_flags  # the training layer (TRL) only when training
-    from grail.train import quiet_libraries, train
+    from grail.training.overrides import build_config, merge, parse_flags  # the training layer (TRL) only when training
+    from grail.training.run import quiet_libraries, train
 
     quiet_libraries()
 
@@ -95,9 +100,9 @@ def _close_process_group() -> None:
 
 
 def _demo(args, rest: list[str]) -> int:
-    from grail.demo import run_demo
-    from grail.overrides import build_config, merge, parse_flags
-    from grail.train import quiet_libraries
+    from grail.training.demo import run_demo
+    from grail.training.overrides import build_config, merge, parse_flags
+    from grail.training.run import quiet_libraries
 
     methods = parse_methods(args.method, example="none,grail")
     quiet_libraries()

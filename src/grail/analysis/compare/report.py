@@ -1,0 +1,427 @@
+"""The report of `grail compare`: statistics over seeds from the finished runs' files, as report.md, report.json
+and PNG plots (grail.analysis.compare.plots) in the comparison's directory.
+
+Reads, for each (arm, seed) run directory `runs/<arm-slug>/seed<s>/`:
+    compare_result.json     the finished marker: the held-out metrics (fractions), per-problem results, timings
+    metrics.jsonl           the training log: `reward` per step (learning curves) and the `weights/*` diagnostics
+    extra_metrics.json      optional {name: number}: any further per-run evaluation (the final model's saliency
+                            AUROC, or any other); tabulated per arm with the same intervals, and paired
+    auroc_checkpoints.json  optional {"N": {name: number}}: the saliency AUROC at checkpoint N (AUROC over training)
+and, in the comparison's directory, auroc_warmstart.json ({arm label: {name: number}}: step 0 of that curve).
+
+Statistics (the unit of replication is the training seed, not the problem; grail.analysis.compare.stats):
+    per arm    mean over seeds ± t_{0.975, S−1} · sd / √S   (Student t-interval over the S per-seed values)
+    paired     d_s = arm_s − reference_s for each seed s both have; the same t-interval over the d_s. The reference
+               is the first arm, or with --sweep the first arm at the same swept value (grail.analysis.compare.sweep)
+    seeds      half-width(S) = t_{0.975, S−1} · sd_d / √S; the S that brings it under d points, and the S that
+               gives 80% power at a true difference d: (t_{0.975, S−1} + t_{0.80, S−1}) · sd_d / √S ≤ d
+With one seed there is no interval (the seed-to-seed spread is unknown); two seeds give one with t = 12.7.
+Plots need matplotlib (Agg backend); without it the report says so and writes no PNG.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from grail.analysis.compare.plots import POSITION_KEYS, SWEEP_EXTRA, WEIGHT_KEYS, write_plots
+from grail.analysis.compare.stats import LEVEL, POWER, paired_interval, seeds_needed, t_interval, t_quantile
+from grail.analysis.compare.sweep import Layout, layout
+
+__all__ = ["CHECKPOINT_AUROC_FILE", "EXTRA_METRICS_FILE", "RESULT_FILE", "WARMSTART_AUROC_FILE", "WEIGHT_KEYS",
+           "load_runs", "run_path", "summarize", "warm_auroc", "write_report"]
+
+RESULT_FILE = "compare_result.json"  # written last by a run: its presence means finished
+EXTRA_METRICS_FILE = "extra_metrics.json"
+CHECKPOINT_AUROC_FILE = "auroc_checkpoints.json"  # per run: {"N": {name: value}} (grail.analysis.compare.run)
+# per comparison: {arm label: {name: value}} (grail.analysis.compare.plan)
+WARMSTART_AUROC_FILE = "auroc_warmstart.json"
+RESOLVE_POINTS = (1.0, 2.0, 5.0)  # differences (points) the seeds-needed table is given for
+SEED_COUNTS = (2, 3, 5, 10, 20, 50)
+COMPLETION_KEYS = ("completions/mean_length", "completions/clipped_ratio")  # TRL's logged completion statistics
+LAST_STEPS = 10
+
+
+def run_path(out_dir: str | Path, slug: str, seed: int) -> Path:
+    """The run directory of one (arm, seed)."""
+    return Path(out_dir) / "runs" / slug / f"seed{seed}"
+
+
+# ---- reading the runs ----------------------------------------------------------------------------------------
+
+@dataclass
+class RunData:
+    arm: str
+    seed: int
+    path: Path
+    result: dict | None  # compare_result.json, None while unfinished
+    log: list[dict]  # metrics.jsonl lines
+    extra: dict[str, float]
+    auroc_steps: dict[int, dict[str, float]] = field(default_factory=dict)  # step → name → AUROC (0: warm start)
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    lines = []
+    for line in path.read_text().splitlines():
+        try:
+            lines.append(json.loads(line))
+        except ValueError:
+            continue  # a torn last line of a killed run
+    return lines
+
+
+def _numbers(path: Path, data) -> dict[str, float]:
+    bad = [k for k, v in data.items() if not isinstance(v, int | float) or isinstance(v, bool)]
+    if bad:
+        raise ValueError(f"{path}: {bad[0]!r} is not a number; the file must map names to numbers. Delete the file "
+                         f"and rerun the command to recompute it.")
+    return data
+
+
+def warm_auroc(out_dir: Path, arms: list[str]) -> dict[str, dict[str, float]]:
+    """auroc_warmstart.json as {arm label: {name: value}}; the flat {name: value} of earlier versions (one warm start
+    for every arm) applies to every arm."""
+    path = out_dir / WARMSTART_AUROC_FILE
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    if data and not any(isinstance(v, dict) for v in data.values()):
+        data = {arm: data for arm in arms}
+    return {arm: _numbers(path, v) for arm, v in data.items() if arm in arms and isinstance(v, dict)}
+
+
+def load_runs(out_dir: str | Path, plan: dict) -> list[RunData]:
+    """Every (arm, seed) of the plan with whatever its directory holds."""
+    out_dir = Path(out_dir)
+    warm = warm_auroc(out_dir, [a["label"] for a in plan["arms"]])
+    runs = []
+    for arm in plan["arms"]:
+        for seed in range(plan["seeds"]):
+            path = run_path(out_dir, arm["slug"], seed)
+            result_file, extra_file = path / RESULT_FILE, path / EXTRA_METRICS_FILE
+            result = json.loads(result_file.read_text()) if result_file.is_file() else None
+            extra = _numbers(extra_file, json.loads(extra_file.read_text())) if extra_file.is_file() else {}
+            steps_file = path / CHECKPOINT_AUROC_FILE
+            steps = {int(k): _numbers(steps_file, v) for k, v in
+                     (json.loads(steps_file.read_text()) if steps_file.is_file() else {}).items()}
+            if steps and arm["label"] in warm:
+                steps[0] = warm[arm["label"]]
+            runs.append(RunData(arm["label"], seed, path, result, _read_jsonl(path / "metrics.jsonl"), extra,
+                                dict(sorted(steps.items()))))
+    return runs
+
+
+def _key_mean(log: list[dict], key: str, last: int | None = None) -> float | None:
+    """Mean of `key` over the log lines that hold it (the last `last` of them, if given)."""
+    values = [line[key] for line in log if isinstance(line.get(key), int | float)]
+    values = values[-last:] if last else values
+    return sum(values) / len(values) if values else None
+
+
+# ---- statistics ----------------------------------------------------------------------------------------------
+
+def _per_arm(runs: list[RunData], arms: list[str], value_of) -> dict[str, dict[int, float]]:
+    """arm → {seed: value} over the runs where value_of(run) is a number."""
+    table: dict[str, dict[int, float]] = {arm: {} for arm in arms}
+    for run in runs:
+        value = value_of(run)
+        if value is not None:
+            table[run.arm][run.seed] = float(value)
+    return table
+
+
+def _stats(table: dict[str, dict[int, float]], arms: list[str], lay: Layout) -> dict:
+    """Per-arm intervals and paired differences against each arm's reference, JSON-ready."""
+    return {"per_arm": {arm: {**asdict(t_interval(list(table[arm].values()))), "seeds": sorted(table[arm])}
+                        for arm in arms},
+            "paired": {arm: {**asdict(paired_interval(table[lay.baseline[arm]], table[arm])),
+                             "seeds": sorted(set(table[lay.baseline[arm]]) & set(table[arm])), "reference":
+                             lay.baseline[arm]} for arm in lay.paired}}
+
+
+def _auroc_training(runs: list[RunData], arms: list[str]) -> dict:
+    """name → arm → step → {n, mean, min, max} over the seeds that have the AUROC at that step."""
+    out: dict = {}
+    for run in runs:
+        for step, values in run.auroc_steps.items():
+            for name, value in values.items():
+                out.setdefault(name, {arm: {} for arm in arms})[run.arm].setdefault(str(step), []).append(value)
+    return {name: {arm: {step: {"n": len(v), "mean": sum(v) / len(v), "min": min(v), "max": max(v)}
+                         for step, v in sorted(steps.items(), key=lambda item: int(item[0]))}
+                   for arm, steps in by_arm.items()} for name, by_arm in out.items()}
+
+
+def summarize(plan: dict, runs: list[RunData]) -> dict:
+    """The content of report.json (see the module docstring for the statistics)."""
+    arms = [a["label"] for a in plan["arms"]]
+    lay = layout(plan)
+    finished = [r for r in runs if r.result is not None]
+    metric_names = list(dict.fromkeys(k for r in finished for k in r.result["metrics"]))
+    extra_names = list(dict.fromkeys(k for r in finished for k in r.extra))
+    metrics = {m: _stats(_per_arm(finished, arms, lambda r, m=m: r.result["metrics"].get(m)), arms, lay)
+               for m in metric_names}
+    extra = {m: _stats(_per_arm(finished, arms, lambda r, m=m: r.extra.get(m)), arms, lay)
+             for m in extra_names}
+    weights = {k: _stats(_per_arm(finished, arms, lambda r, k=k: _key_mean(r.log, k)), arms, lay)["per_arm"]
+               for k in (*WEIGHT_KEYS, *POSITION_KEYS)}
+    completions = {f"{k}{suffix}": _stats(_per_arm(finished, arms, lambda r, k=k, n=n: _key_mean(r.log, k, n)), arms,
+                                          lay)["per_arm"]
+                   for k in COMPLETION_KEYS for suffix, n in (("", None), (f" (last {LAST_STEPS} steps)", LAST_STEPS))}
+    timing = {k: _stats(_per_arm([r for r in finished if not r.result.get("resumed")], arms,
+                                 lambda r, k=k: r.result.get(k)), arms, lay)["per_arm"]
+              for k in ("train_seconds", "seconds_per_step", "eval_seconds")}
+    primary = plan["protocol"]["primary"]
+    resolution = {}
+    if primary in metrics:
+        for arm, d in metrics[primary]["paired"].items():
+            if d["sd"] is None:
+                continue
+            sd_points = 100 * d["sd"]
+            resolution[arm] = {
+                "sd_of_differences_points": sd_points,
+                "half_width_points": {str(s): t_quantile((1 + LEVEL) / 2, s - 1) * sd_points / math.sqrt(s)
+                                      for s in SEED_COUNTS},
+                "seeds_for_half_width": {f"{p:g}": seeds_needed(sd_points, p) for p in RESOLVE_POINTS},
+                "seeds_for_80pct_power": {f"{p:g}": seeds_needed(sd_points, p, power=POWER) for p in RESOLVE_POINTS},
+            }
+    return {
+        "arms": arms, "seeds": plan["seeds"], "level": LEVEL,
+        "interval": "Student t over seeds: mean ± t_{0.975, S-1} · sd / sqrt(S); paired: the same over per-seed "
+                    "differences from each arm's reference (the first arm; with --sweep, the first arm at the same "
+                    "swept value)",
+        "protocol": plan["protocol"], "seed_fields": plan.get("seed_fields", []),
+        "runs": [{"arm": r.arm, "seed": r.seed, "run_dir": str(r.path), "finished": r.result is not None}
+                 for r in runs],
+        "metrics": metrics, "extra_metrics": extra, "weights": weights, "completions": completions, "timing": timing,
+        "primary_metric": primary, "resolution": resolution, "reference": lay.baseline,
+        "sweep": None if lay.field is None else {"field": lay.field, "values": list(lay.values),
+                                                 "series": lay.series},
+        "auroc_training": _auroc_training(runs, arms),
+    }
+
+
+# ---- markdown --------------------------------------------------------------------------------------------------
+
+def _cell(stat: dict, scale: float, digits: int, signed: bool = False) -> str:
+    if stat["mean"] is None:
+        return "–"
+    sign = "+" if signed else ""
+    text = f"{scale * stat['mean']:{sign}.{digits}f}"
+    if stat["half_width"] is None:
+        return f"{text} (1 seed)"
+    return (f"{text} ± {scale * stat['half_width']:.{digits}f} "
+            f"[{scale * stat['low']:{sign}.{digits}f}, {scale * stat['high']:{sign}.{digits}f}]")
+
+
+def _spread(stat: dict, digits: int) -> str:
+    if stat["mean"] is None:
+        return "–"
+    return f"{stat['mean']:.{digits}f} [{min(stat['values']):.{digits}f}, {max(stat['values']):.{digits}f}]"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|",
+            *("| " + " | ".join(row) + " |" for row in rows)]
+
+
+def _stat_tables(title: str, stats: dict, arms: list[str], scale: float, digits: int, unit: str) -> list[str]:
+    if not stats:
+        return []
+    names = list(stats)
+    lines = [f"### {title}", "", f"Per arm, mean ± 95% t-interval half-width [low, high] over seeds ({unit}):", ""]
+    lines += _table(["arm", "seeds", *names],
+                    [[arm, str(stats[names[0]]["per_arm"][arm]["n"]),
+                      *(_cell(stats[m]["per_arm"][arm], scale, digits) for m in names)] for arm in arms])
+    paired = stats[names[0]]["paired"]
+    references = list(dict.fromkeys(d["reference"] for d in paired.values()))
+    if len(references) == 1:
+        lines += ["", f"Paired difference from **{references[0]}** (arm − {references[0]}, per seed, then the "
+                  f"t-interval over seeds; {unit}):", ""]
+        lines += _table(["arm", "paired seeds", *names],
+                        [[arm, str(paired[arm]["n"]), *(_cell(stats[m]["paired"][arm], scale, digits, signed=True)
+                                                        for m in names)] for arm in paired])
+    elif paired:
+        lines += ["", f"Paired difference from each arm's reference, the first arm at the same swept value (arm − "
+                  f"reference, per seed, then the t-interval over seeds; {unit}):", ""]
+        lines += _table(["arm", "reference", "paired seeds", *names],
+                        [[arm, paired[arm]["reference"], str(paired[arm]["n"]),
+                          *(_cell(stats[m]["paired"][arm], scale, digits, signed=True) for m in names)]
+                         for arm in paired])
+    return lines + [""]
+
+
+def _warmstart_text(warm: dict, arms: list[str]) -> str:
+    """The warm start's AUROCs, once per distinct set (arms named where they differ, as across a filler sweep)."""
+    groups: dict[str, list[str]] = {}
+    for arm in arms:
+        if isinstance(warm.get(arm), dict):
+            groups.setdefault(json.dumps(warm[arm], sort_keys=True), []).append(arm)
+    if not groups:
+        return ""
+    def values(key):
+        return ", ".join(f"{k.removeprefix('auroc/')} {v:.3f}" for k, v in json.loads(key).items())
+    if len(groups) == 1:
+        return f" The warm start every run began from: {values(next(iter(groups)))}."
+    return " At the warm start (step 0), under each arm's own task and weighting settings: " + "; ".join(
+        f"{', '.join(group)}: {values(key)}" for key, group in groups.items()) + "."
+
+
+def _sweep_lines(s: dict) -> list[str]:
+    """The headline metric (and the final model's GRAIL-weight AUROC) per series × swept value, and each series'
+    paired difference from the reference series at that value."""
+    sweep, primary = s["sweep"], s["primary_metric"]
+    if not sweep or primary not in s["metrics"]:
+        return []
+    values, series = sweep["values"], sweep["series"]
+    lines = [f"## Sweep over {sweep['field']}", "",
+             f"Rows: the arms of --arms; columns: {sweep['field']}. Each arm is paired with the first arm at the same "
+             f"value. Mean ± 95% t half-width over seeds.", ""]
+    tables = [(f"{primary} (percent)", s["metrics"][primary], 100.0, 1, "points")]
+    if SWEEP_EXTRA in s["extra_metrics"]:
+        tables.append((f"{SWEEP_EXTRA} of the final model", s["extra_metrics"][SWEEP_EXTRA], 1.0, 3, "raw"))
+    for title, stats, scale, digits, unit in tables:
+        def short(stat, scale=scale, digits=digits):
+            if stat is None or stat["mean"] is None:
+                return "–"
+            sign = "+" if stat.get("reference") else ""
+            half = "" if stat["half_width"] is None else f" ± {scale * stat['half_width']:.{digits}f}"
+            return f"{scale * stat['mean']:{sign}.{digits}f}{half}"
+        lines += [f"**{title}**", ""]
+        lines += _table(["arm", *values], [[name, *(short(stats["per_arm"].get(by_value.get(v))) if v in by_value
+                                                    else "–" for v in values)] for name, by_value in series.items()])
+        lines += ["", f"Paired difference from the reference at each value ({unit}):", ""]
+        rows = [[name, *(short(stats["paired"].get(by_value.get(v))) for v in values)]
+                for name, by_value in series.items() if any(by_value.get(v) in stats["paired"] for v in values)]
+        lines += _table(["arm − reference", *values], rows) + [""]
+    return lines
+
+
+def _auroc_training_lines(s: dict) -> list[str]:
+    """Saliency AUROC over training: step 0 (the warm start) and each checkpoint, mean over seeds."""
+    curves = s.get("auroc_training") or {}
+    names = [n for n in curves if n.endswith("/signal")]
+    if not names:
+        return []
+    steps = sorted({int(step) for n in names for arm in curves[n].values() for step in arm})
+    lines = ["### Saliency AUROC over training", "",
+             f"The AUROC of each method's signal (critical vs filler tokens) at step 0 (the warm start) and at every "
+             f"checkpoint still on disk (`{CHECKPOINT_AUROC_FILE}`), mean over seeds; steps "
+             f"{', '.join(map(str, steps))}:", ""]
+    header = ["arm", *(n.removeprefix("auroc/").removesuffix("/signal") for n in names)]
+    rows = []
+    for arm in s["arms"]:
+        cells = []
+        for n in names:
+            points = curves[n].get(arm, {})
+            cells.append(" → ".join(f"{points[str(t)]['mean']:.3f}" for t in steps if str(t) in points) or "–")
+        rows.append([arm, *cells])
+    return lines + _table(header, rows) + [""]
+
+
+def render_markdown(s: dict, plots: list[str], plot_note: str, jobs: int) -> str:
+    arms, seeds = s["arms"], s["seeds"]
+    proto = s["protocol"]
+    lines = ["# grail compare", "",
+             f"{len(arms)} arms × {seeds} seeds; every run starts from the same warm-started model and seed s sets "
+             f"{', '.join(s['seed_fields'])} = s for every arm, so the arms are paired by seed. "
+             f"Evaluation ({proto['kind']}): {proto['description']}.", "",
+             "Intervals are 95% Student t-intervals over the training seeds (mean ± t_{0.975,S−1}·sd/√S): they "
+             "contain the seed-to-seed variation of training (and evaluation sampling), which the per-problem "
+             "bootstrap of `grail demo` does not."]
+    if seeds == 1:
+        lines.append("With one seed there is no interval: the seed-to-seed spread cannot be estimated from one "
+                     "run. Run with --seeds 3 or more.")
+    elif seeds == 2:
+        lines.append("With two seeds the interval uses t = 12.71 (one degree of freedom): it is very wide.")
+    unfinished = [f"{r['arm']}/seed{r['seed']}" for r in s["runs"] if not r["finished"]]
+    if unfinished:
+        lines.append(f"Not finished (left out): {', '.join(unfinished)}.")
+    lines += ["", "## Held-out accuracy", ""]
+    lines += _stat_tables("Accuracy (percent)", s["metrics"], arms, 100.0, 1, "percent; differences in points")
+    lines += _resolution_lines(s)
+    lines += _sweep_lines(s)
+    if s["extra_metrics"]:
+        lines += ["## Extra per-run metrics", "", f"From each run's `{EXTRA_METRICS_FILE}`. `auroc/<method>/<signal|"
+                  "weights>`: the AUROC of critical vs filler tokens of the final model's per-token signal or weights "
+                  "under that method (grail.analysis.compare.auroc: held-out synthetic problems, 0.5 = no separation)."
+                  + _warmstart_text(s.get("auroc_warmstart") or {}, arms), ""]
+        lines += _stat_tables("Extra metrics", s["extra_metrics"], arms, 1.0, 3, "raw values")
+    lines += _auroc_training_lines(s)
+    lines += ["## Token-weight diagnostics", "",
+              "Each run's mean over the logged training steps (a step whose groups all agree logs none), then "
+              "mean ± t half-width over seeds. `weights/adv_scale_ratio` = mean |Â| / mean |A| (1 for GRPO).", ""]
+    w = s["weights"]
+    lines += _table(["arm", *(k.removeprefix("weights/") for k in WEIGHT_KEYS),
+                     "position profile (tenths 1→10 of the reasoning, mean weight)"],
+                    [[arm, *(_cell(w[k][arm], 1.0, 3) for k in WEIGHT_KEYS),
+                      " ".join("–" if w[k][arm]["mean"] is None else f"{w[k][arm]['mean']:.2f}" for k in POSITION_KEYS)]
+                     for arm in arms])
+    c = s.get("completions") or {}
+    if any(c[k][arm]["mean"] is not None for k in c for arm in arms):
+        lines += ["", "## Completions during training", "",
+                  f"TRL's completion statistics: each run's mean over all logged steps and over its last {LAST_STEPS}, "
+                  f"then mean ± t half-width over seeds. `clipped_ratio`: the fraction of completions cut at "
+                  f"max_completion_length before they ended (no answer box, reward 0), which grows with filler words.",
+                  ""]
+        lines += _table(["arm", *(k.removeprefix("completions/") for k in c)],
+                        [[arm, *(_cell(c[k][arm], 1.0, 3) for k in c)] for arm in arms])
+    t = s["timing"]
+    lines += ["", "## Wall time", "",
+              f"Seconds per run, mean [min, max] over the runs that were not resumed (a resumed run's clock covers "
+              f"only its last part); {jobs} run(s) at a time"
+              f"{'' if jobs == 1 else ', sharing the machine, so each ran slower than it would alone'}:", ""]
+    lines += _table(["arm", "runs timed", "training wall time (s)", "median s/step", "evaluation (s)"],
+                    [[arm, str(t["train_seconds"][arm]["n"]), _spread(t["train_seconds"][arm], 1),
+                      _spread(t["seconds_per_step"][arm], 3), _spread(t["eval_seconds"][arm], 1)] for arm in arms])
+    lines += ["", "## Plots", ""]
+    lines += [f"![{p}]({p})" for p in plots] or [plot_note]
+    return "\n".join(lines) + "\n"
+
+
+def _resolution_lines(s: dict) -> list[str]:
+    primary, arms = s["primary_metric"], s["arms"]
+    lines = [f"### Seeds needed ({primary})", ""]
+    if not s["resolution"]:
+        return lines + ["Not available: it needs at least two seeds and two arms (the standard deviation of the "
+                        "per-seed differences).", ""]
+    spread = s["metrics"][primary]["per_arm"]
+    lines += ["Seed-to-seed standard deviation of each arm's " + primary + ": " + ", ".join(
+        f"{arm} {100 * spread[arm]['sd']:.2f} points" for arm in arms if spread[arm]["sd"] is not None) + ".", ""]
+    lines += [f"The 95% interval's half-width with S seeds is t_{{0.975,S−1}} · sd / √S, where sd is the observed "
+              f"standard deviation of the per-seed differences from the arm's reference. A difference smaller than the "
+              f"half-width is not resolved; to detect a true difference d with 80% power needs "
+              f"(t_{{0.975,S−1}} + t_{{0.80,S−1}}) · sd / √S ≤ d. Points of {primary}:", ""]
+    header = ["arm", "sd of differences", *(f"half-width, S={n}" for n in SEED_COUNTS),
+              *(f"S for ±{p:g}" for p in RESOLVE_POINTS), *(f"S for 80% power at {p:g}" for p in RESOLVE_POINTS)]
+    rows = []
+    for arm, r in s["resolution"].items():
+        if r["sd_of_differences_points"] == 0:  # every seed gave the same difference: nothing to scale
+            rows.append([arm, "0 (every seed gave the same difference)", *["–"] * (len(header) - 2)])
+            continue
+        rows.append([arm, f"{r['sd_of_differences_points']:.2f}",
+                     *(f"{r['half_width_points'][str(n)]:.2f}" for n in SEED_COUNTS),
+                     *(str(r["seeds_for_half_width"][f"{p:g}"] or "> 10000") for p in RESOLVE_POINTS),
+                     *(str(r["seeds_for_80pct_power"][f"{p:g}"] or "> 10000") for p in RESOLVE_POINTS)])
+    return lines + _table(header, rows) + [""]
+
+
+def write_report(out_dir: str | Path, plan: dict, jobs: int = 1) -> dict:
+    """report.json, report.md and the PNGs in out_dir, from the runs' files; returns report.json's content."""
+    out_dir = Path(out_dir)
+    runs = load_runs(out_dir, plan)
+    summary = summarize(plan, runs)
+    summary["auroc_warmstart"] = warm_auroc(out_dir, summary["arms"])
+    try:
+        plots, note = write_plots(summary, runs, out_dir), ""
+    except ImportError:
+        plots, note = [], "No plots: matplotlib is not installed (`pip install matplotlib`, then rerun the command)."
+    summary["plots"] = plots
+    for name, text in (("report.json", json.dumps(summary, indent=2) + "\n"),
+                       ("report.md", render_markdown(summary, plots, note, jobs))):
+        temporary = out_dir / f".{name}.tmp"
+        temporary.write_text(text)
+        os.replace(temporary, out_dir / name)
+    return summary

@@ -1,0 +1,198 @@
+"""One run of `grail compare`: its config, its training (or resumption), its evaluation and its per-run metrics,
+in the run directory `runs/<arm-slug>/seed<s>/` (grail.analysis.compare.report.run_path). grail.analysis.compare.plan
+plans the runs and schedules them, in this process or in worker processes; each calls `run_one`.
+
+What a run writes besides the training run's own files (grail.training.run), in this order:
+    compare_trained.json    after training's final save: a rerun evaluates, it does not retrain
+    eval/final/<name>/      the evaluation (grail.evaluation.harness: samples.jsonl, results.json)
+    extra_metrics.json      the EXTRA_EVALUATIONS' scalars and, with the plan's auroc_rows, the final model's
+                            saliency AUROC (grail.analysis.compare.auroc)
+    auroc_checkpoints.json  with auroc_rows: the same AUROC for every checkpoint-N still on disk, {"N": {name: v}}
+    compare_result.json     the finished marker, written last: metrics, per-problem results, timings
+
+Hook for more per-run evaluations: append a function `(final_dir: Path, cfg: GRAILConfig, log) -> dict[str, float]`
+to EXTRA_EVALUATIONS (also reachable as grail.analysis.compare.plan.EXTRA_EVALUATIONS); after the run's evaluation its
+results are merged into extra_metrics.json, which the report tabulates per arm."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from grail.analysis.compare.auroc import run_auroc
+from grail.analysis.compare.report import CHECKPOINT_AUROC_FILE, EXTRA_METRICS_FILE, RESULT_FILE, run_path
+from grail.options.checkpoint_dirs import checkpoint_dirs
+from grail.training.config import GRAILConfig
+from grail.training.overrides import build_config
+from grail.training.resume import RUN_FILES, complete_checkpoints
+
+__all__ = ["EXTRA_EVALUATIONS", "LOG_FILE", "Log", "TRAINED_FILE", "checkpoint_auroc", "lock", "run_one",
+           "run_values", "write_json"]
+
+Log = Callable[[str], None]
+TRAINED_FILE = "compare_trained.json"
+LOG_FILE = "compare.log"
+EXTRA_EVALUATIONS: list[Callable[[Path, GRAILConfig, Log], dict[str, float]]] = []
+
+
+def run_values(plan: dict, arm: dict | None, seed: int, out_dir: str | Path) -> dict:
+    """The config values of one run: base < the arm's fields and method < the seed fields; `arm=None`: the base
+    values with the seed (the evaluation's config)."""
+    values = dict(plan["base"])
+    if arm is not None:
+        values.update(arm["fields"], token_weighting=arm["method"])
+    values.update({name: seed for name in plan["seed_fields"]})
+    values["output_dir"] = str(run_path(out_dir, arm["slug"], seed) if arm is not None else Path(out_dir))
+    return values
+
+
+def write_json(path: Path, data: dict) -> None:
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(temporary, path)
+
+
+@contextlib.contextmanager
+def lock(path: Path, wait: bool):
+    """An exclusive lock on `path` (released when the process dies); `wait=False` raises if it is held."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no locking
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            raise ValueError(f"another grail compare is running in {path.parent}; wait for it to end, or give "
+                             f"another --output_dir.") from None
+        yield
+
+
+# ---- one run ---------------------------------------------------------------------------------------------------
+
+def _has_run_files(run_dir: Path) -> bool:
+    return any((run_dir / name).exists() for name in RUN_FILES) or any(run_dir.glob("checkpoint-*"))
+
+
+def _flat_metrics(prefix: str, scores) -> dict[str, float]:
+    metrics = {}
+    for s in scores:
+        metrics[f"{prefix}/{s.name}/acc@{s.n}"] = s.acc_at_n.value
+        metrics.update({f"{prefix}/{s.name}/pass@{k}": e.value for k, e in s.pass_at_k.items() if k > 1})
+    return metrics
+
+
+def _per_problem(scores, loaded) -> list[dict]:
+    ids = {b.name: [p.id for p in b.problems] for b in loaded}
+    return [{"name": s.name, "n": s.n, "problem_ids": ids[s.name], "per_problem_acc": list(s.per_problem_acc),
+             "per_problem_pass": {str(k): list(v) for k, v in s.per_problem_pass.items()}} for s in scores]
+
+
+def _evaluate(plan: dict, out_dir: Path, seed: int, final_dir: Path, eval_dir: Path, log: Log,
+              grading_workers: int | None) -> tuple[dict, dict]:
+    """The plan's evaluation of one trained model: (flat metrics, per-problem results by evaluation name)."""
+    from grail.training.demo import eval_specs, heldout_accuracy
+
+    cfg = build_config(run_values(plan, None, seed, out_dir))
+    if plan["protocol"]["kind"] == "benchmarks":
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from grail.evaluation.harness import run_evaluation
+        from grail.options.prompts import PromptFormat
+        from grail.options.sampling import HFSampler
+        from grail.training.run import CheckpointEval
+
+        # the spec (and problems) of checkpoint evaluation, in the prompt format the model was trained with
+        checkpoint_eval = CheckpointEval(cfg, eval_dir, log, prompt=PromptFormat.load(final_dir))
+        tokenizer = AutoTokenizer.from_pretrained(final_dir)
+        sampler = HFSampler(AutoModelForCausalLM.from_pretrained(final_dir), tokenizer,
+                            batch_size=checkpoint_eval.spec.batch_size)
+        report = run_evaluation(sampler, tokenizer, checkpoint_eval.spec, eval_dir / "benchmarks",
+                                workers=grading_workers, log=log, progress=False, loaded=checkpoint_eval.loaded)
+        metrics = _flat_metrics("benchmarks", report.scores)
+        if len(report.scores) > 1:
+            metrics.update({f"benchmarks/{a['kind']}/acc@n": a["acc_at_n"]["value"]
+                            for a in report.results["averages"]})
+        return metrics, {"benchmarks": _per_problem(report.scores, checkpoint_eval.loaded)}
+    specs = eval_specs(cfg)
+    (heldout,) = specs["greedy"].load_benchmarks(synthetic_set=cfg.synthetic_set())
+    scores = heldout_accuracy(str(final_dir), specs, heldout, eval_dir, log)
+    metrics = {k: v for name, score in scores.items() for k, v in _flat_metrics(name, [score]).items()}
+    return metrics, {name: _per_problem([score], [heldout]) for name, score in scores.items()}
+
+
+def run_one(plan: dict, out_dir: str | Path, slug: str, seed: int, log: Log = print,
+            grading_workers: int | None = 1) -> dict:
+    """Train (or resume) and evaluate one (arm, seed); returns its compare_result.json content. A finished run is
+    returned as it is, without any work."""
+    from grail.training.run import train
+
+    out_dir = Path(out_dir)
+    arm = next(a for a in plan["arms"] if a["slug"] == slug)
+    run_dir = run_path(out_dir, slug, seed)
+    if (run_dir / RESULT_FILE).is_file():
+        return json.loads((run_dir / RESULT_FILE).read_text())
+    start = time.perf_counter()
+    with lock(run_dir / ".compare.lock", wait=True):  # a dying worker of a killed comparison may still hold it
+        values = run_values(plan, arm, seed, out_dir)
+        if (run_dir / TRAINED_FILE).is_file():
+            trained = json.loads((run_dir / TRAINED_FILE).read_text())
+            log(f"{arm['label']}/seed{seed}: trained earlier; evaluating")
+        else:
+            resume = bool(complete_checkpoints(run_dir))
+            how = ({"resume_from_checkpoint": "true"} if resume
+                   else {"overwrite_output_dir": True} if _has_run_files(run_dir) else {})
+            log(f"{arm['label']}/seed{seed}: " + ("resuming from the last complete checkpoint" if resume else
+                                                   "starting over (no complete checkpoint)" if how else "training"))
+            result = train(build_config({**values, **how}), values, log)
+            trained = {"steps": result.steps, "train_seconds": result.train_seconds,
+                       "seconds_per_step": result.seconds_per_step, "resumed": resume}
+            write_json(run_dir / TRAINED_FILE, trained)
+        eval_start = time.perf_counter()
+        final_dir = run_dir / "final"
+        metrics, per_problem = _evaluate(plan, out_dir, seed, final_dir, run_dir / "eval" / "final", log,
+                                         grading_workers)
+        evaluations = list(EXTRA_EVALUATIONS)
+        if plan.get("auroc_rows"):  # saliency quality of the final model (grail.analysis.compare.auroc)
+            evaluations.append(lambda model_dir, cfg, log: run_auroc(model_dir, cfg, plan["auroc_rows"]))
+        if evaluations:
+            extra_path = run_dir / EXTRA_METRICS_FILE
+            extra = json.loads(extra_path.read_text()) if extra_path.is_file() else {}
+            run_cfg = build_config(values)
+            for evaluation in evaluations:
+                extra.update(evaluation(final_dir, run_cfg, log))
+            write_json(extra_path, extra)
+        if plan.get("auroc_rows"):
+            checkpoint_auroc(plan, out_dir, slug, seed, log)
+        result = {"arm": arm["label"], "seed": seed, **trained, "eval_seconds": time.perf_counter() - eval_start,
+                  "wall_seconds": time.perf_counter() - start, "metrics": metrics, "evaluations": per_problem}
+        write_json(run_dir / RESULT_FILE, result)  # last: the finished marker
+    return result
+
+
+def checkpoint_auroc(plan: dict, out_dir: str | Path, slug: str, seed: int, log: Log = print) -> dict[str, dict]:
+    """The saliency AUROC (grail.analysis.compare.auroc, the plan's auroc_rows) of every complete checkpoint-N of one
+    run, as
+    {"N": {name: value}}, written to its auroc_checkpoints.json; checkpoints already there are not recomputed, so a
+    run that finished before this file existed gets it on the comparison's next rerun. Only the checkpoints still on
+    disk: with save_total_limit, the earlier ones were deleted during training."""
+    arm = next(a for a in plan["arms"] if a["slug"] == slug)
+    run_dir = run_path(out_dir, slug, seed)
+    path = run_dir / CHECKPOINT_AUROC_FILE
+    found = json.loads(path.read_text()) if path.is_file() else {}
+    complete = set(complete_checkpoints(run_dir))
+    missing = [(step, c) for step, c in checkpoint_dirs(run_dir) if c in complete and str(step) not in found]
+    if not missing:
+        return found
+    cfg = build_config(run_values(plan, arm, seed, out_dir))
+    for step, checkpoint in missing:
+        found[str(step)] = run_auroc(checkpoint, cfg, plan["auroc_rows"])
+        log(f"{arm['label']}/seed{seed}: saliency AUROC of {checkpoint.name} on {plan['auroc_rows']} held-out problems")
+    write_json(path, dict(sorted(found.items(), key=lambda item: int(item[0]))))
+    return found

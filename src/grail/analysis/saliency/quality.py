@@ -1,0 +1,277 @@
+r"""Saliency quality against ground truth: does a method's per-token signal (and its final weights) rank the tokens the
+answer depends on above the tokens it does not?
+
+API (all a caller needs; `grail.analysis.saliency.token_labels` holds the row format, the labelling rule and the AUROC):
+
+    from grail.analysis.saliency.quality import saliency_auroc, checkpoints_saliency_auroc, synthetic_rows, as_json
+    rows = synthetic_rows(TaskConfig(filler_rate=0.6), n=64)          # or any rows with the saliency-row keys
+    results = saliency_auroc(model, tokenizer, rows)                    # methods=METHOD_NAMES, options=None
+    results["grail"]["signal"].auroc, results["grail"]["weights"].ci_low, ...   # AurocResult fields
+    per_step = checkpoints_saliency_auroc("runs/x", rows)               # {N: results} for runs/x/checkpoint-N/
+    json.dumps(as_json(results))
+
+What is measured, per example (`prompt`, `solution`, `critical_spans`, `filler_spans`;
+`grail.analysis.saliency.token_labels`):
+  1. Two teacher-forced traces: prompt + reference solution as the completion ("reference", advantage A = +1) and
+     prompt + the solution with its boxed answer replaced by a wrong number ("corrupted", A = −1), so that wrong
+     rows exist: the GRAIL release reweights only rows with A ≤ 0 (`rollout_symmetry="wrong"`). `options.traces`
+     keeps one kind or both. Batches hold traces of several examples; there are no groups, only these advantages.
+  2. Token labels from character labels through the tokenizer's offsets (`return_offsets_mapping`, so a fast
+     tokenizer is required), by the rule of `grail.analysis.saliency.token_labels.token_labels`. Only reasoning tokens
+     (before the answer box, `grail.methods.spans.AnswerSpans.reasoning_BT`) are scored: weights in and after the box
+     are fixed by GRAIL's overrides, not by saliency.
+  3. Per method (`grail.methods.table.METHODS`, run through `grail.methods.weighting.run_probe` /
+  `weights_from_signal`):
+     - "signal": the method's probe output on every trace (both advantage signs): GRAIL's saliency, OAR's
+       importance, the entropy. For `random` the signal is a seeded uniform random score (its probe is GRAIL's
+       saliency, which is not what the control ranks tokens by): the expected AUROC is 0.5.
+     - "weights": the method's final weights, on the rows the method reweights (`probe_rows`: for grail, random and
+       entropy under rollout_symmetry="wrong" the corrupted traces only; OAR every row). Rows the method leaves
+       at weight 1 carry no ranking and are left out. For `random` these are GRAIL's weights permuted over the
+       reasoning tokens.
+  4. `AurocResult` per (method, signal|weights): Mann–Whitney AUROC, ties ½, over (critical, filler) pairs of the same
+     trace (`options.pairs="within_trace"`; "all" pairs every critical token with every filler token), pooled over
+     examples, with a seeded percentile-bootstrap CI over examples (both traces of an example move together).
+     Within a row every pipeline's weights are a non-decreasing function of its signal (GRAIL's z-score and clip,
+     OAR's bi-level map), so with within-trace pairs "weights" differs from "signal" only by the rows it scores,
+     the ties that clipping or OAR's floor create, and (random) the permutation.
+GRAIL's per-token signal (leaf = embeddings) is the saliency of the input that PREDICTS the token, i.e. of the previous
+token's embedding (docs/methods/grail.md, step 4); OAR-P's and OAR-G's (oar_excerpt) are of the token itself (the
+GRAIL release's OAR-G, oar_variant="grail_release", also reads the predicting position). The AUROC reads each signal
+where the method puts it.
+
+Errors: rows lacking a key, with bad spans or without a box → ValueError naming the row; no filler (or no critical)
+token at all → ValueError (the AUROC is undefined; for the synthetic task set filler_rate > 0). A method/part with
+no labelled token to score (e.g. grail's weights with traces="reference") gets AUROC NaN and a `note`.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from grail.analysis.saliency.token_labels import (
+    UNLABELLED,
+    AurocResult,
+    Pairs,
+    auroc_result,
+    char_labels,
+    check_row,
+    corrupted_solution,
+    is_messages,
+    saliency_row,
+    synthetic_rows,
+    token_labels,
+)
+from grail.methods.table import method_spec
+from grail.methods.weighting import batch_spans, probe_rows, run_probe, weights_from_signal
+from grail.options.checkpoint_dirs import checkpoint_dirs
+from grail.options.choices import WeightingOptions
+
+__all__ = ["METHOD_NAMES", "AurocResult", "SaliencyQualityOptions", "as_json", "checkpoints_saliency_auroc",
+           "model_dir_saliency_auroc", "saliency_auroc", "saliency_row", "synthetic_rows"]
+
+METHOD_NAMES = ("grail", "oar_g", "oar_p", "entropy", "random")
+Traces = Literal["both", "reference", "corrupted"]
+
+
+@dataclass(frozen=True)
+class SaliencyQualityOptions:
+    """weighting: the methods' options (`token_weighting` is set per method; default: the released values).
+    traces: which teacher-forced traces are scored ("both", "reference" A=+1, "corrupted" A=−1).
+    pairs: which (critical, filler) pairs the AUROC counts: "within_trace" (default) or "all"
+    (`grail.analysis.saliency.token_labels`).
+    batch_size: traces per model call. num_bootstrap, confidence: the CI over examples (0 resamples: no CI).
+    seed: seeds the CI, the corrupted answers, OAR-G's noise and the random control."""
+
+    weighting: WeightingOptions = field(default_factory=WeightingOptions)
+    traces: Traces = "both"
+    pairs: Pairs = "within_trace"
+    batch_size: int = 8
+    num_bootstrap: int = 1000
+    confidence: float = 0.95
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.traces not in ("both", "reference", "corrupted"):
+            raise ValueError(f"traces={self.traces!r}: choose 'both', 'reference' or 'corrupted'.")
+        if self.pairs not in ("within_trace", "all"):
+            raise ValueError(f"pairs={self.pairs!r}: choose 'within_trace' or 'all'.")
+        if self.batch_size < 1 or self.num_bootstrap < 0 or not 0 < self.confidence < 1:
+            raise ValueError(f"batch_size={self.batch_size} must be >= 1, num_bootstrap={self.num_bootstrap} >= 0 "
+                             f"and confidence={self.confidence} in (0, 1).")
+
+
+@dataclass
+class _Trace:
+    example: int
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    labels: list[int]  # per completion token
+    advantage: float
+
+
+def _encode(tokenizer, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    try:
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    except NotImplementedError as err:
+        raise ValueError(f"saliency quality maps characters to tokens with return_offsets_mapping, which "
+                         f"{type(tokenizer).__name__} lacks; load a fast tokenizer (use_fast=True).") from err
+    return enc["input_ids"], [tuple(o) for o in enc["offset_mapping"]]
+
+
+def _traces(tokenizer, rows: Sequence[dict], options: SaliencyQualityOptions) -> list[_Trace]:
+    box = options.weighting.answer_box
+    traces = []
+    for i, row in enumerate(rows):
+        check_row(row, i, box)
+        labels_C = char_labels(len(row["solution"]), row["critical_spans"], row["filler_spans"])
+        prompt = row["prompt"]
+        if is_messages(prompt):  # the words style's chat messages: rendered as training renders them
+            prompt = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+        prompt_ids, _ = _encode(tokenizer, prompt)
+        versions = []
+        if options.traces in ("both", "reference"):
+            versions.append((row["solution"], labels_C, 1.0))
+        if options.traces in ("both", "corrupted"):
+            versions.append((*corrupted_solution(row["solution"], labels_C, f"{options.seed}:{i}", box), -1.0))
+        for text, labels, advantage in versions:
+            ids, offsets = _encode(tokenizer, text)
+            traces.append(_Trace(i, prompt_ids, ids, token_labels(text, labels, offsets), advantage))
+    counts = {kind: sum(t.labels.count(kind) for t in traces) for kind in (1, 0)}
+    if not counts[0] or not counts[1]:
+        missing = "filler" if not counts[0] else "critical"
+        raise ValueError(f"the {len(rows)} saliency rows have no {missing} token, so the AUROC of critical vs filler "
+                         f"is undefined; give rows with both kinds of spans (for the synthetic task, filler exists "
+                         f"only with filler_rate > 0, e.g. synthetic_rows(TaskConfig(filler_rate=0.6))).")
+    return traces
+
+
+def _batch(traces: Sequence[_Trace], pad_id: int, device) -> tuple[torch.Tensor, ...]:
+    """TRL's layout: prompts left-padded, completions right-padded. Returns ids_BL, attn_BL, mask_BT, labels_BT."""
+    S = max(len(t.prompt_ids) for t in traces)
+    T = max(len(t.completion_ids) for t in traces)
+    ids, attn, labels = [], [], []
+    for t in traces:
+        ps, cs = S - len(t.prompt_ids), T - len(t.completion_ids)
+        ids.append([pad_id] * ps + t.prompt_ids + t.completion_ids + [pad_id] * cs)
+        attn.append([0] * ps + [1] * (len(t.prompt_ids) + len(t.completion_ids)) + [0] * cs)
+        labels.append(t.labels + [UNLABELLED] * cs)
+    ids_BL = torch.tensor(ids, device=device)
+    attn_BL = torch.tensor(attn, device=device)
+    return ids_BL, attn_BL, attn_BL[:, S:].bool(), torch.tensor(labels)
+
+
+def saliency_auroc(model, tokenizer, rows: Sequence[dict], methods: Sequence[str] = METHOD_NAMES,
+                   options: SaliencyQualityOptions | None = None) -> dict[str, dict[str, AurocResult]]:
+    """AUROC of critical vs filler tokens for each method's signal and weights (see the module docstring).
+
+    Args:
+        model: a Hugging Face causal LM (not DDP-wrapped); put in eval mode for the call, then restored.
+        tokenizer: its fast tokenizer. rows: saliency rows (`grail.analysis.saliency.token_labels`).
+        methods: names from METHOD_NAMES (any `grail.methods.table.METHODS` entry with a probe).
+        options: `SaliencyQualityOptions` (None: defaults).
+    Returns:
+        {method: {"signal": AurocResult, "weights": AurocResult}}.
+    """
+    options = options or SaliencyQualityOptions()
+    specs = {m: method_spec(m) for m in methods}
+    no_probe = [m for m, spec in specs.items() if spec.probe is None]
+    if no_probe:
+        raise ValueError(f"methods {no_probe} have no per-token signal; choose from {', '.join(METHOD_NAMES)}.")
+    traces = _traces(tokenizer, rows, options)
+    device = next(model.parameters()).device
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    generators = {m: torch.Generator(device=device).manual_seed(options.seed + zlib.crc32(m.encode())) for m in specs}
+    collected = {m: {"signal": [], "weights": []} for m in specs}  # lists of (scores, labels, example, trace)
+    was_training = model.training
+    model.eval()
+    try:
+        for start in range(0, len(traces), options.batch_size):
+            chunk = traces[start:start + options.batch_size]
+            ids_BL, attn_BL, mask_BT, labels_BT = _batch(chunk, pad_id, device)
+            adv_B = torch.tensor([t.advantage for t in chunk], device=device)
+            example_BT = torch.tensor([t.example for t in chunk])[:, None].expand(labels_BT.shape)
+            trace_BT = torch.arange(start, start + len(chunk))[:, None].expand(labels_BT.shape)
+            spans = batch_spans(tokenizer, ids_BL[:, -mask_BT.shape[1]:], mask_BT, options.weighting)
+            lost = [chunk[b].example for b in (~spans.has_box_B).nonzero().flatten().tolist()]
+            if lost:
+                raise ValueError(f"saliency row {lost[0]}: no answer box found in the tokenized solution (the "
+                                 f"tokenizer's decode does not reproduce the box); check the tokenizer.")
+            scored_BT = (spans.reasoning_BT & mask_BT).cpu() & (labels_BT != UNLABELLED)
+            probed: dict = {}  # probe function → signal (grail and random share GRAIL's saliency probe)
+            for m, spec in specs.items():
+                opts = replace(options.weighting, token_weighting=m)
+                if spec.probe not in probed:
+                    probed[spec.probe] = run_probe(model, ids_BL, attn_BL, spans, mask_BT, mask_BT.any(1), opts,
+                                                   generators[m])
+                signal_BT = probed[spec.probe]
+                rows_B = probe_rows(adv_B, spans, mask_BT, opts)
+                floor = spec.min_importance(model, opts) if spec.min_importance is not None else 0.0
+                weights_BT = weights_from_signal(signal_BT, adv_B, spans, mask_BT, rows_B, opts, generators[m],
+                                                 floor).weights_BT
+                if spec.permutes:  # the random control: its own signal is a random score, not GRAIL's saliency
+                    signal_BT = torch.rand(mask_BT.shape, generator=generators[m], device=device)
+                for part, values_BT, keep_BT in (("signal", signal_BT, scored_BT),
+                                                 ("weights", weights_BT, scored_BT & rows_B.cpu()[:, None])):
+                    collected[m][part].append((values_BT.detach().float().cpu()[keep_BT], labels_BT[keep_BT],
+                                               example_BT[keep_BT], trace_BT[keep_BT]))
+    finally:
+        model.train(was_training)
+    results = {}
+    for m, parts in collected.items():
+        results[m] = {}
+        for part, pieces in parts.items():
+            scores, labels, examples, traces_N = (torch.cat(x) for x in zip(*pieces, strict=True))
+            result = auroc_result(scores, labels, examples, traces_N, pairs=options.pairs,
+                                  num_bootstrap=options.num_bootstrap, confidence=options.confidence, seed=options.seed)
+            if part == "weights" and result.n_examples == 0:
+                result = replace(result, note=f"no row reweighted: {m} with rollout_symmetry="
+                                              f"{options.weighting.rollout_symmetry!r} leaves every {options.traces} "
+                                              f"trace at weight 1")
+            results[m][part] = result
+    return results
+
+
+def as_json(results: dict[str, dict[str, AurocResult]]) -> dict:
+    """`saliency_auroc`'s result as plain dicts (NaN stays a float: json.dumps writes NaN)."""
+    return {m: {part: r.as_dict() for part, r in parts.items()} for m, parts in results.items()}
+
+
+def model_dir_saliency_auroc(path: str | Path, rows: Sequence[dict], methods: Sequence[str] = METHOD_NAMES,
+                             options: SaliencyQualityOptions | None = None, device: str | None = None,
+                             dtype: torch.dtype | None = None) -> dict[str, dict[str, AurocResult]]:
+    """`saliency_auroc` for a `save_pretrained` directory (model and tokenizer). device: default cuda if available,
+    else cpu; dtype: default bfloat16 on cuda, float32 on cpu (as `grail eval`)."""
+    from transformers import AutoTokenizer
+
+    from grail.models.warmstart import load_inference_model
+
+    path = Path(path)
+    if not path.is_dir():
+        raise OSError(f"model directory {str(path)!r} does not exist; give a save_pretrained directory.")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = load_inference_model(path, device, dtype)
+    except (OSError, ValueError) as err:
+        raise OSError(f"cannot load a model and tokenizer from {str(path)!r} ({err}); is it a complete "
+                      f"save_pretrained directory?") from err
+    return saliency_auroc(model, tokenizer, rows, methods, options)
+
+
+def checkpoints_saliency_auroc(run_dir: str | Path, rows: Sequence[dict], methods: Sequence[str] = METHOD_NAMES,
+                               options: SaliencyQualityOptions | None = None, device: str | None = None,
+                               dtype: torch.dtype | None = None) -> dict[int, dict[str, dict[str, AurocResult]]]:
+    """`model_dir_saliency_auroc` for every `<run_dir>/checkpoint-N/`, as {N: results}, by increasing N. Every
+    checkpoint-N directory is loaded (grail.options.checkpoint_dirs; `grail.training.resume.complete_checkpoints` lists
+    only the completely saved ones)."""
+    found = checkpoint_dirs(run_dir)
+    if not found:
+        raise OSError(f"{str(run_dir)!r} has no checkpoint-N directories; give a run directory of `grail train` "
+                      f"with save_steps set, or use model_dir_saliency_auroc on a model directory.")
+    return {step: model_dir_saliency_auroc(path, rows, methods, options, device, dtype) for step, path in found}

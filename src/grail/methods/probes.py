@@ -1,0 +1,331 @@
+"""Model-touching probes: GRAIL's answer-NLL saliency and token entropies (docs/methods/grail.md,
+docs/methods/entropy.md), and the model plumbing they share with OAR's probes (`grail.methods.oar_probes`).
+
+Every probe takes TRL's batch layout: `input_ids_BL = cat(prompt_ids_BS, completion_ids_BT)`, prompts left-padded,
+completions right-padded, `attention_mask_BL` alike, L = S + T. It returns a float32, detached (B, T) tensor on the
+ids' device, 0 on padding and on unscored tokens. Gradients are taken only with `torch.autograd.grad(...,
+inputs=[leaf])` on a fresh leaf, so no parameter `.grad` is written; `requires_grad` of parameters and
+`model.training` are never changed. Logits are formed only at the positions a probe needs (the backbone
+`model.get_decoder()` runs, then the output layer on the selected hidden rows) and are divided by the sampling
+temperature wherever a distribution is formed.
+
+Position ids are not passed: the backbone numbers positions 0..L−1 whatever the padding, exactly as in TRL's own
+forward. With rotary position embeddings (Qwen3, Llama: every model of the GRAIL paper) attention depends only on
+position differences, so a left-padded row gives the same outputs as the row alone (tested to 1e-5); a model with
+absolute position embeddings would need explicit `position_ids`.
+
+What a probe needs of the model (anything else gets a `ValueError` naming the model class, the missing piece and the
+fix, never a silent fallback): `config.num_hidden_layers` (the text config's, for multimodal configs);
+`get_decoder()` returning the backbone, a module other than the model whose output has `.last_hidden_state`;
+`get_input_embeddings()`; `get_output_embeddings()` with a `.weight` (V, D), a linear layer; the decoder layers as an
+`nn.ModuleList` (the backbone's `.layers`, else the first one of length num_hidden_layers). Output transforms the
+model applies after its output layer are read from its text config, with TRL's rules (`trl.trainer.utils.
+add_fused_lm_head`, which computes the training log-probs): a logit scale (`logit_scale`, `output_multiplier`,
+`lm_head_multiplier`, or 1 / `logits_scaling`: Cohere, Granite, Falcon-H1, MiniCPM), then soft-capping
+`c · tanh(z / c)` (`final_logit_softcapping`: Gemma 2 and 3). Soft-capping makes the logits non-linear in the hidden
+state, so a distribution from a MEAN hidden state is not the mean of the logits (`output_is_linear`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import get_args
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from grail.methods.core import entropy_from_logits, gradient_activation_saliency
+from grail.methods.spans import align_to_completion
+from grail.options.choices import Leaf
+
+__all__ = [
+    "answer_nll_saliency", "at_least_float32", "backbone", "check_batch", "completion_mask_BT", "decoder_layers",
+    "hidden_states_BLD", "leaf_gradient", "leaf_module", "leaf_output_tensor", "LEAVES", "logit_transform",
+    "output_is_linear",
+    "output_logits", "token_entropies", "zeros_BT"
+]
+
+LEAVES: tuple[Leaf, ...] = get_args(Leaf)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Model plumbing: the backbone, the decoder layers, the leaf module, the output layer.
+
+
+_FIX = ("grail's probes support Hugging Face causal LMs (`AutoModelForCausalLM`, e.g. LlamaForCausalLM, "
+        "Qwen3ForCausalLM); for another model, give it ")
+
+
+def _text_config(model: nn.Module):
+    config = getattr(model, "config", None)
+    if config is None:
+        raise ValueError(f"{type(model).__name__} has no `config`: the probes read num_hidden_layers and the output "
+                         f"transforms from it. {_FIX}a transformers `PretrainedConfig` as `.config`.")
+    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+
+
+def _num_layers(model: nn.Module) -> int:
+    num_layers = getattr(_text_config(model), "num_hidden_layers", None)
+    if not isinstance(num_layers, int) or num_layers < 1:
+        raise ValueError(f"{type(model).__name__}: config.num_hidden_layers is {num_layers!r}; the leaves 'first', "
+                         f"'middle', 'last' are numbered by it. {_FIX}a config with num_hidden_layers.")
+    return num_layers
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder layer list: the backbone's `.layers` if it is an `nn.ModuleList` of length
+    `config.num_hidden_layers`, else the first such `nn.ModuleList` in the model (PEFT wrappers, other names)."""
+    num_layers = _num_layers(model)
+    get_decoder = getattr(model, "get_decoder", None)
+    layers = getattr(get_decoder(), "layers", None) if callable(get_decoder) else None
+    if isinstance(layers, nn.ModuleList) and len(layers) == num_layers:
+        return layers
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList) and len(module) == num_layers:
+            return module
+    raise ValueError(f"decoder_layers: {type(model).__name__} has no nn.ModuleList of length num_hidden_layers="
+                     f"{num_layers} (the decoder layers, whose outputs are the leaves 'first', 'middle', 'last'). Use "
+                     f"saliency_leaf='embeddings', or give the model's backbone its layers as `.layers`, an "
+                     f"nn.ModuleList.")
+
+
+def leaf_module(model: nn.Module, leaf: Leaf) -> nn.Module:
+    """The module whose forward OUTPUT is the leaf h (docs/methods/grail.md, step 2).
+
+    "embeddings": the input embedding module (`hidden_states[0]`); "first" / "middle" / "last": the decoder layer whose
+    output is `hidden_states[k]` of `output_hidden_states`, k = 1, L // 2, L − 1 (L decoder layers), i.e. layer k − 1.
+    """
+    if leaf == "embeddings":
+        return _input_embeddings(model)
+    num_layers = _num_layers(model)
+    k = {"first": 1, "middle": num_layers // 2, "last": num_layers - 1}.get(leaf)
+    if k is None:
+        raise ValueError(f"leaf_module: leaf must be one of {LEAVES}, got {leaf!r}")
+    if k < 1:
+        raise ValueError(f"leaf_module: leaf={leaf!r} needs hidden_states[{k}] with k >= 1, but the model has only "
+                         f"{num_layers} decoder layer(s); use leaf='embeddings'")
+    return decoder_layers(model)[k - 1]
+
+
+def leaf_output_tensor(output) -> torch.Tensor:
+    """The hidden tensor of a module's output: the output itself, or the first item of a tuple / list."""
+    return output if isinstance(output, torch.Tensor) else output[0]
+
+
+def _with_leaf(output, hidden: torch.Tensor):
+    """`output` with its hidden tensor replaced by `hidden` (same container type)."""
+    if isinstance(output, torch.Tensor):
+        return hidden
+    return type(output)((hidden, *output[1:]))
+
+
+@contextmanager
+def _fresh_leaf(module: nn.Module) -> Iterator[list[torch.Tensor]]:
+    """While active, `module`'s output h is replaced by `h.detach().requires_grad_()`, appended to the yielded list:
+    backpropagation stops at the leaf, so nothing upstream (and no parameter) receives a gradient."""
+    captured: list[torch.Tensor] = []
+
+    def hook(_module, _args, output):
+        leaf = leaf_output_tensor(output).detach().requires_grad_()
+        captured.append(leaf)
+        return _with_leaf(output, leaf)
+
+    handle = module.register_forward_hook(hook)
+    try:
+        yield captured
+    finally:
+        handle.remove()
+
+
+def _input_embeddings(model: nn.Module) -> nn.Module:
+    get = getattr(model, "get_input_embeddings", None)
+    embeddings = get() if callable(get) else None
+    if not isinstance(embeddings, nn.Module):
+        raise ValueError(f"{type(model).__name__}: get_input_embeddings() is missing or returned {embeddings!r}; the "
+                         f"probes take the input embeddings as the leaf (and OAR-G perturbs them). {_FIX}"
+                         f"get_input_embeddings() returning the token embedding module.")
+    return embeddings
+
+
+def backbone(model: nn.Module) -> nn.Module:
+    """`model.get_decoder()`: the decoder stack without the output layer (its output has `.last_hidden_state`)."""
+    get = getattr(model, "get_decoder", None)
+    decoder = get() if callable(get) else None
+    if not isinstance(decoder, nn.Module) or decoder is model:
+        got = "is missing" if not callable(get) else ("returned the model itself" if decoder is model
+                                                      else f"returned {decoder!r}")
+        raise ValueError(f"backbone: {type(model).__name__}.get_decoder() {got}; the probes run the backbone (the "
+                         f"decoder stack without the output layer) and apply the output layer only where they need "
+                         f"logits. {_FIX}get_decoder() returning the backbone, whose forward(input_ids= or "
+                         f"inputs_embeds=, attention_mask=, use_cache=False) returns `.last_hidden_state`.")
+    return decoder
+
+
+def hidden_states_BLD(model: nn.Module, attention_mask_BL: torch.Tensor, **inputs) -> torch.Tensor:
+    """Final hidden states (after the last norm) of the backbone, (B, L, D)."""
+    decoder = backbone(model)
+    output = decoder(attention_mask=attention_mask_BL, use_cache=False, **inputs)
+    hidden_BLD = getattr(output, "last_hidden_state", None)
+    if not isinstance(hidden_BLD, torch.Tensor):
+        raise ValueError(f"hidden_states_BLD: the backbone of {type(model).__name__} ({type(decoder).__name__}, from "
+                         f"get_decoder()) returned {type(output).__name__} without a `last_hidden_state` tensor. "
+                         f"{_FIX}get_decoder() returning a module whose output has `.last_hidden_state` (B, L, D).")
+    return hidden_BLD
+
+
+def leaf_gradient(output: torch.Tensor, leaf: torch.Tensor, retain_graph: bool = False) -> torch.Tensor:
+    """∂output/∂leaf with `torch.autograd.grad` (no parameter `.grad` is written), zeros where the output does not
+    depend on the leaf: a model that detaches between the leaf and the logits (a zero-gradient leaf) gives a zero
+    signal, which the weighting routes to uniform weights and counts (`weights/fallback_rows`), never a crash."""
+    if not output.requires_grad:
+        return torch.zeros_like(leaf)
+    (grad,) = torch.autograd.grad(output, inputs=[leaf], retain_graph=retain_graph, allow_unused=True)
+    return torch.zeros_like(leaf) if grad is None else grad
+
+
+def at_least_float32(values: torch.Tensor) -> torch.dtype:
+    return torch.promote_types(values.dtype, torch.float32)  # float32 at least (float64 stays float64)
+
+
+def logit_transform(model: nn.Module) -> tuple[float, float | None]:
+    """(scale, softcap) the model applies after its output layer: logits = c · tanh(scale · z / c) (softcap c), or
+    scale · z (softcap None). Read from the text config with TRL's rules (module docstring)."""
+    config = _text_config(model)
+    scale = getattr(config, "logit_scale", None)
+    for name in ("output_multiplier", "lm_head_multiplier"):
+        scale = getattr(config, name, None) if scale is None else scale
+    logits_scaling = getattr(config, "logits_scaling", None)
+    if scale is None and logits_scaling is not None:
+        scale = logits_scaling if getattr(config, "model_type", None) == "hyperclovax" else 1 / logits_scaling
+    return (1.0 if scale is None else float(scale)), getattr(config, "final_logit_softcapping", None)
+
+
+def output_is_linear(model: nn.Module) -> bool:
+    """Whether the logits are linear in the final hidden state (no soft-capping): only then is the output layer on a
+    mean hidden state the mean of the logits."""
+    return logit_transform(model)[1] is None
+
+
+def _output_layer(model: nn.Module) -> nn.Module:
+    get = getattr(model, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    if not isinstance(getattr(head, "weight", None), torch.Tensor) or head.weight.dim() != 2:
+        raise ValueError(f"output_logits: {type(model).__name__}.get_output_embeddings() "
+                         f"{'is missing' if not callable(get) else f'returned {type(head).__name__}'}, not a linear "
+                         f"output layer with a (V, D) `.weight`; the probes form logits only at the positions they "
+                         f"need. {_FIX}get_output_embeddings() returning its lm_head (an nn.Linear).")
+    return head
+
+
+def output_logits(model: nn.Module, hidden_ND: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Output layer on selected hidden rows, its weights detached (no graph into them), then the model's logit scale
+    and soft-capping (`logit_transform`), / temperature; float32 at least (a float64 model keeps float64: OAR-G's KL
+    under σ = 1e-3 noise needs its precision). Equals the model's own logits / temperature (tested per architecture,
+    tests/test_architectures.py)."""
+    head = _output_layer(model)
+    bias = head.bias.detach() if getattr(head, "bias", None) is not None else None
+    logits = F.linear(hidden_ND.to(head.weight.dtype), head.weight.detach(), bias)
+    logits = logits.to(at_least_float32(logits))  # (N, V)
+    scale, softcap = logit_transform(model)
+    if scale != 1.0:
+        logits = logits * scale
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    return logits / temperature  # (N, V)
+
+
+def check_batch(name: str, input_ids_BL: torch.Tensor, attention_mask_BL: torch.Tensor, temperature: float,
+           *masks_BT: torch.Tensor) -> None:
+    if input_ids_BL.dim() != 2 or attention_mask_BL.shape != input_ids_BL.shape:
+        raise ValueError(f"{name}: input_ids and attention_mask must both be (B, L), got "
+                         f"{tuple(input_ids_BL.shape)} and {tuple(attention_mask_BL.shape)}")
+    for mask_BT in masks_BT:
+        if mask_BT.dim() != 2 or mask_BT.shape[0] != input_ids_BL.shape[0] or mask_BT.shape[1] >= input_ids_BL.shape[1]:
+            raise ValueError(f"{name}: token masks must be (B, T) with T < L = {input_ids_BL.shape[1]}, got "
+                             f"{tuple(mask_BT.shape)}")
+    if not temperature > 0:
+        raise ValueError(f"{name}: temperature must be > 0 (the sampling temperature), got {temperature}")
+
+
+def zeros_BT(input_ids_BL: torch.Tensor, num_completion_tokens: int) -> torch.Tensor:
+    return torch.zeros(input_ids_BL.shape[0], num_completion_tokens, dtype=torch.float32, device=input_ids_BL.device)
+
+
+def completion_mask_BT(attention_mask_BL: torch.Tensor, num_completion_tokens: int) -> torch.Tensor:
+    return align_to_completion(attention_mask_BL, num_completion_tokens, at="token").bool()  # (B, T)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GRAIL: answer-NLL saliency (docs/methods/grail.md, steps 2–4).
+
+
+def answer_nll_saliency(model: nn.Module, input_ids_BL: torch.Tensor, attention_mask_BL: torch.Tensor,
+                        answer_BT: torch.Tensor, *, temperature: float, leaf: Leaf = "embeddings") -> torch.Tensor:
+    """GRAIL's saliency s_{i,t} = ‖ ∂ℓ/∂h ⊙ h ‖₂ at the input position that predicts completion token t.
+
+    ℓ = − Σ_i Σ_{t ∈ answer_i} log softmax(logits / temperature)[y_{i,t}], the logits at the predicting positions with
+    the output layer's weights detached; h = the `leaf` (see `leaf_module`) as a fresh leaf. One forward and one
+    backward to the leaf.
+
+    Args:
+        input_ids_BL, attention_mask_BL: (B, L) TRL layout.
+        answer_BT: (B, T) bool, the answer-span tokens whose NLL is explained.
+        temperature: the sampling temperature.
+        leaf: "embeddings" (release default), "first", "middle", "last".
+    Returns:
+        (B, T) float32 >= 0, 0 on padding. Rows without answer tokens get exactly 0 (rows are independent). If no row
+        has an answer token, zeros without running the model (the caller keeps distributed processes in step).
+    """
+    check_batch("answer_nll_saliency", input_ids_BL, attention_mask_BL, temperature, answer_BT)
+    T = answer_BT.shape[1]
+    answer_BT = answer_BT.bool()
+    if not answer_BT.any():
+        return zeros_BT(input_ids_BL, T)
+    rows, cols = answer_BT.nonzero(as_tuple=True)
+    targets_N = align_to_completion(input_ids_BL, T, at="token")[rows, cols]
+    with torch.enable_grad(), _fresh_leaf(leaf_module(model, leaf)) as captured:
+        hidden_BLD = hidden_states_BLD(model, attention_mask_BL, input_ids=input_ids_BL)
+        if len(captured) != 1:
+            raise RuntimeError(f"answer_nll_saliency: the leaf module ran {len(captured)} times in one forward")
+        hidden_ND = align_to_completion(hidden_BLD, T, at="predicting")[rows, cols]
+        logp_NV = torch.log_softmax(output_logits(model, hidden_ND, temperature), dim=-1)
+        nll = -logp_NV.gather(1, targets_N[:, None]).sum()
+        grad_BLD = leaf_gradient(nll, captured[0])
+    saliency_BT = align_to_completion(gradient_activation_saliency(grad_BLD, captured[0]), T, at="predicting")
+    return (saliency_BT * completion_mask_BT(attention_mask_BL, T)).detach()  # (B, T)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Entropy control (docs/methods/entropy.md).
+
+
+@torch.no_grad()
+def token_entropies(model: nn.Module, input_ids_BL: torch.Tensor, attention_mask_BL: torch.Tensor,
+                    num_completion_tokens: int, *, temperature: float, chunk_positions: int = 1024) -> torch.Tensor:
+    """Entropy of softmax(logits / temperature) at the position that predicts each completion token: the entropy of
+    the distribution the token was sampled from. No gradient.
+
+    Args:
+        input_ids_BL, attention_mask_BL: (B, L) TRL layout.
+        num_completion_tokens: T.
+        temperature: the sampling temperature.
+        chunk_positions: logits are formed for at most this many positions at a time (memory: chunk_positions × V
+            float32).
+    Returns:
+        (B, T) float32 >= 0, 0 on padding.
+    """
+    T = num_completion_tokens
+    check_batch("token_entropies", input_ids_BL, attention_mask_BL, temperature)
+    entropy_BT = zeros_BT(input_ids_BL, T)
+    mask_BT = completion_mask_BT(attention_mask_BL, T)
+    if not mask_BT.any():
+        return entropy_BT
+    hidden_BLD = hidden_states_BLD(model, attention_mask_BL, input_ids=input_ids_BL)
+    hidden_BTD = align_to_completion(hidden_BLD, T, at="predicting")
+    rows, cols = mask_BT.nonzero(as_tuple=True)
+    for start in range(0, rows.numel(), max(1, chunk_positions)):
+        r, c = rows[start : start + chunk_positions], cols[start : start + chunk_positions]
+        entropy_BT[r, c] = entropy_from_logits(output_logits(model, hidden_BTD[r, c], temperature))
+    return entropy_BT

@@ -1,0 +1,181 @@
+"""Token weights for one batch: the functional API (usable without TRL); it runs a method's `grail.methods.table` entry.
+
+`token_weights(model, tokenizer, batch, adv_B, options)` runs the method's probe on the model (`grail.methods.probes`),
+turns the per-token signal into weights with the pure functions of `grail.methods.core`, and returns a `TokenWeights`.
+`GRAILTrainer` calls exactly this (optionally handing in a signal it already has, see `signal_BT`); other
+trainers (verl, a custom loop) call the one-line wrappers at the bottom (`grail_weights`, `oar_g_weights`, ...),
+which take a Hugging Face causal LM, prompt and completion ids with masks, and the sequence advantages, and
+return the (B, T) weights. Use them as Â = weights_BT · A[:, None] in your policy-gradient loss.
+
+Rows whose weights cannot change the loss are not probed: a row with A_i = 0 has Â = 0 whatever its weights,
+and (GRAIL, controls) a row outside `rollout_symmetry` or without a box gets uniform weights anyway. Their
+signal is taken constant, which gives them the weights the method would give a row with no information.
+This is exact for the loss and saves the probe's cost on those rows (on GRPO batches, every group whose
+completions all agree).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+import torch
+
+from grail.methods.spans import AnswerSpans, answer_spans
+from grail.methods.table import (
+    METHODS,
+    PIPELINES,
+    ProbeBatch,
+    TokenWeights,
+    core,
+    method_spec,
+    probed_rows,
+    scored_tokens,
+)
+from grail.options.choices import Method, WeightingOptions
+
+__all__ = ["METHOD_FUNCTIONS", "batch_spans", "entropy_weights", "grail_weights", "oar_g_weights", "oar_p_weights",
+           "probe_rows", "random_weights", "run_probe", "token_weights", "weights_from_signal"]
+
+def batch_spans(tokenizer, completion_ids_BT: torch.Tensor, mask_BT: torch.Tensor,
+                options: WeightingOptions) -> AnswerSpans:
+    """The answer spans the options ask for (a method that reads no box still gets them, for the diagnostics)."""
+    return answer_spans(tokenizer, completion_ids_BT, mask_BT, box=options.answer_box)
+
+
+def probe_rows(adv_B: torch.Tensor, spans: AnswerSpans, mask_BT: torch.Tensor,
+               options: WeightingOptions) -> torch.Tensor:
+    """(B,) bool: rows whose weights can change the loss, the only rows a probe needs to run on."""
+    return probed_rows(method_spec(options.token_weighting), adv_B, spans, mask_BT, options)
+
+
+def run_probe(model, input_ids_BL: torch.Tensor, attention_mask_BL: torch.Tensor, spans: AnswerSpans,
+              mask_BT: torch.Tensor, rows_B: torch.Tensor, options: WeightingOptions,
+              generator: torch.Generator | None = None) -> torch.Tensor:
+    """The method's per-token signal (B, T) on `rows_B` (other rows 0), computed on those rows only."""
+    spec = method_spec(options.token_weighting)
+    if spec.probe is None:
+        raise ValueError(f"token_weighting={spec.name!r} has no probe")
+    index = rows_B.nonzero().squeeze(1)
+    rows = ProbeBatch(input_ids_BL[index], attention_mask_BL[index], spans.probe_span(options.answer_nll_span)[index],
+                      scored_tokens(spans, mask_BT, options)[index])
+    signal = spec.probe(model, rows, options, generator)
+    full = torch.zeros(mask_BT.shape, dtype=torch.float32, device=mask_BT.device)
+    full[index] = signal.to(full.device, torch.float32)
+    return full
+
+
+def weights_from_signal(signal_BT: torch.Tensor, adv_B: torch.Tensor, spans: AnswerSpans, mask_BT: torch.Tensor,
+                        rows_B: torch.Tensor, options: WeightingOptions,
+                        generator: torch.Generator | None = None, min_importance: float = 0.0) -> TokenWeights:
+    """Turn a probe's signal into weights with the method's pipeline (pure tensor code). `min_importance`: the
+    signal's rounding floor (`MethodSpec.min_importance`; 0 for methods without one). With
+    `weight_rescale="row_mean"`, the pipeline's final weights (overrides and the random control's permutation
+    done) are divided by their row mean (`grail.methods.core.row_mean_rescaled`), whatever the method."""
+    spec = method_spec(options.token_weighting)
+    # Rows not probed get a constant signal: the weights the method gives a row with no information.
+    signal_BT = torch.where(rows_B[:, None], signal_BT.float(), torch.ones_like(signal_BT, dtype=torch.float32))
+    result = PIPELINES[spec.pipeline](spec, signal_BT, adv_B, spans, mask_BT, rows_B, options, generator,
+                                      min_importance)
+    if options.weight_rescale == "row_mean":
+        result.weights_BT = core.row_mean_rescaled(result.weights_BT, mask_BT)
+    return result
+
+
+def token_weights(model, tokenizer, input_ids_BL: torch.Tensor, attention_mask_BL: torch.Tensor,
+                  mask_BT: torch.Tensor, adv_B: torch.Tensor, options: WeightingOptions, *,
+                  spans: AnswerSpans | None = None, signal_BT: torch.Tensor | None = None,
+                  generator: torch.Generator | None = None,
+                  any_process: Callable[[bool], bool] = bool) -> TokenWeights:
+    """Weights for one batch in TRL's layout (prompt left-padded, completion right-padded after it).
+
+    Args:
+        model: a Hugging Face causal LM (unwrapped: not the DDP wrapper).
+        tokenizer: its tokenizer (finds the `\\boxed{}` answer span from the completion ids).
+        input_ids_BL, attention_mask_BL: (B, L) prompt ⊕ completion; the completion is the last T columns.
+        mask_BT: (B, T) bool, real completion tokens that enter the loss.
+        adv_B: (B,) sequence advantages A_i.
+        options: `WeightingOptions`.
+        spans: precomputed `answer_spans(...)` (the trainer computes them once per rollout batch).
+        signal_BT: a precomputed per-token signal (the trainer's fused saliency, or TRL's entropies); skips
+            the probe. Must be valid on `probe_rows(...)`.
+        generator: RNG for the random control's permutation and OAR-G's noise (None → torch's global RNG).
+        any_process: reduces a local bool over all processes (the trainer passes an all-gather). If no row
+            needs the probe on any process, the probe is skipped; if another process needs it, this one runs
+            it too (on its own rows, result unused), so sharded models run the same collectives everywhere.
+    Returns:
+        `TokenWeights`; `weights_BT` is (B, T) float32, detached, 0 on padding.
+    """
+    start = time.perf_counter()
+    if spans is None:
+        spans = batch_spans(tokenizer, input_ids_BL[:, -mask_BT.shape[1]:], mask_BT, options)
+    spec = method_spec(options.token_weighting)
+    rows_B = probed_rows(spec, adv_B, spans, mask_BT, options)
+    path = "none"
+    if spec.probe is not None and signal_BT is None:
+        local_any = bool(rows_B.any())
+        if any_process(local_any):
+            run_rows = rows_B if local_any else mask_BT.any(1)
+            run_spans = spans if local_any else spans._replace(answer_BT=mask_BT, box_BT=mask_BT)  # something to probe
+            signal_BT = run_probe(model, input_ids_BL, attention_mask_BL, run_spans, mask_BT, run_rows, options,
+                                  generator)
+            path = "separate"
+        else:
+            path = "skipped"
+    elif signal_BT is not None:
+        path = "fused"
+    if signal_BT is None:
+        signal_BT = torch.zeros(mask_BT.shape, dtype=torch.float32, device=mask_BT.device)
+    floor = spec.min_importance(model, options) if spec.min_importance is not None else 0.0
+    result = weights_from_signal(signal_BT, adv_B, spans, mask_BT, rows_B, options, generator, floor)
+    result.path, result.seconds = path, time.perf_counter() - start
+    return result
+
+
+# ---- the functional API: one function per method ---------------------------------------------------------
+
+def _weights_for(method: Method, model, tokenizer, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                 advantages, options: WeightingOptions | None, overrides: dict) -> torch.Tensor:
+    options = replace(options or WeightingOptions(), token_weighting=method, **overrides)
+    input_ids_BL = torch.cat([prompt_ids, completion_ids], dim=1)
+    attention_mask_BL = torch.cat([prompt_mask, completion_mask], dim=1)
+    return token_weights(model, tokenizer, input_ids_BL, attention_mask_BL, completion_mask.bool(),
+                         advantages, options).weights_BT
+
+
+_API_DOC = """{title} token weights for a batch, without TRL. Returns (B, T) float32 weights (0 on padding).
+
+    Args:
+        model: Hugging Face causal LM (e.g. `AutoModelForCausalLM.from_pretrained(...)`), not DDP-wrapped.
+        tokenizer: its tokenizer (the answer box is found in the decoded completion).
+        prompt_ids, prompt_mask: (B, S) prompts, LEFT-padded (mask 1 = real token).
+        completion_ids, completion_mask: (B, T) completions, RIGHT-padded.
+        advantages: (B,) sequence advantages A_i (e.g. group-relative rewards).
+        options: a `WeightingOptions` (default: the released values); keyword overrides win over it,
+            e.g. `{example}`.
+    The token advantage is Â = weights · advantages[:, None]. {notes}
+    """
+
+
+def _method_function(method: Method) -> Callable[..., torch.Tensor]:
+    spec = METHODS[method]
+
+    def weights(model, tokenizer, prompt_ids, prompt_mask, completion_ids, completion_mask, advantages,
+                options: WeightingOptions | None = None, **overrides) -> torch.Tensor:
+        return _weights_for(method, model, tokenizer, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                            advantages, options, overrides)
+
+    weights.__name__ = weights.__qualname__ = f"{method}_weights"
+    weights.__doc__ = _API_DOC.format(title=spec.title, example=spec.example, notes=f"Cost: {spec.cost}.")
+    return weights
+
+
+# One function per method that has a probe (`none` is w = 1).
+METHOD_FUNCTIONS: dict[str, Callable[..., torch.Tensor]] = {
+    name: _method_function(name) for name, spec in METHODS.items() if spec.probe is not None}
+grail_weights = METHOD_FUNCTIONS["grail"]
+oar_g_weights = METHOD_FUNCTIONS["oar_g"]
+oar_p_weights = METHOD_FUNCTIONS["oar_p"]
+random_weights = METHOD_FUNCTIONS["random"]
+entropy_weights = METHOD_FUNCTIONS["entropy"]

@@ -1,0 +1,368 @@
+"""`GRAILFields`: the fields `grail.training.config.GRAILConfig` adds to TRL's `GRPOConfig`, with their help (their only
+documentation: `grail train --help` prints it, docs/reference/config.md is generated from it). A plain dataclass without
+torch or TRL, so that the CLI's help, `grail presets` and the config loader's checks stay light; `GRAILConfig`
+inherits it and adds the device-dependent resolution that needs torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from grail.options.choices import (
+    OAR_VARIANT_DEFAULTS,
+    AnswerBox,
+    AnswerNllSpan,
+    Distribution,
+    Leaf,
+    Method,
+    OarScope,
+    OarVariant,
+    RewardName,
+    RolloutSymmetry,
+    SaliencyPath,
+    ScoringName,
+    WarmStartConfig,
+    WeightingOptions,
+    WeightRescale,
+    WeightsFrom,
+    ZscoreScope,
+)
+from grail.options.sampling import SamplingParams
+from grail.tasks.arithmetic import TaskConfig, TaskStyle
+from grail.tasks.synthetic import SyntheticSet
+
+__all__ = ["GRAILFields", "SYNTHETIC_DATASET", "TINY_MODEL"]
+
+TINY_MODEL = "tiny"
+SYNTHETIC_DATASET = "synthetic"
+
+_W = WeightingOptions  # defaults of the token-weighting fields
+
+
+@dataclass
+class GRAILFields:
+    """The fields `grail.training.config.GRAILConfig` adds to TRL's `GRPOConfig`, in the order `grail train --help`
+    lists them. A plain dataclass (no TRL): `GRAILConfig` inherits it."""
+
+    # ---- model and data -------------------------------------------------------------------------------
+    model_name_or_path: str = field(
+        default=TINY_MODEL,
+        metadata={"help": "`tiny` = the embedded ~1.7M-parameter Qwen3-architecture model, built in code and "
+                  "warm-started on the synthetic task (cached, no download); otherwise a local checkpoint "
+                  "directory or a Hub id such as `Qwen/Qwen3-4B`. `model` is accepted as an alias (--model, "
+                  "as `grail eval` and `grail explain` take it)."},
+    )
+    dataset: str = field(
+        default=SYNTHETIC_DATASET,
+        metadata={"help": "`synthetic` = the embedded arithmetic task (see the task_* fields); a path to a "
+                  ".jsonl/.json file; or a Hub dataset id. Needs a prompt column and an answer column."},
+    )
+    dataset_config: str | None = field(default=None, metadata={"help": "Hub dataset configuration name."})
+    dataset_split: str = field(default="train", metadata={"help": "Split of a Hub dataset to train on."})
+    prompt_column: str = field(
+        default="prompt",
+        metadata={"help": "Column holding the prompt: a string, or a list of chat messages."},
+    )
+    answer_column: str = field(
+        default="answer",
+        metadata={"help": "Column holding the reference answer that the reward compares the last "
+                  "\\boxed{} of a completion against (renamed to `answer` for the reward function)."},
+    )
+    prompt_suffix: str = field(
+        default="auto",
+        metadata={"help": "Text appended to every prompt (to the last user message of a chat prompt), or a name: "
+                  "`auto` = `paper`, except '' on the synthetic task (grail.options.prompts.resolve_prompt_format, "
+                  "shared with `grail eval` and `grail explain`); "
+                  "`paper` = ' Please reason step by step, and put your final answer within \\boxed{}.' (the "
+                  "literal text); `release` = the text the released models were trained and evaluated with, "
+                  "whose \\b is a backspace (chr(8) + 'oxed{}', a non-raw string in the release). Use `release` "
+                  "only to reproduce the released runs exactly. Resolved by grail.options.prompts.resolve_suffix; the "
+                  "resolved text is saved with the model (grail_prompt.json) for `grail eval`."},
+    )
+    dataset_shuffle_seed: int | None = field(
+        default=None,
+        metadata={"help": "Shuffle the training set once with this seed before training (the GRAIL release does, "
+                  "with 42), on top of TRL's own per-epoch sampler shuffle (shuffle_dataset, seeded by seed). "
+                  "None = keep the file's order for TRL's sampler."},
+    )
+    conversational: bool | Literal["auto"] = field(
+        default="auto",
+        metadata={"help": "Wrap string prompts as a single user chat message, so TRL applies the model's chat "
+                  "template (pass template options such as enable_thinking via chat_template_kwargs; unset = "
+                  "enable_thinking false). `auto`: true iff the tokenizer has a chat template, false on the "
+                  "synthetic task, the tiny model's plain-text task (grail.options.prompts.resolve_prompt_format, "
+                  "shared with `grail eval` and `grail explain`). Prompts that already are "
+                  "message lists are used as they are (and recorded as chat). The resolved values go to "
+                  "resolved_config.json and final/grail_prompt.json."},
+    )
+    reward: RewardName = field(
+        default="auto",
+        metadata={"help": "`math_verify`: 1.0 iff the last \\boxed{} is equivalent to the answer under "
+                  "math-verify (5 s timeout). `exact_int`: 1.0 iff the last \\boxed{} is the answer as an "
+                  "integer (the synthetic task). `math_verify_all_boxes`: math_verify with the opt-in all-boxes rule "
+                  "(every "
+                  "\\boxed{} of the completion, and of the reference, read as one list: `\\boxed{1}, \\boxed{2}` is "
+                  "`1, 2`). `auto`: exact_int for the synthetic task, else math_verify."},
+    )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Allow output_dir to hold a previous run: its files (metrics.jsonl, checkpoint-N/, final/, "
+                  "eval/, the config files) are removed first. Without it, a run into a directory that holds one "
+                  "stops before any work; --resume_from_checkpoint true continues that run instead (TRL's field: a "
+                  "checkpoint directory, or true for the last complete one)."},
+    )
+    # ---- token weighting (docs/methods/; defaults = the released values, one home: WeightingOptions) ----
+    token_weighting: Method = field(
+        default=_W.token_weighting,
+        metadata={"help": "How each completion token's share of the advantage is chosen (Â = w·A). `none`: w = 1, "
+                  "plain GRPO. `grail`: gradient × activation saliency of the answer's log-likelihood (Pala et al. "
+                  "2026). `oar_g` / `oar_p`: gradient-proxy / perturbation importance of each token for the answer "
+                  "distribution, bi-level reshaped (Li et al. 2026). `random`: GRAIL's weights randomly permuted "
+                  "over each row's reasoning tokens (control: same weights, no saliency). `entropy`: token entropy "
+                  "through GRAIL's normalisation (control: cheap, gradient-free)."},
+    )
+    weights_from: WeightsFrom = field(
+        default="current_policy",
+        metadata={"help": "`current_policy` (the GRAIL release): recompute weights on every micro-batch and "
+                  "every reuse pass (num_iterations), with the policy being trained. `rollout_policy`: compute "
+                  "them once per rollout batch, right after generation, and reuse them on every pass (cheaper "
+                  "when num_iterations > 1; no fused saliency)."},
+    )
+    saliency_path: SaliencyPath = field(
+        default="auto",
+        metadata={"help": "`grail`/`random`/`entropy` with weights_from=current_policy. `fused`: take the "
+                  "saliency (or entropy) from the training step's own forward pass: the answer NLL is a sum of "
+                  "the log-probs TRL computes, and the gradient to the leaf comes from that graph (saves a "
+                  "forward). `separate`: a second forward and backward, as the release does. `auto`: fused "
+                  "unless it cannot work (frozen embeddings, PEFT/LoRA, DeepSpeed ZeRO-3, FSDP, activation "
+                  "checkpointing), then separate; the metric weights/fused says which ran."},
+    )
+    answer_box: AnswerBox = field(
+        default=_W.answer_box,
+        metadata={"help": "Which complete \\boxed{...} is the answer span 𝒜 of GRAIL (and of OAR's answer_mean): "
+                  "`first` (the GRAIL release) or `last` (the box the reward reads)."},
+    )
+    answer_nll_span: AnswerNllSpan = field(
+        default=_W.answer_nll_span,
+        metadata={"help": "Which tokens of the answer box the probes explain: `box` (the GRAIL release: the "
+                  "whole `\\boxed{...}` string, i.e. the marker tokens, the content and the closing brace) or "
+                  "`content` (only the tokens inside the braces). It is the span of GRAIL's answer NLL ℓ and of "
+                  "OAR's `answer_mean` distribution. The weight overrides do not change: content → weight_max, "
+                  "marker, closing brace and after → weight_mean."},
+    )
+    saliency_leaf: Leaf = field(
+        default=_W.saliency_leaf,
+        metadata={"help": "GRAIL's leaf h, where ‖∂ℓ/∂h ⊙ h‖ is measured: `embeddings` (release), or the hidden "
+                  "state after layer 1 (`first`), after layer L//2 (`middle`), after layer L-1 (`last`)."},
+    )
+    rollout_symmetry: RolloutSymmetry = field(
+        default=_W.rollout_symmetry,
+        metadata={"help": "Rows that get saliency weights (GRAIL and both controls): `wrong` (release: A ≤ 0), "
+                  "`correct` (A > 0), `both`. Other rows get w = 1; the answer-span overrides (w_max inside the "
+                  "box, w_mean from the box marker on) apply to every row with a box."},
+    )
+    weight_mean: float = field(default=_W.weight_mean, metadata={"help": "GRAIL w_mean: w = clip(w_mean + "
+                               "w_std·z, w_min, w_max), z = per-row z-score of log(saliency). Release 1.0."})
+    weight_std: float = field(default=_W.weight_std, metadata={"help": "GRAIL w_std (spread of the weights "
+                              "around w_mean). Release 0.5."})
+    weight_min: float = field(default=_W.weight_min, metadata={"help": "GRAIL w_min (lower clip). Release 0.5."})
+    weight_max: float = field(default=_W.weight_max, metadata={"help": "GRAIL w_max (upper clip; also the "
+                              "weight of the tokens inside the answer box). Release 5.0."})
+    weight_rescale: WeightRescale = field(
+        default=_W.weight_rescale,
+        metadata={"help": "Scale matching, opt-in (neither release has it). `none` (release): the weights as "
+                  "computed. GRAIL's mean weight exceeds 1, mostly because the answer tokens get weight_max, so "
+                  "its mean |Â| exceeds GRPO's |A| (weights/adv_scale_ratio): at a learning rate tuned for GRPO it "
+                  "takes larger steps. `row_mean`: each row's final weights (after the answer-span overrides and "
+                  "the random control's permutation, which does not change a row's mean) are divided by their "
+                  "mean over the row's real tokens. Every row's mean weight is then 1 and its mean |Â| is |A|, so "
+                  "the method only moves GRPO's advantage between tokens. Applies to every method. Uniform rows "
+                  "stay as they are. OAR's reshaping already preserves mass, so only rounding changes there. "
+                  "weights/clip_* still count the clipping before the rescale."},
+    )
+    zscore_scope: ZscoreScope = field(
+        default=_W.zscore_scope,
+        metadata={"help": "The tokens GRAIL's per-row z-score of log(signal) is taken over (grail, random, "
+                  "entropy). `to_answer` is opt-in, not the release. `completion` (release): every real token. "
+                  "That includes the tokens after the answer box: ℓ cannot depend on them, so their saliency is "
+                  "exactly 0 and log(1e-8) ≈ −18.4 pulls the mean down and the std up, which squeezes the "
+                  "reasoning tokens' weights together (on short completions GRAIL nears 'GRPO with the answer "
+                  "tokens × weight_max'; see weights/reasoning_std). `to_answer`: only the tokens up to and "
+                  "including the last token of the answer NLL span (answer_nll_span: the closing brace for `box`, "
+                  "the last content token for `content`). The tokens after it get z = 0 (weight_mean), and the "
+                  "answer-span overrides give them that anyway. Rows without a box are unchanged. Not for "
+                  "oar_g/oar_p: they have no z-score, and oar_scope picks their scored tokens."},
+    )
+    oar_variant: OarVariant = field(
+        default=_W.oar_variant,
+        metadata={"help": "Which OAR to run. `oar_excerpt` (Li et al. 2026, as docs/methods/oar_g.md states it): noise "
+                  "on, and importance read at, each token's own position with the clean embedding; P_final "
+                  "divided by the sampling temperature; τ an interpolated quantile. `grail_release`: the GRAIL "
+                  "release's OAR-G baseline (`qwen3_oar_g.yaml`), exactly: P_0 = softmax of the mean clean logits "
+                  "over the positions predicting the answer box, no temperature; noise and importance at the "
+                  "position that predicts each token, with the noisy embedding; τ = sorted Î at index floor(T·q); "
+                  "oar_g only. Its defaults for oar_scope/oar_quantile/oar_beta: "
+                  + "; ".join(f"{v}: " + ", ".join(f"{k[4:]} {x}" for k, x in d.items())
+                              for v, d in OAR_VARIANT_DEFAULTS.items()) + "."},
+    )
+    oar_scope: OarScope | None = field(
+        default=_W.oar_scope,
+        metadata={"help": "OAR's scored tokens: `reasoning` (OAR release: the text before the box) or "
+                  "`completion` (every token; GRAIL's OAR-G baseline). Unscored tokens keep w = 1. None = "
+                  "oar_variant's value."},
+    )
+    oar_distribution: Distribution = field(
+        default=_W.oar_distribution,
+        metadata={"help": "OAR's answer distribution P_final: `answer_mean` (softmax of the mean logits over the "
+                  "positions that predict the answer span, see answer_nll_span; rows without a box get w = 1) or "
+                  "`last_position` (next-token distribution after the row's last real token; on a finished "
+                  "answer it is near-certain, so every reasoning token's importance is at rounding level)."},
+    )
+    oar_quantile: float | None = field(default=_W.oar_quantile, metadata={"help": "OAR q: τ = q-quantile of the "
+                                       "normalised importance; tokens below τ are damped. OAR release 0.25; "
+                                       "GRAIL's OAR-G baseline 0.4. None = oar_variant's value."})
+    oar_beta: float | None = field(default=_W.oar_beta, metadata={"help": "OAR β: tokens above τ get "
+                                   "1 + β(Î-τ)/(1-τ). OAR release 1.0; GRAIL's OAR-G baseline 2.0. None = "
+                                   "oar_variant's value."})
+    oar_floor: float = field(default=_W.oar_floor, metadata={"help": "OAR: smallest weight of a token below τ "
+                             "(before the mass-preserving rescale). Release 0.1."})
+    oar_noise_std: float = field(default=_W.oar_noise_std, metadata={"help": "OAR-G σ: Gaussian noise on the "
+                                 "scored embeddings (at zero noise the KL has zero gradient). Release 1e-3."})
+    oar_min_importance: float | None = field(
+        default=_W.oar_min_importance,
+        metadata={"help": "OAR-P rounding floor (nats): KL values below it are taken as 0, and a row whose "
+                  "largest KL is below it is uninformative (uniform weights, counted in weights/fallback_rows). "
+                  "None = by the model's dtype: 1e-8 for float32 (measured rounding 2.4e-9), 1e-4 for bf16/fp16 "
+                  "(grail.methods.table.OAR_P_FLOOR); 0 turns it off."},
+    )
+    perturbation_chunk_tokens: int = field(
+        default=_W.perturbation_chunk_tokens,
+        metadata={"help": "OAR-P memory bound: at most this many tokens (copies × sequence length) per batched "
+                  "forward of pad-substituted copies. Larger is faster until memory runs out."},
+    )
+    # ---- embedded synthetic task and tiny model -------------------------------------------------------
+    task_num_steps: int = field(
+        default=TaskConfig.num_steps, metadata={"help": "Synthetic task: arithmetic steps per problem."}
+    )
+    task_operand_min: int = field(
+        default=TaskConfig.operand_min, metadata={"help": "Synthetic task: smallest operand."}
+    )
+    task_operand_max: int = field(default=TaskConfig.operand_max, metadata={"help": "Synthetic task: largest operand."})
+    task_filler_rate: float = field(
+        default=TaskConfig.filler_rate,
+        metadata={"help": "Synthetic task: probability of non-informative filler words after each step of "
+                  "the reference traces (they shape the warm-started policy's style)."},
+    )
+    task_style: TaskStyle = field(
+        default=TaskConfig.style,
+        metadata={"help": "Synthetic task: how problems are written. `symbolic`: `Q: 7+5*3-4` with a left-to-right "
+                  "trace (the tiny model's task). `words`: the same arithmetic as a short word problem with a "
+                  "solution in words ending in \\boxed{}, as chat messages with worked examples, for pretrained chat "
+                  "models (grail.tasks.word_problems; the preset smollm-words holds the measured task_* values: "
+                  "1 step, operands 1..20, values <= 40)."},
+    )
+    task_max_value: int = field(
+        default=TaskConfig.max_value,
+        metadata={"help": "Synthetic task: upper bound on every running value (results, and so products; all stay "
+                  ">= 0)."},
+    )
+    task_num_train: int = field(default=SyntheticSet.num_train,
+                                metadata={"help": "Synthetic task: distinct training prompts."})
+    task_num_heldout: int = field(
+        default=SyntheticSet.num_heldout,
+        metadata={"help": "Synthetic task: held-out problems for evaluation (never in the training split)."},
+    )
+    task_seed: int = field(default=SyntheticSet.seed,
+                           metadata={"help": "Synthetic task: seed of the problem generator."})
+    warmstart_steps: int = field(
+        default=WarmStartConfig.steps,
+        metadata={"help": "Tiny model: supervised warm-start steps on task traces (cached on disk, keyed by "
+                  "every warm-start setting). The default lands held-out sampled accuracy in the 20-60% band GRPO "
+                  "needs (measured figure: grail.models.warmstart.WarmStartConfig)."},
+    )
+    warmstart_lr: float = field(default=WarmStartConfig.lr, metadata={"help": "Tiny model: warm-start learning rate."})
+    tiny_hidden_size: int = field(
+        default=WarmStartConfig.hidden_size, metadata={"help": "Tiny model: hidden size (192 → ~1.7M params)."}
+    )
+    tiny_num_layers: int = field(
+        default=WarmStartConfig.num_layers, metadata={"help": "Tiny model: number of decoder layers."}
+    )
+    cache_dir: str | None = field(
+        default=None,
+        metadata={"help": "Where warm-started tiny models are cached (default: $GRAIL_CACHE or "
+                  "~/.cache/grail-rl)."},
+    )
+    # ---- benchmark evaluation at checkpoints (grail.evaluation.harness, the same code as `grail eval`) --------
+    eval_benchmarks: str = field(
+        default="",
+        metadata={"help": "Comma-separated benchmarks (math500, aime24, amc23, minerva_math, college_math, "
+                  "olympiadbench, synthetic) evaluated at every checkpoint (save_steps) with the model being trained; "
+                  "results in <output_dir>/eval/checkpoint-N/ and eval/* keys in metrics.jsonl. Empty = off."},
+    )
+    eval_data_dir: str | None = field(
+        default=None, metadata={"help": "Local benchmark copy laid out as DIR/<benchmark>/test.jsonl (None = Hub)."}
+    )
+    eval_size: str = field(
+        default="release",
+        metadata={"help": "Problems per benchmark at checkpoints, as `grail eval --size`: `release` (the "
+                  "release's fixed 200-problem subsets of CollegeMath and OlympiadBench, identified by the lists "
+                  "in eval_data_dir, so it needs a local copy for those two; all rows of the others), `all`, or a "
+                  "number (a seeded subset, not the release's; small numbers keep checkpoints fast)."},
+    )
+    eval_release_subsets_dir: str | None = field(
+        default=None,
+        metadata={"help": "Folder holding the release subsets' identity lists (as `grail eval "
+                  "--release-subsets-dir`), for eval_size release with Hub copies of CollegeMath or "
+                  "OlympiadBench; None = eval_data_dir."},
+    )
+    eval_scoring: ScoringName = field(
+        default="grail",
+        metadata={"help": "How checkpoint samples are graded (as `grail eval --scoring`): `grail` (the grader: "
+                  "every reference read correctly), `grail_all_boxes` (the grader with the opt-in all-boxes rule) "
+                  "or `release` (the GRAIL release's own scoring, for figures "
+                  "comparable with the paper's; it cannot match 197 of 675 OlympiadBench references)."},
+    )
+    eval_samples: int = field(
+        default=SamplingParams.n,
+        metadata={"help": f"Samples per problem at checkpoints (as `grail eval --samples`; release "
+                  f"{SamplingParams.n}), at the release's temperature {SamplingParams.temperature}, "
+                  f"top-p {SamplingParams.top_p}, top-k {SamplingParams.top_k} "
+                  "(grail.options.sampling.SamplingParams)."})
+    eval_max_new_tokens: int | None = field(
+        default=SamplingParams.max_new_tokens,
+        metadata={"help": "New-token limit at checkpoints. Default: the release's evaluation limit "
+                  f"({SamplingParams.max_new_tokens}, grail.options.sampling.SamplingParams), "
+                  "not max_completion_length "
+                  "(training's limit, often shorter: a checkpoint scored at the training length loses the answers "
+                  "of longer completions). None = max_completion_length (faster checkpoints). Generation is capped "
+                  "at what the model holds (max_position_embeddings minus the prompt; 512 positions for the tiny "
+                  "model)."},
+    )
+
+    # ---- the option groups the lower layers take (each validates its fields) ------------------------------
+    def task_config(self) -> TaskConfig:
+        try:
+            return TaskConfig(num_steps=self.task_num_steps, operand_min=self.task_operand_min,
+                              operand_max=self.task_operand_max, filler_rate=self.task_filler_rate,
+                              max_value=self.task_max_value, style=self.task_style)
+        except ValueError as err:
+            raise ValueError(f"synthetic task setting: {err} (config fields carry the prefix task_, "
+                             f"e.g. task_num_steps)") from err
+
+    def synthetic_set(self) -> SyntheticSet:
+        """The synthetic task's problems this run trains and evaluates on (task_* fields)."""
+        try:
+            return SyntheticSet(task=self.task_config(), num_train=self.task_num_train,
+                                num_heldout=self.task_num_heldout, seed=self.task_seed)
+        except ValueError as err:
+            raise ValueError(f"synthetic task setting: {err} (set task_num_train / task_num_heldout)") from err
+
+    def weighting_options(self) -> WeightingOptions:
+        """The token-weighting fields (and TRL's sampling temperature) as the functional API's options."""
+        return WeightingOptions.from_config(self)
+
+    def warm_start_config(self) -> WarmStartConfig:
+        """The tiny model's warm-start settings (warmstart_*, tiny_* and task_* fields)."""
+        return WarmStartConfig(task=self.task_config(), steps=self.warmstart_steps, lr=self.warmstart_lr,
+                               hidden_size=self.tiny_hidden_size, num_layers=self.tiny_num_layers)

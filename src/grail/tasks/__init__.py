@@ -1,0 +1,3 @@
+"""The synthetic task and the answer format: left-to-right arithmetic (`arithmetic`), told as a word problem
+(`word_problems`), the problem sets a run trains and evaluates on (`synthetic`), and `\\boxed{}` answers (`boxed`).
+Standard library only: no torch."""

@@ -1,0 +1,98 @@
+"""`GRAILConfig`: TRL's `GRPOConfig` plus the fields grail-rl adds. Each field's help is its only documentation.
+
+Device-dependent defaults are resolved in `__post_init__`, never guessed elsewhere:
+  * no CUDA device (or `use_cpu=True`)  → `use_cpu=True`, `bf16=False` (bf16 is ~1.7x slower on CPU);
+  * `activation_checkpointing` (transformers 5's name for `gradient_checkpointing`) left unset → on for GPU
+    training of real models, off on CPU and for the embedded tiny model (recomputation doubles the step time
+    of a model that fits anyway).
+An explicit value from the user always wins.
+"""
+
+from __future__ import annotations
+
+import functools
+import typing
+from dataclasses import dataclass, field, fields
+from typing import Literal
+
+import torch
+from trl import GRPOConfig
+
+from grail.options.choices import OAR_VARIANT_DEFAULTS
+from grail.options.fields import TINY_MODEL, GRAILFields
+
+__all__ = ["GRAILConfig", "field_types", "literal_choices"]
+
+
+@dataclass
+class GRAILConfig(GRPOConfig, GRAILFields):
+    """TRL's `GRPOConfig` with grail-rl's fields (`grail.options.fields.GRAILFields`, where each is documented)."""
+
+    # ---- TRL fields whose default grail resolves per device -------------------------------------------
+    gradient_checkpointing: bool | None = field(
+        default=None,
+        metadata={"help": "Deprecated alias of activation_checkpointing (transformers 5). When neither is set, "
+                  "grail turns activation checkpointing on for GPU training of real models and off on CPU and "
+                  "for the tiny model (there it only doubles the step time)."},
+    )
+
+    def __post_init__(self):
+        self._check_choices()
+        if self.conversational not in (True, False, "auto"):
+            raise ValueError(f"conversational={self.conversational!r}: set it to true, false or auto (the chat "
+                             f"template iff the tokenizer has one).")
+        self._check_positive("eval_samples", "task_num_train", "task_num_heldout", "warmstart_steps",
+                             "tiny_hidden_size", "tiny_num_layers")
+        if not self.warmstart_lr > 0:
+            raise ValueError(f"warmstart_lr={self.warmstart_lr} must be > 0; try 3e-3.")
+        self.synthetic_set()  # validates the task_* fields
+        if self.task_style != "symbolic" and self.model_name_or_path == TINY_MODEL:
+            raise ValueError(f"task_style={self.task_style!r} is for pretrained chat models (its prompts are chat "
+                             f"messages with worked examples); the tiny model is warm-started on the symbolic style "
+                             f"only. Give a chat model, e.g. --model_name_or_path smollm2-135m, or use task_style "
+                             f"symbolic.")
+        options = self.weighting_options()  # validates the token-weighting fields
+        for name in OAR_VARIANT_DEFAULTS[self.oar_variant]:  # None → the variant's value, recorded in the run dir
+            setattr(self, name, getattr(options, name))
+        if self.eval_benchmarks:
+            from grail.evaluation.benchmarks import parse_benchmark_list
+            from grail.evaluation.harness import parse_size
+
+            parse_benchmark_list(self.eval_benchmarks)
+            parse_size(self.eval_size)
+        on_gpu = torch.cuda.is_available() and not self.use_cpu
+        if not on_gpu:
+            self.use_cpu = True
+            if self.bf16 is None:
+                self.bf16 = False
+        if self.gradient_checkpointing is None and self.activation_checkpointing is None:
+            self.activation_checkpointing = on_gpu and self.model_name_or_path != TINY_MODEL
+        super().__post_init__()
+
+    def _check_choices(self) -> None:
+        for f in fields(GRAILConfig):
+            choices = literal_choices(f.name)
+            if choices and getattr(self, f.name) not in choices:
+                raise ValueError(f"{f.name}={getattr(self, f.name)!r} is not a valid choice; "
+                                 f"set {f.name} to one of {', '.join(map(repr, choices))}.")
+
+    def _check_positive(self, *names: str) -> None:
+        for name in names:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be >= 1.")
+
+
+@functools.cache
+def field_types() -> dict[str, object]:
+    """Resolved type annotation of every GRAILConfig field (TRL's and ours)."""
+    return typing.get_type_hints(GRAILConfig)
+
+
+def literal_choices(name: str) -> tuple:
+    """The allowed values of a `Literal` field, None included for an optional one (empty for other fields)."""
+    hint = field_types().get(name)
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is not Literal and type(None) in args:  # `Literal[...] | None`
+        literals = [a for a in args if typing.get_origin(a) is Literal]
+        return (*typing.get_args(literals[0]), None) if len(literals) == 1 else ()
+    return args if typing.get_origin(hint) is Literal else ()

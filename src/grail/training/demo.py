@@ -1,0 +1,135 @@
+"""`grail demo`: the main job on the embedded default, end to end on a CPU in a few minutes.
+
+Builds (or reuses) the warm-started tiny model, measures held-out accuracy, trains one short run per method
+(`--method`, default `none,grail`: GRPO and GRAIL) from the same start with the same seeds and the `tiny-cpu`
+preset, measures each on the same held-out problems, and prints a table with each method's difference from
+the first one and its paired bootstrap confidence interval over the held-out problems.
+
+Held-out accuracy is measured by the evaluation harness (`grail.evaluation.harness.run_evaluation`, as `grail eval` and
+training's checkpoint evaluation): the synthetic benchmark with the run's task settings, prompts rendered in the
+run's prompt format (as training renders them), completions graded by `grail.evaluation.grader`, acc@n and the paired
+difference from `grail.evaluation.scores`. Each evaluation is one harness output directory inside the demo's:
+
+    <output_dir>/eval/before/{greedy,sampled}/      the warm-started model
+    <output_dir>/<method>/                          the method's training run (grail.training.run)
+    <output_dir>/<method>/eval/{greedy,sampled}/    its final model
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from grail.evaluation.benchmarks import SYNTHETIC, LoadedBenchmark
+from grail.evaluation.harness import EvalSpec, run_evaluation
+from grail.evaluation.scores import BenchmarkScore, paired_difference
+from grail.methods.table import METHODS
+from grail.options.fields import SYNTHETIC_DATASET
+from grail.options.prompts import PromptFormat
+from grail.options.sampling import HFSampler, SamplingParams
+from grail.training.config import GRAILConfig
+from grail.training.overrides import build_config
+from grail.training.run import Log, resolve_model_path, train
+
+__all__ = [
+    "DEFAULT_METHODS", "eval_specs", "format_table", "heldout_accuracy", "LABELS", "run_demo",
+    "SAMPLES_PER_PROBLEM"
+]
+
+SAMPLES_PER_PROBLEM = 4  # sampled accuracy: acc@4 at the training temperature
+ROWS_PER_CALL = 64  # completions per `generate` call: batches of 64 problems greedy, 16 sampled
+DEFAULT_METHODS = ("none", "grail")
+LABELS = {name: spec.label for name, spec in METHODS.items()}  # the table's column names
+
+
+def eval_specs(cfg: GRAILConfig) -> dict[str, EvalSpec]:
+    """The two held-out evaluations of a run: "greedy" (n=1 at temperature 0) and "sampled" (acc@4 at the run's
+    temperature, top_p and top_k). Both: every problem of the synthetic held-out split, the run's prompt format,
+    max_completion_length and seed."""
+    common = dict(benchmarks=(SYNTHETIC,), size=None, seed=cfg.seed, prompt=PromptFormat.from_config(cfg))
+    sampling = {
+        "greedy": SamplingParams(n=1, temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=cfg.max_completion_length),
+        "sampled": SamplingParams(n=SAMPLES_PER_PROBLEM, temperature=cfg.temperature, top_p=cfg.top_p,
+                                  top_k=cfg.top_k, max_new_tokens=cfg.max_completion_length),
+    }
+    return {name: EvalSpec(sampling=params, batch_size=ROWS_PER_CALL // params.n, **common)
+            for name, params in sampling.items()}
+
+
+def heldout_accuracy(model_path: str, specs: dict[str, EvalSpec], heldout: LoadedBenchmark, out_dir: Path,
+                     log: Log = print) -> dict[str, BenchmarkScore]:
+    """Each of `specs` (see `eval_specs`) run by the harness on `heldout` into out_dir/<name>/; its score by name."""
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path)
+    scores = {}
+    for name, spec in specs.items():
+        sampler = HFSampler(model, tokenizer, batch_size=spec.batch_size)
+        # one grading process (this one): short integer answers grade faster than worker processes start
+        report = run_evaluation(sampler, tokenizer, spec, out_dir / name, workers=1, log=log, progress=False,
+                                loaded=[heldout])
+        (scores[name],) = report.scores  # with the per-problem accuracies that `paired_difference` needs
+    return scores
+
+
+def run_demo(cfg: GRAILConfig, overrides: dict, log: Log = print, methods: tuple[str, ...] = DEFAULT_METHODS
+             ) -> dict:
+    """Train and evaluate each method from the same warm-started model; `cfg.output_dir` holds one run each."""
+    if cfg.dataset != SYNTHETIC_DATASET:
+        raise ValueError(f"grail demo runs on the embedded synthetic task, not dataset={cfg.dataset!r}; "
+                         f"use `grail train` for other datasets.")
+    start = time.perf_counter()
+    specs = eval_specs(cfg)
+    eval_dirs = {"before": Path(cfg.output_dir) / "eval" / "before",
+                 **{method: Path(cfg.output_dir) / method / "eval" for method in methods}}
+    taken = [str(d / name) for d in eval_dirs.values() for name in specs if (d / name).exists()]
+    if taken:  # the harness would resume those samples, which are another model's
+        raise ValueError(f"{taken[0]} holds an earlier demo's evaluation; choose a new --output_dir.")
+    (heldout,) = specs["greedy"].load_benchmarks(synthetic_set=cfg.synthetic_set())  # the run's; both specs' problems
+    base_path = resolve_model_path(cfg, log)
+    log(f"evaluating the warm-started model on {len(heldout.problems)} held-out problems ...")
+    before = heldout_accuracy(base_path, specs, heldout, eval_dirs["before"], log)
+    runs = {}
+    for method in methods:
+        run_cfg = build_config({**overrides, "token_weighting": method,
+                                "output_dir": str(Path(cfg.output_dir) / method)})
+        result = train(run_cfg, {**overrides, "token_weighting": method}, log, model_path=base_path)
+        log(f"evaluating the {LABELS[method]} model on the same held-out problems ...")
+        runs[method] = {"result": result,
+                        "after": heldout_accuracy(str(result.final_dir), specs, heldout, eval_dirs[method], log)}
+    base = methods[0]
+    differences = {m: paired_difference(runs[base]["after"]["sampled"], runs[m]["after"]["sampled"])
+                   for m in methods[1:]}
+    summary = {"problems": len(heldout.problems), "before": before, "runs": runs, "differences": differences,
+               "wall_seconds": time.perf_counter() - start, "run_dir": cfg.output_dir}
+    log(format_table(summary, cfg))
+    return summary
+
+
+def format_table(s: dict, cfg: GRAILConfig) -> str:
+    before, runs = s["before"], s["runs"]
+    methods = list(runs)
+    width = 14
+    header = f"{'':34}{'before RL':>{width}}" + "".join(f"{LABELS[m]:>{width}}" for m in methods)
+    lines = ["", header]
+
+    def row(name, first, values):
+        return f"{name:34}{first:>{width}}" + "".join(f"{v:>{width}}" for v in values)
+
+    lines.append(row("held-out problems", str(s["problems"]), [""] * len(methods)))
+    for name, label in (("greedy", "greedy accuracy"),
+                        ("sampled", f"sampled acc@{SAMPLES_PER_PROBLEM} (T={cfg.temperature:g})")):
+        lines.append(row(label, f"{before[name].acc_at_n.value:.1%}",
+                         [f"{runs[m]['after'][name].acc_at_n.value:.1%}" for m in methods]))
+    lines.append(row("steps", "", [str(runs[m]["result"].steps) for m in methods]))
+    lines.append(row("seconds per step (median)", "", [f"{runs[m]['result'].seconds_per_step:.2f}"
+                                                       for m in methods]))
+    lines.append(row("training wall time (s)", "", [f"{runs[m]['result'].train_seconds:.1f}" for m in methods]))
+    base = methods[0]
+    for m, d in s["differences"].items():
+        lines.append(f"{LABELS[m]} − {LABELS[base]}, sampled acc: {d.value * 100:+.1f} points "
+                     f"(95% CI {d.low * 100:+.1f} to {d.high * 100:+.1f}, paired bootstrap over the held-out "
+                     f"problems; one training seed, so seed-to-seed variation is not in this interval)")
+    lines.append(f"demo wall time: {s['wall_seconds']:.1f} s; run directories under {s['run_dir']}/")
+    return "\n".join(lines)

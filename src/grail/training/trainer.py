@@ -1,0 +1,400 @@
+"""`GRAILTrainer`: TRL's `GRPOTrainer` handed a (B, T) token advantage Â = w · A.
+
+The subclass only chooses weights: it computes them for each micro-batch (`grail.methods.weighting.token_weights`, the
+functional API's own function), replaces `inputs["advantages"]` and calls the parent's loss, so clipping, loss
+aggregation (`loss_type`), KL, masking and every other TRL option stay TRL's. Weights come in one of three ways:
+
+1. `weights_from="rollout_policy"`: once per rollout batch, right after generation; stored in the batch dict and
+   split and shuffled with it by TRL.
+2. `weights_from="current_policy"`, separate path: before each micro-batch's loss, with the current policy (every
+   reuse pass sees the policy being trained, as in the GRAIL release).
+3. `weights_from="current_policy"`, fused path (`saliency_path`): inside TRL's own forward of the micro-batch. For
+   the duration of one `super()._compute_loss` call (`_fused_forward`), TRL's log-prob method is wrapped: it
+   captures the leaf h with a forward hook, takes the answer NLL as the sum of TRL's per-token log-probs over the
+   answer span, gets ∂ℓ/∂h from that graph with `torch.autograd.grad` (no parameter `.grad` is written; the graph
+   is retained for the loss), and writes Â into the batch dict TRL is reading. The entropy control reads TRL's
+   entropies.
+
+The seam to TRL. Everything this module relies on that TRL does not document, in one list; the contract test
+(tests/test_trl_contract.py) drives TRL's real `_prepare_inputs` and `compute_loss` and fails if any breaks:
+  S1. `_generate_and_score_completions(inputs) -> dict` is overridable; its dict's extra (B, ...) tensors survive
+      `_prepare_inputs`' shuffle and split into micro-batches, row-aligned with `completion_ids`.
+  S2. `_compute_loss(model, inputs)` is overridable and reads `inputs["advantages"]`, unsqueezing (B,) to (B, 1)
+      and taking (B, T) as is.
+  S3. Within `_compute_loss`, `self._get_per_token_logps_and_entropies(model, input_ids, attention_mask,
+      logits_to_keep, ...)` is called exactly once, with the micro-batch's prompt ⊕ completion, before
+      `advantages` is read, and returns (logps_BT, entropies_BT, aux_loss).
+  S4. `self._metrics[mode]` maps metric names to lists that `log()` averages and clears.
+The fused path checks S3 at run time too (a wrong count or an early read of `advantages` stops the step).
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import torch
+from accelerate.utils import is_peft_model
+from trl import GRPOTrainer
+
+from grail.methods import core, diagnostics, probes
+from grail.methods.spans import AnswerSpans, align_to_completion
+from grail.methods.table import TokenWeights, method_spec
+from grail.methods.weighting import batch_spans, probe_rows, token_weights
+
+__all__ = ["GRAILTrainer", "refuse_if_unshardable", "sharded_by"]
+
+SPAN_KEYS = tuple(f"grail_spans_{name}" for name in AnswerSpans._fields)  # the spans in TRL's batch dict
+NUM_BINS = 10  # weights/position_0..9
+# Additive statistics accumulated per micro-batch (grail.methods.diagnostics.weight_sums plus row counts and the release
+# values' sums), in the order they are packed into one device tensor for the one gather per logging step.
+SUM_KEYS = ("tokens", "weight_sum", "normalised", "clip_low", "clip_high", "abs_token_adv", "abs_adv", "rows",
+            "ess_sum", "ess_rows", "top10_sum", "top10_rows", "reasoning_tokens", "reasoning_dev_sum",
+            "reasoning_dev_sq", "rows_without_box", "fallback_rows",
+            "probed_rows", "micro_batches",
+            *(f"release_{k}_{part}" for k in diagnostics.RELEASE_KEYS for part in ("sum", "count")))
+DIAGNOSTIC_KEYS = ("mean", "max", "clip_low_frac", "clip_high_frac", "adv_scale_ratio", "ess_ratio", "top10_mass")
+
+
+def sharded_by(trainer) -> str | None:
+    """How a trainer's model is sharded over processes ("DeepSpeed ZeRO-3", "FSDP"), or None (DDP, ZeRO-1/2)."""
+    plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
+    if plugin is not None and plugin.zero_stage == 3:
+        return "DeepSpeed ZeRO-3"
+    if getattr(trainer, "is_fsdp_enabled", False):
+        return "FSDP"
+    return None
+
+
+def refuse_if_unshardable(method, sharded: str | None) -> None:
+    """ValueError, before training, for a method (a `MethodSpec`) whose probe cannot run on a sharded model."""
+    if sharded and method.unshardable:
+        raise ValueError(f"token_weighting={method.name!r} cannot train a model sharded by {sharded}: "
+                         f"{method.unshardable}. Use DeepSpeed ZeRO-2 or DDP (docs/getting-started/clusters.md), "
+                         f"or another token_weighting.")
+
+
+class _AdvantagesWatch(dict):
+    """The batch dict handed to TRL's `_compute_loss` on the fused path: records reads of `advantages` before and
+    after the fused forward writes them (S3)."""
+
+    def __init__(self, inputs: dict):
+        super().__init__(inputs)
+        self.written = self.read_before = self.read_after = False
+
+    def __getitem__(self, key):
+        if key == "advantages":
+            self.read_after |= self.written
+            self.read_before |= not self.written
+        return super().__getitem__(key)
+
+
+class GRAILTrainer(GRPOTrainer):
+    """GRPOTrainer whose policy-gradient advantage is per token: Â_{i,t} = w_{i,t} · A_i."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if not hasattr(self.args, "weighting_options"):
+            raise TypeError(f"GRAILTrainer needs a grail.training.config.GRAILConfig as args (it carries the "
+                            f"token-weighting fields), got {type(self.args).__name__}; build one with "
+                            "GRAILConfig(...).")
+        self.weighting = self.args.weighting_options()
+        self.method = method_spec(self.weighting.token_weighting)
+        refuse_if_unshardable(self.method, sharded_by(self))
+        self._check_probe_reaches_the_model()
+        device = self.accelerator.device
+        self._generator = torch.Generator(device=device).manual_seed(self.args.seed + self.accelerator.process_index)
+        self._weight_sums: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # mode → (sums (K,), max ()) on device
+        self.fused_unavailable = self._fused_unavailable_reason()
+        if self.args.saliency_path == "fused" and self.fused_unavailable:
+            raise ValueError(f"saliency_path='fused' cannot work here: {self.fused_unavailable}. Use "
+                             f"saliency_path='auto' (falls back to a separate pass) or 'separate'.")
+        self.last_token_weights: TokenWeights | None = None  # the latest micro-batch's weights (inspection, tests)
+
+    def _check_probe_reaches_the_model(self) -> None:
+        """Before any step: a method with a probe needs the model's input embeddings (the saliency leaf by default,
+        OAR-G's perturbation point) and, for saliency, the chosen leaf; a model without them is refused now, with
+        the probes' message naming the accessor to add, instead of at the first probe."""
+        if self.method.probe is None:
+            return
+        model = self.accelerator.unwrap_model(self.model)
+        probes.leaf_module(model, "embeddings")
+        if self.method.fuse == "saliency":
+            probes.leaf_module(model, self.weighting.saliency_leaf)
+
+    # ---- which path ---------------------------------------------------------------------------------------
+    def _fused_unavailable_reason(self) -> str | None:
+        """None if the fused path can run for this method and setup, else why not."""
+        if self.method.fuse is None:
+            return f"token_weighting={self.method.name!r} has no saliency or entropy signal to fuse"
+        if self.args.saliency_path == "separate":
+            return "saliency_path='separate'"
+        if self.args.weights_from != "current_policy":
+            return "weights_from='rollout_policy' computes weights at generation time, outside the training forward"
+        if self.method.fuse == "entropy":
+            return None  # TRL's forward computes the entropies anyway
+        model = self.accelerator.unwrap_model(self.model)
+        if is_peft_model(model):
+            return "a PEFT/LoRA model (frozen base embeddings, adapter-wrapped modules)"
+        sharded = sharded_by(self)
+        if sharded:
+            return f"{sharded} (parameters are gathered and released around each module)"
+        if self.reentrant_checkpointing():
+            return ("reentrant activation checkpointing (use_reentrant=True: its segments answer only .backward(), "
+                    "not a gradient query; non-reentrant checkpointing, transformers' default, fuses)")
+        leaf = probes.leaf_module(model, self.weighting.saliency_leaf)
+        upstream = [model.get_input_embeddings(), leaf]
+        if not any(p.requires_grad for module in upstream for p in module.parameters()):
+            return "frozen embeddings (the leaf is not part of the training graph)"
+        return None
+
+    # ---- masks and spans ------------------------------------------------------------------------------------
+    @staticmethod
+    def real_token_mask(inputs: dict) -> torch.Tensor:
+        """(B, T) bool: completion tokens that enter TRL's loss (tool-output tokens excluded, as TRL does)."""
+        mask_BT = inputs["completion_mask"].bool()
+        if "tool_mask" in inputs:
+            mask_BT = mask_BT & inputs["tool_mask"].bool()
+        return mask_BT
+
+    @property
+    def tokenizer(self):
+        return getattr(self.processing_class, "tokenizer", self.processing_class)
+
+    def _spans(self, inputs: dict, mask_BT: torch.Tensor) -> AnswerSpans:
+        if all(key in inputs for key in SPAN_KEYS):
+            return AnswerSpans(*(inputs[key] for key in SPAN_KEYS))
+        return batch_spans(self.tokenizer, inputs["completion_ids"], mask_BT, self.weighting)
+
+    def _any_process(self, local: bool) -> bool:
+        if self.accelerator.num_processes == 1:
+            return local
+        flag = torch.tensor([local], device=self.accelerator.device)
+        return bool(self.accelerator.gather(flag).any())
+
+    def _mode(self) -> str:
+        return "train" if self.model.training else "eval"
+
+    def reentrant_checkpointing(self) -> bool:
+        """Activation checkpointing is on with use_reentrant=True (TRL forces it for PEFT + ZeRO-3). Non-reentrant
+        checkpointing (transformers 5's default) recomputes inside autograd, so gradient queries work through it."""
+        if not (self.args.activation_checkpointing or self.args.gradient_checkpointing):
+            return False
+        kwargs = self.args.activation_checkpointing_kwargs or self.args.gradient_checkpointing_kwargs or {}
+        return bool(kwargs.get("use_reentrant", False))
+
+    @contextmanager
+    def _probe_context(self, model):
+        """Around a separate probe: reentrant checkpointing refuses `torch.autograd.grad`, so it is switched off on
+        the model for the probe (which then stores the probed rows' activations) and restored after."""
+        if not (self.reentrant_checkpointing() and getattr(model, "is_activation_checkpointing", False)):
+            yield
+            return
+        kwargs = dict(self.args.activation_checkpointing_kwargs or self.args.gradient_checkpointing_kwargs or {})
+        layout = {"every_n_layers": kwargs.pop("every_n_layers", 1), "offload": kwargs.pop("offload", False)}
+        model.activation_checkpointing_disable()
+        try:
+            yield
+        finally:  # as transformers' Trainer.train() enabled it
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs or None, **layout)
+
+    # ---- the seam to TRL (module docstring, S1-S4) ---------------------------------------------------------------
+    def _generate_and_score_completions(self, inputs):  # S1
+        output = super()._generate_and_score_completions(inputs)
+        mask_BT = self.real_token_mask(output)
+        spans = batch_spans(self.tokenizer, output["completion_ids"], mask_BT, self.weighting)
+        output.update(zip(SPAN_KEYS, spans, strict=True))
+        if self.args.weights_from == "rollout_policy":
+            output.update(self._rollout_weights(output, mask_BT, spans).as_batch_entries())
+        return output
+
+    def _compute_loss(self, model, inputs):  # S2
+        adv_B = inputs["advantages"]
+        if adv_B.dim() != 1:
+            raise RuntimeError("GRAILTrainer expects TRL's (B,) advantages; another subclass already made "
+                               "them per token.")
+        mask_BT = self.real_token_mask(inputs)
+        spans = self._spans(inputs, mask_BT)
+        if TokenWeights.in_batch(inputs):  # weights_from="rollout_policy"
+            weights = TokenWeights.from_batch(inputs, path="rollout")
+        elif self.fused_unavailable is None and torch.is_grad_enabled():  # evaluation runs under no_grad: no graph
+            call_inputs = _AdvantagesWatch(inputs)
+            with self._fused_forward(call_inputs, adv_B, mask_BT, spans):
+                loss = super()._compute_loss(model, call_inputs)
+            if call_inputs.read_before or not call_inputs.read_after:
+                raise RuntimeError("fused saliency: TRL's _compute_loss did not read the advantages from the batch "
+                                   "dict after its forward (a TRL change); set saliency_path='separate'.")
+            return loss
+        else:
+            input_ids_BL = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+            attention_mask_BL = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+            unwrapped = self.accelerator.unwrap_model(model)
+            with self._probe_context(unwrapped):
+                weights = token_weights(unwrapped, self.tokenizer, input_ids_BL, attention_mask_BL, mask_BT, adv_B,
+                                        self.weighting, spans=spans, generator=self._generator,
+                                        any_process=self._any_process)
+        return super()._compute_loss(model, {**inputs, "advantages": self._token_advantages(adv_B, mask_BT, weights)})
+
+    @contextmanager
+    def _fused_forward(self, call_inputs: _AdvantagesWatch, adv_B: torch.Tensor, mask_BT: torch.Tensor,
+                       spans: AnswerSpans):  # S3
+        """For one `super()._compute_loss` call: TRL's log-prob method, wrapped to compute the weights from its
+        forward and write Â into `call_inputs`. It must run exactly once."""
+        trl_forward = self._get_per_token_logps_and_entropies
+        calls = []
+
+        def forward(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+            calls.append(logits_to_keep)
+            if len(calls) > 1:
+                raise RuntimeError("fused saliency: TRL's _compute_loss ran its log-prob forward more than once "
+                                   "(a TRL change); set saliency_path='separate'.")
+            return self._fused_weights(trl_forward, call_inputs, adv_B, mask_BT, spans, model, input_ids,
+                                       attention_mask, logits_to_keep, *args, **kwargs)
+
+        self._get_per_token_logps_and_entropies = forward  # an instance attribute: shadows the method, this call only
+        try:
+            yield
+        finally:
+            del self._get_per_token_logps_and_entropies
+        if not calls:
+            raise RuntimeError("fused saliency: TRL's _compute_loss did not call _get_per_token_logps_and_entropies "
+                               "(a TRL change); set saliency_path='separate'.")
+
+    def _fused_weights(self, trl_forward, call_inputs, adv_B, mask_BT, spans, model, input_ids, attention_mask,
+                       logits_to_keep, *args, **kwargs):
+        options = self.weighting
+        rows_B = probe_rows(adv_B, spans, mask_BT, options)
+        need_grad = self.method.fuse == "saliency" and bool(rows_B.any())
+        captured: list[torch.Tensor] = []
+        handle = None
+        if need_grad:
+            leaf = probes.leaf_module(self.accelerator.unwrap_model(model), options.saliency_leaf)
+            handle = leaf.register_forward_hook(
+                lambda module, args, out: captured.append(probes.leaf_output_tensor(out)))
+        try:
+            result = trl_forward(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
+        finally:
+            if handle is not None:
+                handle.remove()
+        if not (isinstance(result, tuple) and len(result) == 3):
+            raise RuntimeError(f"fused saliency: TRL's _get_per_token_logps_and_entropies returned "
+                               f"{type(result).__name__}, not (logps, entropies, aux_loss) (a TRL change); set "
+                               f"saliency_path='separate'.")
+        logps_BT, entropies_BT, _ = result
+        start = time.perf_counter()
+        if self.method.fuse == "entropy":
+            signal_BT = entropies_BT.detach().float()
+        elif need_grad:
+            if len(captured) != 1:
+                raise RuntimeError(f"fused saliency: the leaf module ran {len(captured)} times in one forward "
+                                   f"(expected 1); set saliency_path='separate'.")
+            hidden_BLD = captured[0]
+            answer_BT = spans.probe_span(options.answer_nll_span) & rows_B[:, None]
+            nll = -(logps_BT * answer_BT).sum()  # the answer NLL: a sum of the log-probs TRL computed
+            grad_BLD = probes.leaf_gradient(nll, hidden_BLD, retain_graph=True)
+            saliency_BL = core.gradient_activation_saliency(grad_BLD, hidden_BLD)
+            signal_BT = align_to_completion(saliency_BL, logits_to_keep, at="predicting")
+        else:
+            signal_BT = torch.zeros_like(logps_BT, dtype=torch.float32)
+        weights = token_weights(None, self.tokenizer, input_ids, attention_mask, mask_BT, adv_B, options,
+                                spans=spans, signal_BT=signal_BT, generator=self._generator)
+        weights.seconds += time.perf_counter() - start
+        call_inputs["advantages"] = self._token_advantages(adv_B, mask_BT, weights)
+        call_inputs.written = True
+        return result
+
+    def _metric_lists(self, mode: str) -> dict[str, list[float]]:  # S4
+        return self._metrics[mode]
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:  # S4
+        self.reduce_weight_metrics(self._mode())
+        super().log(logs, start_time)
+
+    # ---- rollout time ---------------------------------------------------------------------------------------
+    def _rollout_weights(self, batch: dict, mask_BT: torch.Tensor, spans: AnswerSpans) -> TokenWeights:
+        """Weights for a whole generation batch, with the rollout policy, in micro-batch-sized chunks."""
+        input_ids_BL = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+        attention_mask_BL = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        model = self.accelerator.unwrap_model(self.model)
+        size = self.args.per_device_train_batch_size
+        parts = []
+        for start in range(0, input_ids_BL.shape[0], size):
+            rows = slice(start, start + size)
+            with self._probe_context(model):
+                parts.append(token_weights(
+                    model, self.tokenizer, input_ids_BL[rows], attention_mask_BL[rows], mask_BT[rows],
+                    batch["advantages"][rows], self.weighting, spans=AnswerSpans(*(s[rows] for s in spans)),
+                    generator=self._generator, any_process=self._any_process))
+        merged = TokenWeights.concat(parts, path="rollout")
+        self._metric_lists(self._mode())["weights/seconds"].append(merged.seconds)
+        return merged
+
+    # ---- Â and its statistics ---------------------------------------------------------------------------------
+    def _token_advantages(self, adv_B, mask_BT, weights: TokenWeights) -> torch.Tensor:
+        """Â = w · A (B, T), computed once per micro-batch; its statistics are accumulated on the device."""
+        self.last_token_weights = weights
+        adv_BT = core.token_advantages(adv_B, weights.weights_BT)
+        self._accumulate(adv_B, adv_BT, mask_BT, weights)
+        return adv_BT
+
+    def _accumulate(self, adv_B, adv_BT, mask_BT, weights: TokenWeights) -> None:
+        """Add this micro-batch's weight statistics to the mode's device sums (no host synchronisation)."""
+        options = self.weighting
+        rescaled = options.weight_rescale != "none"  # the weights left the clip bounds: count the clips themselves
+        stats = diagnostics.weight_sums(weights.weights_BT, adv_B, adv_BT, mask_BT, weights.reasoning_BT & mask_BT,
+                                        weights.normalised_BT, weight_min=options.weight_min,
+                                        weight_max=options.weight_max, num_bins=NUM_BINS,
+                                        clip_BT=weights.clip_BT if rescaled else None)
+        signal_B = mask_BT.any(1) & (adv_B != 0)  # the rows the diagnostics describe (weight_sums' "rows")
+        stats.update(rows_without_box=(signal_B & ~weights.has_box_B).sum(),
+                     fallback_rows=weights.fallback_B.sum(), probed_rows=(weights.probed_B & signal_B).sum(),
+                     micro_batches=torch.ones((), device=adv_BT.device))
+        release = diagnostics.release_diagnostics(adv_B, adv_BT, mask_BT, weights.clip_BT, weights.reweighted_BT)
+        for key, value in release.items():  # per micro-batch values, averaged as the release does (NaN: none)
+            stats[f"release_{key}_sum"] = torch.nan_to_num(value, nan=0.0)
+            stats[f"release_{key}_count"] = (~value.isnan()).float()
+        sums = torch.cat([*(stats[k].float().reshape(1) for k in SUM_KEYS), stats["position_sum"].float(),
+                          stats["position_count"].float()])
+        previous = self._weight_sums.get(self._mode())
+        if previous is not None:
+            sums, peak = previous[0] + sums, torch.maximum(previous[1], stats["max"].float())
+        else:
+            peak = stats["max"].float()
+        self._weight_sums[self._mode()] = (sums, peak)
+        metrics = self._metric_lists(self._mode())
+        if weights.path != "rollout":  # rollout weights log their seconds once per rollout batch
+            metrics["weights/seconds"].append(weights.seconds)
+        metrics["weights/fused"].append(1.0 if weights.path == "fused" else 0.0)
+
+    def reduce_weight_metrics(self, mode: str) -> dict[str, float]:
+        """Pool the mode's accumulated statistics over processes (one gather) and append the `weights/*` metrics
+        (docs/reference/metrics.md) to TRL's lists; called by `log` once per logging step, on every process."""
+        K = len(SUM_KEYS) + 2 * NUM_BINS
+        device = self.accelerator.device
+        sums, peak = self._weight_sums.pop(mode, (torch.zeros(K, device=device), torch.zeros((), device=device)))
+        local = torch.cat([sums, peak.reshape(1)]).reshape(1, -1)
+        gathered = (self.accelerator.gather(local) if self.accelerator.num_processes > 1 else local).cpu()
+        total = dict(zip(SUM_KEYS, gathered[:, : len(SUM_KEYS)].sum(0), strict=True))
+        if total["micro_batches"] == 0:
+            return {}
+        bins = gathered[:, len(SUM_KEYS) : K].sum(0)
+        total.update(max=gathered[:, K].max(), position_sum=bins[:NUM_BINS], position_count=bins[NUM_BINS:])
+        out: dict[str, float] = {}
+        if total["rows"] > 0:  # micro-batches whose advantages are all 0 have nothing to describe
+            values = diagnostics.finish(total)
+            out.update({f"weights/{key}": float(values[key]) for key in DIAGNOSTIC_KEYS})
+            out.update({f"weights/position_{b}": float(values["position_profile"][b]) for b in range(NUM_BINS)
+                        if values["position_count"][b] > 0})
+            if total["reasoning_tokens"] > 0:
+                out["weights/reasoning_std"] = float(values["reasoning_std"])
+            out["weights/rows_without_box"] = float(total["rows_without_box"] / total["rows"])
+            out["weights/probed_rows"] = float(total["probed_rows"] / total["rows"])
+        for key in diagnostics.RELEASE_KEYS:
+            if total[f"release_{key}_count"] > 0:
+                out[f"weights/release/{key}"] = float(total[f"release_{key}_sum"] / total[f"release_{key}_count"])
+        micro = float(total["micro_batches"]) / gathered.shape[0]
+        out["weights/fallback_rows"] = float(total["fallback_rows"]) / micro  # per micro-batch, all processes
+        metrics = self._metric_lists(mode)
+        for key, value in out.items():
+            metrics[key].append(value)
+        return out
