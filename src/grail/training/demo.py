@@ -5,10 +5,11 @@ Builds (or reuses) the warm-started tiny model, measures held-out accuracy, trai
 preset, measures each on the same held-out problems, and prints a table with each method's difference from
 the first one and its paired bootstrap confidence interval over the held-out problems.
 
-Held-out accuracy is measured by the evaluation harness (`grail.evaluation.harness.run_evaluation`, as `grail eval` and
-training's checkpoint evaluation): the synthetic benchmark with the run's task settings, prompts rendered in the
-run's prompt format (as training renders them), completions graded by `grail.evaluation.grader`, acc@n and the paired
-difference from `grail.evaluation.scores`. Each evaluation is one harness output directory inside the demo's:
+Held-out accuracy is measured by the evaluation harness (`grail.training.heldout`, which calls
+`grail.evaluation.harness.run_evaluation` as `grail eval` and training's checkpoint evaluation do): the synthetic
+benchmark with the run's task settings, prompts rendered in the run's prompt format (as training renders them),
+completions graded by `grail.evaluation.grader`, acc@n and the paired difference from `grail.evaluation.scores`.
+Each evaluation is one harness output directory inside the demo's:
 
     <output_dir>/eval/before/{greedy,sampled}/      the warm-started model
     <output_dir>/<method>/                          the method's training run (grail.training.run)
@@ -20,57 +21,18 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
-from grail.evaluation.benchmarks import SYNTHETIC, LoadedBenchmark
-from grail.evaluation.harness import EvalSpec, run_evaluation
-from grail.evaluation.scores import BenchmarkScore, paired_difference
+from grail.evaluation.scores import paired_difference
 from grail.methods.table import METHODS
 from grail.options.fields import SYNTHETIC_DATASET
-from grail.options.prompts import PromptFormat
-from grail.options.sampling import HFSampler, SamplingParams
 from grail.training.config import GRAILConfig
+from grail.training.heldout import SAMPLES_PER_PROBLEM, eval_specs, heldout_accuracy
 from grail.training.overrides import build_config
 from grail.training.run import Log, resolve_model_path, train
 
-__all__ = [
-    "DEFAULT_METHODS", "eval_specs", "format_table", "heldout_accuracy", "LABELS", "run_demo",
-    "SAMPLES_PER_PROBLEM"
-]
+__all__ = ["DEFAULT_METHODS", "format_table", "LABELS", "run_demo"]
 
-SAMPLES_PER_PROBLEM = 4  # sampled accuracy: acc@4 at the training temperature
-ROWS_PER_CALL = 64  # completions per `generate` call: batches of 64 problems greedy, 16 sampled
 DEFAULT_METHODS = ("none", "grail")
 LABELS = {name: spec.label for name, spec in METHODS.items()}  # the table's column names
-
-
-def eval_specs(cfg: GRAILConfig) -> dict[str, EvalSpec]:
-    """The two held-out evaluations of a run: "greedy" (n=1 at temperature 0) and "sampled" (acc@4 at the run's
-    temperature, top_p and top_k). Both: every problem of the synthetic held-out split, the run's prompt format,
-    max_completion_length and seed."""
-    common = dict(benchmarks=(SYNTHETIC,), size=None, seed=cfg.seed, prompt=PromptFormat.from_config(cfg))
-    sampling = {
-        "greedy": SamplingParams(n=1, temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=cfg.max_completion_length),
-        "sampled": SamplingParams(n=SAMPLES_PER_PROBLEM, temperature=cfg.temperature, top_p=cfg.top_p,
-                                  top_k=cfg.top_k, max_new_tokens=cfg.max_completion_length),
-    }
-    return {name: EvalSpec(sampling=params, batch_size=ROWS_PER_CALL // params.n, **common)
-            for name, params in sampling.items()}
-
-
-def heldout_accuracy(model_path: str, specs: dict[str, EvalSpec], heldout: LoadedBenchmark, out_dir: Path,
-                     log: Log = print) -> dict[str, BenchmarkScore]:
-    """Each of `specs` (see `eval_specs`) run by the harness on `heldout` into out_dir/<name>/; its score by name."""
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    model = AutoModelForCausalLM.from_pretrained(model_path)
-    scores = {}
-    for name, spec in specs.items():
-        sampler = HFSampler(model, tokenizer, batch_size=spec.batch_size)
-        # one grading process (this one): short integer answers grade faster than worker processes start
-        report = run_evaluation(sampler, tokenizer, spec, out_dir / name, workers=1, log=log, progress=False,
-                                loaded=[heldout])
-        (scores[name],) = report.scores  # with the per-problem accuracies that `paired_difference` needs
-    return scores
 
 
 def run_demo(cfg: GRAILConfig, overrides: dict, log: Log = print, methods: tuple[str, ...] = DEFAULT_METHODS

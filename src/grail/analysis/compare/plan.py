@@ -143,7 +143,7 @@ def parse_arms(text: str, sweeps: list[str] | tuple[str, ...] = ()) -> list[Arm]
 
 
 def _protocol(cfg: GRAILConfig) -> dict:
-    from grail.training.demo import SAMPLES_PER_PROBLEM
+    from grail.training.heldout import SAMPLES_PER_PROBLEM
 
     if cfg.eval_benchmarks:
         from grail.evaluation.benchmarks import parse_benchmark_list

@@ -97,7 +97,7 @@ def _per_problem(scores, loaded) -> list[dict]:
 def _evaluate(plan: dict, out_dir: Path, seed: int, final_dir: Path, eval_dir: Path, log: Log,
               grading_workers: int | None) -> tuple[dict, dict]:
     """The plan's evaluation of one trained model: (flat metrics, per-problem results by evaluation name)."""
-    from grail.training.demo import eval_specs, heldout_accuracy
+    from grail.training.heldout import eval_specs, heldout_accuracy
 
     cfg = build_config(run_values(plan, None, seed, out_dir))
     if plan["protocol"]["kind"] == "benchmarks":

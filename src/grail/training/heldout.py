@@ -1,0 +1,53 @@
+"""Held-out accuracy of a run's model, as `grail demo` and `grail compare` measure it: two evaluations by the
+harness (`grail.evaluation.harness.run_evaluation`) on the synthetic task's held-out split, "greedy" (n=1 at
+temperature 0) and "sampled" (acc@4 at the run's sampling settings). Shared by both commands, so that neither
+imports the other's module.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from grail.evaluation.benchmarks import SYNTHETIC, LoadedBenchmark
+from grail.evaluation.harness import EvalSpec, run_evaluation
+from grail.evaluation.scores import BenchmarkScore
+from grail.options.prompts import PromptFormat
+from grail.options.sampling import HFSampler, SamplingParams
+from grail.training.config import GRAILConfig
+from grail.training.run import Log
+
+__all__ = ["ROWS_PER_CALL", "SAMPLES_PER_PROBLEM", "eval_specs", "heldout_accuracy"]
+
+SAMPLES_PER_PROBLEM = 4  # sampled accuracy: acc@4 at the training temperature
+ROWS_PER_CALL = 64  # completions per `generate` call: batches of 64 problems greedy, 16 sampled
+
+
+def eval_specs(cfg: GRAILConfig) -> dict[str, EvalSpec]:
+    """The two held-out evaluations of a run: "greedy" (n=1 at temperature 0) and "sampled" (acc@4 at the run's
+    temperature, top_p and top_k). Both: every problem of the synthetic held-out split, the run's prompt format,
+    max_completion_length and seed."""
+    common = dict(benchmarks=(SYNTHETIC,), size=None, seed=cfg.seed, prompt=PromptFormat.from_config(cfg))
+    sampling = {
+        "greedy": SamplingParams(n=1, temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=cfg.max_completion_length),
+        "sampled": SamplingParams(n=SAMPLES_PER_PROBLEM, temperature=cfg.temperature, top_p=cfg.top_p,
+                                  top_k=cfg.top_k, max_new_tokens=cfg.max_completion_length),
+    }
+    return {name: EvalSpec(sampling=params, batch_size=ROWS_PER_CALL // params.n, **common)
+            for name, params in sampling.items()}
+
+
+def heldout_accuracy(model_path: str, specs: dict[str, EvalSpec], heldout: LoadedBenchmark, out_dir: Path,
+                     log: Log = print) -> dict[str, BenchmarkScore]:
+    """Each of `specs` (see `eval_specs`) run by the harness on `heldout` into out_dir/<name>/; its score by name."""
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path)
+    scores = {}
+    for name, spec in specs.items():
+        sampler = HFSampler(model, tokenizer, batch_size=spec.batch_size)
+        # one grading process (this one): short integer answers grade faster than worker processes start
+        report = run_evaluation(sampler, tokenizer, spec, out_dir / name, workers=1, log=log, progress=False,
+                                loaded=[heldout])
+        (scores[name],) = report.scores  # with the per-problem accuracies that `paired_difference` needs
+    return scores
