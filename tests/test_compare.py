@@ -19,8 +19,8 @@ import pytest
 from conftest import WARM_STEPS
 from grail.analysis.compare import plan as compare
 from grail.analysis.compare import run as compare_run
-from grail.analysis.compare.report import RESULT_FILE
 from grail.analysis.compare.stats import seeds_needed, t_cdf, t_interval, t_quantile
+from grail.analysis.compare.summary import RESULT_FILE
 from grail.cli import main
 
 ARMS = "none,grail@saliency_leaf=middle"

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from grail.analysis.compare import plan as compare
-from grail.analysis.compare.report import RESULT_FILE, run_path, write_report
+from grail.analysis.compare.report import write_report
+from grail.analysis.compare.summary import RESULT_FILE, run_path
 from grail.analysis.compare.sweep import layout
 
 PRIMARY = "sampled/synthetic/acc@4"

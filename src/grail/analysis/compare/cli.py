@@ -4,8 +4,8 @@
 `run(args, rest)` imports the training layer, validates everything, then trains, evaluates and reports.
 
 `python -m grail.analysis.compare.cli OUT_DIR ARM_SLUG SEED THREADS PARENT_PID` is the worker process of `--jobs N > 1`
-(one run of the plan, grail.analysis.compare.plan.run_worker). It watches its parent from its first moment, before the
-training layer's imports (seconds), so a comparison killed while its workers start leaves none behind.
+(one run of the plan, grail.analysis.compare.schedule.run_worker). It watches its parent from its first moment,
+before the training layer's imports (seconds), so a comparison killed while its workers start leaves none behind.
 """
 
 from __future__ import annotations
@@ -64,7 +64,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args, rest: list[str]) -> int:
-    from grail.analysis.compare.plan import check_plan, make_plan, parse_arms, run_comparison
+    from grail.analysis.compare.plan import check_plan, make_plan, parse_arms
+    from grail.analysis.compare.schedule import run_comparison
     from grail.training.overrides import merge, parse_flags
 
     flags = parse_flags(rest)
@@ -105,7 +106,7 @@ def _exit_with_parent(parent: int) -> None:
 def _worker(argv: list[str]) -> int:
     out_dir, slug, seed, threads, parent = argv
     _exit_with_parent(int(parent))
-    from grail.analysis.compare.plan import run_worker
+    from grail.analysis.compare.schedule import run_worker
 
     return run_worker(Path(out_dir), slug, int(seed), int(threads))
 

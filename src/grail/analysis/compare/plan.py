@@ -1,4 +1,4 @@
-"""`grail compare`: arms × training seeds, each an ordinary grail training run from one warm start, every run
+"""`grail compare`'s plan: arms × training seeds, each an ordinary grail training run from one warm start, every run
 evaluated by the same protocol, resumable after a kill, then a report over seeds (grail.analysis.compare.report).
 
 An arm is a `token_weighting` method, optionally with config fields: `grail@saliency_leaf=middle@weight_std=1.0`
@@ -22,49 +22,29 @@ Comparison directory (`--output_dir`):
 A sweep `--sweep FIELD=v1,v2` pairs each arm with the first arm at the same value (grail.analysis.compare.sweep), not
 across values; the report adds a table and a plot of the headline metric against the swept value.
 
-Resuming: a finished run (compare_result.json) is skipped; a trained one is only evaluated (the harness resumes its
-samples); a half-trained one resumes from its last complete checkpoint (`resume_from_checkpoint=true`), or starts
-over (`overwrite_output_dir`) when it has none.
-
-Running: with jobs=1 the runs train one after another in this process; with jobs=N, N worker processes
-(`python -m grail.analysis.compare.cli OUT SLUG SEED THREADS PARENT_PID`), each with cpu_count // N threads
-(OMP_NUM_THREADS and torch.set_num_threads) and, with several visible GPUs, one GPU each (CUDA_VISIBLE_DEVICES, round
-robin over the N slots). A worker exits when its parent dies, so a killed comparison leaves no orphan training.
-
-Per-run evaluations beyond the protocol: grail.analysis.compare.run.EXTRA_EVALUATIONS (re-exported here).
+Running the plan: grail.analysis.compare.schedule.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
-import time
 import typing
 from dataclasses import dataclass
 from pathlib import Path
 
-from grail.analysis.compare.auroc import auroc_methods, run_auroc
-from grail.analysis.compare.report import RESULT_FILE, WARMSTART_AUROC_FILE, run_path, write_report
 from grail.analysis.compare.run import (
     EXTRA_EVALUATIONS,
-    LOG_FILE,
-    Log,
-    checkpoint_auroc,
-    lock,
     run_one,
     run_values,
-    write_json,
 )
 from grail.options.choices import Method
-from grail.options.fields import SYNTHETIC_DATASET, TINY_MODEL
+from grail.options.fields import SYNTHETIC_DATASET
 from grail.training.config import GRAILConfig
 from grail.training.overrides import build_config, coerce
 
 __all__ = ["Arm", "check_plan", "EXTRA_EVALUATIONS", "make_plan", "parse_arms", "parse_sweep", "PLAN_FILE",
-           "run_comparison", "run_one", "run_values", "run_worker"]
+           "run_one", "run_values"]
 
 PLAN_FILE = "compare.json"
 SEED_FIELDS = ("seed", "data_seed")  # plus dataset_shuffle_seed when the base config sets it
@@ -209,239 +189,3 @@ def check_plan(plan: dict, out_dir: str | Path) -> None:
                 key, old, new = "arm fields", stored["arms"], plan["arms"]
         raise ValueError(f"{path} holds a comparison with other arguments: {key} is {old!r} there and {new!r} now. "
                          f"Rerun with the same arguments to resume it, or give a new --output_dir.")
-
-
-# ---- the comparison ------------------------------------------------------------------------------------------------
-
-def _duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
-
-
-def _latest_step(run_dir: Path) -> int | None:
-    """The step of the last complete line of metrics.jsonl (reads its last 4 KB)."""
-    path = run_dir / "metrics.jsonl"
-    try:
-        with path.open("rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
-            lines = f.read().split(b"\n")[:-1]
-        return int(json.loads(lines[-1])["step"]) if lines else None
-    except (OSError, ValueError, KeyError, IndexError):
-        return None
-
-
-class _Progress:
-    """One line per start and finish, and a status line every STATUS_EVERY_S: done / running / left, elapsed, ETA
-    from the finished runs' durations, and each running run's latest step."""
-
-    def __init__(self, plan: dict, out_dir: Path, total: int, done: dict[str, float], jobs: int, log: Log):
-        self.plan, self.out_dir, self.total, self.jobs, self.log = plan, out_dir, total, jobs, log
-        self.durations = dict(done)  # run name → seconds
-        self.running: dict[str, float] = {}  # run name → start time
-        self.failed = 0
-        self.start = self.last = time.perf_counter()
-
-    def _line(self) -> str:
-        now = time.perf_counter()
-        left = self.total - len(self.durations) - len(self.running)
-        failed = f" ({self.failed} failed)" if self.failed else ""
-        text = (f"{len(self.durations)}/{self.total} done, {len(self.running)} running, {left} left{failed} | "
-                f"elapsed {_duration(now - self.start)}")
-        if self.durations:
-            mean = sum(self.durations.values()) / len(self.durations)
-            remaining = left * mean + sum(max(0.0, mean - (now - t)) for t in self.running.values())
-            text += f" | eta {_duration(remaining / self.jobs)}"
-        steps = []
-        for name in self.running:
-            slug, seed = name.rsplit("/seed", 1)
-            arm = next(a for a in self.plan["arms"] if a["slug"] == slug)
-            step = _latest_step(run_path(self.out_dir, slug, int(seed)))
-            if step is not None:
-                steps.append(f"{arm['label']}/seed{seed} step {step}/"
-                             f"{run_values(self.plan, arm, int(seed), self.out_dir).get('max_steps', '?')}")
-        return text + (f" | {', '.join(steps)}" if steps else "")
-
-    def started(self, name: str) -> None:
-        self.running[name] = time.perf_counter()
-        self.log(f"compare: started {name} | {self._line()}")
-
-    def finished(self, name: str, ok: bool = True) -> None:
-        seconds = time.perf_counter() - self.running.pop(name)
-        if ok:
-            self.durations[name] = seconds
-        else:
-            self.failed += 1
-        self.log(f"compare: {'finished' if ok else 'FAILED'} {name} in {_duration(seconds)} | {self._line()}")
-        self.last = time.perf_counter()
-
-    def tick(self) -> None:
-        if time.perf_counter() - self.last >= STATUS_EVERY_S:
-            self.last = time.perf_counter()
-            self.log(f"compare: {self._line()}")
-
-
-def _gpu_ids() -> list[str]:
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return [g.strip() for g in visible.split(",") if g.strip()]
-    import torch
-
-    return [str(i) for i in range(torch.cuda.device_count())]
-
-
-def _prepare(plan: dict, out_dir: Path, log: Log) -> None:
-    """Before the runs: read each distinct training set once (a bad path stops everything now, not in every run)
-    and warm-start (or find in the cache) the tiny model each distinct warm-start setting needs, so that every run
-    starts from the same cached checkpoint and none trains it concurrently. With auroc_rows: the saliency AUROC of
-    each arm's warm start (arms that share a warm start, task and weighting options share the computation), as
-    {arm label: {name: value}} in auroc_warmstart.json; arms already there are kept."""
-    from grail.training.data import load_prompts
-    from grail.training.run import resolve_model_path
-
-    auroc_path = out_dir / WARMSTART_AUROC_FILE
-    warm_auroc = json.loads(auroc_path.read_text()) if auroc_path.is_file() else {}
-    if not all(isinstance(v, dict) for v in warm_auroc.values()):
-        warm_auroc = {}  # the one-warm-start format of earlier versions: recompute, per arm
-    seen, computed, starts = set(), {}, {}
-    for arm in plan["arms"]:
-        cfg = build_config(run_values(plan, arm, 0, out_dir))
-        data = ("data", cfg.dataset, cfg.dataset_config, cfg.dataset_split, cfg.prompt_column, cfg.answer_column,
-                repr(cfg.synthetic_set()) if cfg.dataset == SYNTHETIC_DATASET else None)
-        if data not in seen:
-            seen.add(data)
-            load_prompts(cfg)  # the rows, checked (the prompt format needs the model's tokenizer: each run's own)
-        if cfg.model_name_or_path != TINY_MODEL:
-            continue
-        warm = (cfg.model_name_or_path, cfg.cache_dir, repr(cfg.warm_start_config()))
-        if warm not in starts:
-            starts[warm] = resolve_model_path(cfg, log)
-        if plan.get("auroc_rows") and arm["label"] not in warm_auroc:  # the start each arm's AUROC moves from
-            key = (warm, repr(cfg.synthetic_set()), repr(cfg.weighting_options()), tuple(auroc_methods(cfg)))
-            if key not in computed:
-                computed[key] = run_auroc(starts[warm], cfg, plan["auroc_rows"])
-            warm_auroc[arm["label"]] = computed[key]
-    if computed:
-        write_json(auroc_path, warm_auroc)
-
-
-def run_comparison(plan: dict, out_dir: str | Path, jobs: int = 1, log: Log = print) -> dict:
-    """Every run of the plan (finished ones skipped), then the report; returns report.json's content. The plan is
-    written to out_dir/compare.json once the data and the warm start are found, or must equal the one there."""
-    from grail.training.run import quiet_libraries
-
-    if jobs < 1:
-        raise ValueError(f"--jobs {jobs}: give 1 or more runs at a time.")
-    out_dir = Path(out_dir)
-    check_plan(plan, out_dir)
-    quiet_libraries()  # no loading bars in the comparison's log (warm starts, AUROC, in-process runs)
-    with lock(out_dir / ".compare.lock", wait=False):
-        check_plan(plan, out_dir)  # again: another comparison may have written it before this one took the lock
-        _prepare(plan, out_dir, log)
-        stored = out_dir / PLAN_FILE
-        if not stored.is_file() or json.loads(stored.read_text()).get("sweeps") != plan.get("sweeps"):
-            write_json(stored, plan)  # new, or written before sweeps were recorded (check_plan: the rest is equal)
-        keys = [(arm["slug"], seed) for seed in range(plan["seeds"]) for arm in plan["arms"]]  # seed-major: pairs early
-        done = {}
-        for slug, seed in keys:
-            marker = run_path(out_dir, slug, seed) / RESULT_FILE
-            if marker.is_file():
-                done[f"{slug}/seed{seed}"] = json.loads(marker.read_text()).get("wall_seconds", 0.0)
-        pending = [(slug, seed) for slug, seed in keys if f"{slug}/seed{seed}" not in done]
-        log(f"compare: {len(keys)} runs ({len(plan['arms'])} arms × {plan['seeds']} seeds), {len(done)} finished "
-            f"earlier; {jobs} at a time; directory {out_dir}")
-        progress = _Progress(plan, out_dir, len(keys), done, min(jobs, max(1, len(pending))), log)
-        failed = (_in_process if jobs == 1 else _in_workers)(plan, out_dir, pending, jobs, progress)
-        if failed:
-            raise RuntimeError(f"{len(failed)} run(s) failed: " + "; ".join(failed) + ". Fix the cause and rerun the "
-                               "same command: finished runs are kept, the others resume.")
-        if plan.get("auroc_rows"):  # runs finished by a grail-rl without auroc_checkpoints.json get it now
-            for slug, seed in keys:
-                if f"{slug}/seed{seed}" in done:
-                    checkpoint_auroc(plan, out_dir, slug, seed, log)
-        summary = write_report(out_dir, plan, jobs)
-    log(f"compare: report in {out_dir / 'report.md'} (and report.json, {', '.join(summary['plots']) or 'no plots'})")
-    return summary
-
-
-def _in_process(plan: dict, out_dir: Path, pending: list, jobs: int, progress: _Progress) -> list[str]:
-    for slug, seed in pending:
-        name = f"{slug}/seed{seed}"
-        run_dir = run_path(out_dir, slug, seed)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        progress.started(name)
-        with (run_dir / LOG_FILE).open("a") as handle:
-            def log(line: str, handle=handle) -> None:
-                handle.write(line + "\n")
-                handle.flush()
-                progress.tick()
-
-            run_one(plan, out_dir, slug, seed, log, grading_workers=None)
-        progress.finished(name)
-    return []
-
-
-def _in_workers(plan: dict, out_dir: Path, pending: list, jobs: int, progress: _Progress) -> list[str]:
-    threads = max(1, (os.cpu_count() or 1) // jobs)
-    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
-        threads = max(1, min(threads, int(os.environ["OMP_NUM_THREADS"])))
-    gpus = _gpu_ids()
-    slots: dict[int, tuple[str, subprocess.Popen]] = {}
-    failed: list[str] = []
-    pending = list(pending)
-    try:
-        while pending or slots:
-            while pending and len(slots) < jobs and not failed:
-                slug, seed = pending.pop(0)
-                slot = min(set(range(jobs)) - set(slots))
-                env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-                if len(gpus) > 1:
-                    env["CUDA_VISIBLE_DEVICES"] = gpus[slot % len(gpus)]
-                run_dir = run_path(out_dir, slug, seed)
-                run_dir.mkdir(parents=True, exist_ok=True)
-                with (run_dir / LOG_FILE).open("a") as handle:
-                    process = subprocess.Popen(
-                        [sys.executable, "-m", "grail.analysis.compare.cli", str(out_dir), slug, str(seed),
-                         str(threads), str(os.getpid())], stdout=handle, stderr=subprocess.STDOUT, env=env)
-                slots[slot] = (f"{slug}/seed{seed}", process)
-                progress.started(f"{slug}/seed{seed}")
-            time.sleep(0.2)
-            for slot, (name, process) in list(slots.items()):
-                if process.poll() is None:
-                    continue
-                del slots[slot]
-                ok = process.returncode == 0
-                progress.finished(name, ok)
-                if not ok:
-                    slug, seed = name.rsplit("/seed", 1)
-                    log_path = run_path(out_dir, slug, int(seed)) / LOG_FILE
-                    tail = log_path.read_text().strip().splitlines()[-1:] if log_path.is_file() else []
-                    failed.append(f"{name} (exit {process.returncode}: {' '.join(tail)}; log {log_path})")
-            progress.tick()
-    finally:
-        for _, process in slots.values():  # interrupted: stop the workers (they resume on the next run)
-            process.terminate()
-        for _, process in slots.values():
-            process.wait()
-    return failed
-
-
-# ---- worker process (started by grail.analysis.compare.cli's worker entry)
-# ------------------------------------------------
-
-def run_worker(out_dir: Path, slug: str, seed: int, threads: int) -> int:
-    """One run of the plan in out_dir/compare.json, in a worker process with `threads` CPU threads."""
-    import torch
-
-    from grail.training.run import quiet_libraries
-
-    torch.set_num_threads(threads)
-    quiet_libraries()
-    try:
-        plan = json.loads((out_dir / PLAN_FILE).read_text())
-        run_one(plan, out_dir, slug, seed, lambda line: print(line, flush=True), grading_workers=1)
-    except (ValueError, OSError) as err:
-        if os.environ.get("GRAIL_DEBUG"):
-            raise
-        print(f"grail compare: error: {err}", file=sys.stderr, flush=True)
-        return 2
-    return 0

@@ -31,8 +31,8 @@ def curve(log: list[dict], key: str) -> dict[int, float]:
 
 
 def write_plots(s: dict, runs: list, out_dir: Path) -> list[str]:
-    """The PNGs of the report `s` (grail.analysis.compare.report.summarize) in out_dir; returns their names. `runs`: the
-    report's RunData (arm, log, ...)."""
+    """The PNGs of the report `s` (grail.analysis.compare.summary.summarize) in out_dir; returns their names. `runs`:
+    the report's RunData (arm, log, ...)."""
     import matplotlib
 
     matplotlib.use("Agg")

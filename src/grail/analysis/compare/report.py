@@ -1,206 +1,27 @@
-"""The report of `grail compare`: statistics over seeds from the finished runs' files, as report.md, report.json
-and PNG plots (grail.analysis.compare.plots) in the comparison's directory.
-
-Reads, for each (arm, seed) run directory `runs/<arm-slug>/seed<s>/`:
-    compare_result.json     the finished marker: the held-out metrics (fractions), per-problem results, timings
-    metrics.jsonl           the training log: `reward` per step (learning curves) and the `weights/*` diagnostics
-    extra_metrics.json      optional {name: number}: any further per-run evaluation (the final model's saliency
-                            AUROC, or any other); tabulated per arm with the same intervals, and paired
-    auroc_checkpoints.json  optional {"N": {name: number}}: the saliency AUROC at checkpoint N (AUROC over training)
-and, in the comparison's directory, auroc_warmstart.json ({arm label: {name: number}}: step 0 of that curve).
-
-Statistics (the unit of replication is the training seed, not the problem; grail.analysis.compare.stats):
-    per arm    mean over seeds ± t_{0.975, S−1} · sd / √S   (Student t-interval over the S per-seed values)
-    paired     d_s = arm_s − reference_s for each seed s both have; the same t-interval over the d_s. The reference
-               is the first arm, or with --sweep the first arm at the same swept value (grail.analysis.compare.sweep)
-    seeds      half-width(S) = t_{0.975, S−1} · sd_d / √S; the S that brings it under d points, and the S that
-               gives 80% power at a true difference d: (t_{0.975, S−1} + t_{0.80, S−1}) · sd_d / √S ≤ d
-With one seed there is no interval (the seed-to-seed spread is unknown); two seeds give one with t = 12.7.
-Plots need matplotlib (Agg backend); without it the report says so and writes no PNG.
+"""The report of `grail compare`: report.json (grail.analysis.compare.summary: statistics over seeds from the
+finished runs' files), report.md (rendered here) and PNG plots (grail.analysis.compare.plots) in the
+comparison's directory. Plots need matplotlib (Agg backend); without it the report says so and writes no PNG.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from grail.analysis.compare.plots import POSITION_KEYS, SWEEP_EXTRA, WEIGHT_KEYS, write_plots
-from grail.analysis.compare.stats import LEVEL, POWER, paired_interval, seeds_needed, t_interval, t_quantile
-from grail.analysis.compare.sweep import Layout, layout
+from grail.analysis.compare.summary import (
+    CHECKPOINT_AUROC_FILE,
+    EXTRA_METRICS_FILE,
+    LAST_STEPS,
+    RESOLVE_POINTS,
+    SEED_COUNTS,
+    load_runs,
+    summarize,
+    warm_auroc,
+)
 
-__all__ = ["CHECKPOINT_AUROC_FILE", "EXTRA_METRICS_FILE", "RESULT_FILE", "WARMSTART_AUROC_FILE", "WEIGHT_KEYS",
-           "load_runs", "run_path", "summarize", "warm_auroc", "write_report"]
-
-RESULT_FILE = "compare_result.json"  # written last by a run: its presence means finished
-EXTRA_METRICS_FILE = "extra_metrics.json"
-CHECKPOINT_AUROC_FILE = "auroc_checkpoints.json"  # per run: {"N": {name: value}} (grail.analysis.compare.run)
-# per comparison: {arm label: {name: value}} (grail.analysis.compare.plan)
-WARMSTART_AUROC_FILE = "auroc_warmstart.json"
-RESOLVE_POINTS = (1.0, 2.0, 5.0)  # differences (points) the seeds-needed table is given for
-SEED_COUNTS = (2, 3, 5, 10, 20, 50)
-COMPLETION_KEYS = ("completions/mean_length", "completions/clipped_ratio")  # TRL's logged completion statistics
-LAST_STEPS = 10
-
-
-def run_path(out_dir: str | Path, slug: str, seed: int) -> Path:
-    """The run directory of one (arm, seed)."""
-    return Path(out_dir) / "runs" / slug / f"seed{seed}"
-
-
-# ---- reading the runs ----------------------------------------------------------------------------------------
-
-@dataclass
-class RunData:
-    arm: str
-    seed: int
-    path: Path
-    result: dict | None  # compare_result.json, None while unfinished
-    log: list[dict]  # metrics.jsonl lines
-    extra: dict[str, float]
-    auroc_steps: dict[int, dict[str, float]] = field(default_factory=dict)  # step → name → AUROC (0: warm start)
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    lines = []
-    for line in path.read_text().splitlines():
-        try:
-            lines.append(json.loads(line))
-        except ValueError:
-            continue  # a torn last line of a killed run
-    return lines
-
-
-def _numbers(path: Path, data) -> dict[str, float]:
-    bad = [k for k, v in data.items() if not isinstance(v, int | float) or isinstance(v, bool)]
-    if bad:
-        raise ValueError(f"{path}: {bad[0]!r} is not a number; the file must map names to numbers. Delete the file "
-                         f"and rerun the command to recompute it.")
-    return data
-
-
-def warm_auroc(out_dir: Path, arms: list[str]) -> dict[str, dict[str, float]]:
-    """auroc_warmstart.json as {arm label: {name: value}}; the flat {name: value} of earlier versions (one warm start
-    for every arm) applies to every arm."""
-    path = out_dir / WARMSTART_AUROC_FILE
-    data = json.loads(path.read_text()) if path.is_file() else {}
-    if data and not any(isinstance(v, dict) for v in data.values()):
-        data = {arm: data for arm in arms}
-    return {arm: _numbers(path, v) for arm, v in data.items() if arm in arms and isinstance(v, dict)}
-
-
-def load_runs(out_dir: str | Path, plan: dict) -> list[RunData]:
-    """Every (arm, seed) of the plan with whatever its directory holds."""
-    out_dir = Path(out_dir)
-    warm = warm_auroc(out_dir, [a["label"] for a in plan["arms"]])
-    runs = []
-    for arm in plan["arms"]:
-        for seed in range(plan["seeds"]):
-            path = run_path(out_dir, arm["slug"], seed)
-            result_file, extra_file = path / RESULT_FILE, path / EXTRA_METRICS_FILE
-            result = json.loads(result_file.read_text()) if result_file.is_file() else None
-            extra = _numbers(extra_file, json.loads(extra_file.read_text())) if extra_file.is_file() else {}
-            steps_file = path / CHECKPOINT_AUROC_FILE
-            steps = {int(k): _numbers(steps_file, v) for k, v in
-                     (json.loads(steps_file.read_text()) if steps_file.is_file() else {}).items()}
-            if steps and arm["label"] in warm:
-                steps[0] = warm[arm["label"]]
-            runs.append(RunData(arm["label"], seed, path, result, _read_jsonl(path / "metrics.jsonl"), extra,
-                                dict(sorted(steps.items()))))
-    return runs
-
-
-def _key_mean(log: list[dict], key: str, last: int | None = None) -> float | None:
-    """Mean of `key` over the log lines that hold it (the last `last` of them, if given)."""
-    values = [line[key] for line in log if isinstance(line.get(key), int | float)]
-    values = values[-last:] if last else values
-    return sum(values) / len(values) if values else None
-
-
-# ---- statistics ----------------------------------------------------------------------------------------------
-
-def _per_arm(runs: list[RunData], arms: list[str], value_of) -> dict[str, dict[int, float]]:
-    """arm → {seed: value} over the runs where value_of(run) is a number."""
-    table: dict[str, dict[int, float]] = {arm: {} for arm in arms}
-    for run in runs:
-        value = value_of(run)
-        if value is not None:
-            table[run.arm][run.seed] = float(value)
-    return table
-
-
-def _stats(table: dict[str, dict[int, float]], arms: list[str], lay: Layout) -> dict:
-    """Per-arm intervals and paired differences against each arm's reference, JSON-ready."""
-    return {"per_arm": {arm: {**asdict(t_interval(list(table[arm].values()))), "seeds": sorted(table[arm])}
-                        for arm in arms},
-            "paired": {arm: {**asdict(paired_interval(table[lay.baseline[arm]], table[arm])),
-                             "seeds": sorted(set(table[lay.baseline[arm]]) & set(table[arm])), "reference":
-                             lay.baseline[arm]} for arm in lay.paired}}
-
-
-def _auroc_training(runs: list[RunData], arms: list[str]) -> dict:
-    """name → arm → step → {n, mean, min, max} over the seeds that have the AUROC at that step."""
-    out: dict = {}
-    for run in runs:
-        for step, values in run.auroc_steps.items():
-            for name, value in values.items():
-                out.setdefault(name, {arm: {} for arm in arms})[run.arm].setdefault(str(step), []).append(value)
-    return {name: {arm: {step: {"n": len(v), "mean": sum(v) / len(v), "min": min(v), "max": max(v)}
-                         for step, v in sorted(steps.items(), key=lambda item: int(item[0]))}
-                   for arm, steps in by_arm.items()} for name, by_arm in out.items()}
-
-
-def summarize(plan: dict, runs: list[RunData]) -> dict:
-    """The content of report.json (see the module docstring for the statistics)."""
-    arms = [a["label"] for a in plan["arms"]]
-    lay = layout(plan)
-    finished = [r for r in runs if r.result is not None]
-    metric_names = list(dict.fromkeys(k for r in finished for k in r.result["metrics"]))
-    extra_names = list(dict.fromkeys(k for r in finished for k in r.extra))
-    metrics = {m: _stats(_per_arm(finished, arms, lambda r, m=m: r.result["metrics"].get(m)), arms, lay)
-               for m in metric_names}
-    extra = {m: _stats(_per_arm(finished, arms, lambda r, m=m: r.extra.get(m)), arms, lay)
-             for m in extra_names}
-    weights = {k: _stats(_per_arm(finished, arms, lambda r, k=k: _key_mean(r.log, k)), arms, lay)["per_arm"]
-               for k in (*WEIGHT_KEYS, *POSITION_KEYS)}
-    completions = {f"{k}{suffix}": _stats(_per_arm(finished, arms, lambda r, k=k, n=n: _key_mean(r.log, k, n)), arms,
-                                          lay)["per_arm"]
-                   for k in COMPLETION_KEYS for suffix, n in (("", None), (f" (last {LAST_STEPS} steps)", LAST_STEPS))}
-    timing = {k: _stats(_per_arm([r for r in finished if not r.result.get("resumed")], arms,
-                                 lambda r, k=k: r.result.get(k)), arms, lay)["per_arm"]
-              for k in ("train_seconds", "seconds_per_step", "eval_seconds")}
-    primary = plan["protocol"]["primary"]
-    resolution = {}
-    if primary in metrics:
-        for arm, d in metrics[primary]["paired"].items():
-            if d["sd"] is None:
-                continue
-            sd_points = 100 * d["sd"]
-            resolution[arm] = {
-                "sd_of_differences_points": sd_points,
-                "half_width_points": {str(s): t_quantile((1 + LEVEL) / 2, s - 1) * sd_points / math.sqrt(s)
-                                      for s in SEED_COUNTS},
-                "seeds_for_half_width": {f"{p:g}": seeds_needed(sd_points, p) for p in RESOLVE_POINTS},
-                "seeds_for_80pct_power": {f"{p:g}": seeds_needed(sd_points, p, power=POWER) for p in RESOLVE_POINTS},
-            }
-    return {
-        "arms": arms, "seeds": plan["seeds"], "level": LEVEL,
-        "interval": "Student t over seeds: mean ± t_{0.975, S-1} · sd / sqrt(S); paired: the same over per-seed "
-                    "differences from each arm's reference (the first arm; with --sweep, the first arm at the same "
-                    "swept value)",
-        "protocol": plan["protocol"], "seed_fields": plan.get("seed_fields", []),
-        "runs": [{"arm": r.arm, "seed": r.seed, "run_dir": str(r.path), "finished": r.result is not None}
-                 for r in runs],
-        "metrics": metrics, "extra_metrics": extra, "weights": weights, "completions": completions, "timing": timing,
-        "primary_metric": primary, "resolution": resolution, "reference": lay.baseline,
-        "sweep": None if lay.field is None else {"field": lay.field, "values": list(lay.values),
-                                                 "series": lay.series},
-        "auroc_training": _auroc_training(runs, arms),
-    }
+__all__ = ["WEIGHT_KEYS", "render_markdown", "write_report"]
 
 
 # ---- markdown --------------------------------------------------------------------------------------------------

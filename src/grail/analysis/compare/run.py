@@ -1,5 +1,5 @@
 """One run of `grail compare`: its config, its training (or resumption), its evaluation and its per-run metrics,
-in the run directory `runs/<arm-slug>/seed<s>/` (grail.analysis.compare.report.run_path). grail.analysis.compare.plan
+in the run directory `runs/<arm-slug>/seed<s>/` (grail.analysis.compare.summary.run_path). grail.analysis.compare.plan
 plans the runs and schedules them, in this process or in worker processes; each calls `run_one`.
 
 What a run writes besides the training run's own files (grail.training.run), in this order:
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from grail.analysis.compare.auroc import run_auroc
-from grail.analysis.compare.report import CHECKPOINT_AUROC_FILE, EXTRA_METRICS_FILE, RESULT_FILE, run_path
+from grail.analysis.compare.summary import CHECKPOINT_AUROC_FILE, EXTRA_METRICS_FILE, RESULT_FILE, run_path
 from grail.options.checkpoint_dirs import checkpoint_dirs
 from grail.training.config import GRAILConfig
 from grail.training.overrides import build_config
