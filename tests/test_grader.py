@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from grail.evaluation import grader
+from grail.evaluation import grader, grading_workers
 from grail.evaluation.grader import GradeResult, GradingPool, grade, grade_many
 from grail.evaluation.reference_text import gold_latex
 
@@ -331,13 +331,13 @@ def test_the_default_number_of_grading_processes_is_capped(monkeypatch):
 def test_a_pool_starts_no_more_processes_than_it_has_items(monkeypatch):
     """A 6-slot pool handed 2 items starts 2 processes (it used to start all 6: one per core on a 96-core node)."""
     spawned = []
-    real = grader._Worker.__init__
+    real = grading_workers._Worker.__init__
 
     def counting(self):
         spawned.append(1)
         real(self)
 
-    monkeypatch.setattr(grader._Worker, "__init__", counting)
+    monkeypatch.setattr(grading_workers._Worker, "__init__", counting)
     completions, references = ["\\boxed{2}", "\\boxed{3}"], ["2", "4"]
     with GradingPool(6) as pool:
         assert [r.correct for r in pool.grade_many(completions, references)] == [True, False]
