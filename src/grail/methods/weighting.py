@@ -26,6 +26,7 @@ from grail.methods.spans import AnswerSpans, answer_spans
 from grail.methods.table import (
     METHODS,
     PIPELINES,
+    MethodSpec,
     ProbeBatch,
     TokenWeights,
     core,
@@ -44,17 +45,28 @@ def batch_spans(tokenizer, completion_ids_BT: torch.Tensor, mask_BT: torch.Tenso
     return answer_spans(tokenizer, completion_ids_BT, mask_BT, box=options.answer_box)
 
 
+def _spec_of(options: WeightingOptions, spec: MethodSpec | None) -> MethodSpec:
+    """The method's table entry: `spec` when the caller looked it up already (once per batch), else from the table."""
+    if spec is None:
+        return method_spec(options.token_weighting)
+    if spec.name != options.token_weighting:
+        raise ValueError(f"spec {spec.name!r} does not match token_weighting={options.token_weighting!r}")
+    return spec
+
+
 def probe_rows(adv_B: torch.Tensor, spans: AnswerSpans, mask_BT: torch.Tensor,
-               options: WeightingOptions) -> torch.Tensor:
-    """(B,) bool: rows whose weights can change the loss, the only rows a probe needs to run on."""
-    return probed_rows(method_spec(options.token_weighting), adv_B, spans, mask_BT, options)
+               options: WeightingOptions, spec: MethodSpec | None = None) -> torch.Tensor:
+    """(B,) bool: rows whose weights can change the loss, the only rows a probe needs to run on. `spec`: the
+    method's `METHODS` entry, when the caller has it (None: looked up from `options.token_weighting`)."""
+    return probed_rows(_spec_of(options, spec), adv_B, spans, mask_BT, options)
 
 
 def run_probe(model, input_ids_BL: torch.Tensor, attention_mask_BL: torch.Tensor, spans: AnswerSpans,
               mask_BT: torch.Tensor, rows_B: torch.Tensor, options: WeightingOptions,
-              generator: torch.Generator | None = None) -> torch.Tensor:
-    """The method's per-token signal (B, T) on `rows_B` (other rows 0), computed on those rows only."""
-    spec = method_spec(options.token_weighting)
+              generator: torch.Generator | None = None, spec: MethodSpec | None = None) -> torch.Tensor:
+    """The method's per-token signal (B, T) on `rows_B` (other rows 0), computed on those rows only. `spec`: as
+    for `probe_rows`."""
+    spec = _spec_of(options, spec)
     if spec.probe is None:
         raise ValueError(f"token_weighting={spec.name!r} has no probe")
     index = rows_B.nonzero().squeeze(1)
@@ -68,12 +80,14 @@ def run_probe(model, input_ids_BL: torch.Tensor, attention_mask_BL: torch.Tensor
 
 def weights_from_signal(signal_BT: torch.Tensor, adv_B: torch.Tensor, spans: AnswerSpans, mask_BT: torch.Tensor,
                         rows_B: torch.Tensor, options: WeightingOptions,
-                        generator: torch.Generator | None = None, min_importance: float = 0.0) -> TokenWeights:
+                        generator: torch.Generator | None = None, min_importance: float = 0.0,
+                        spec: MethodSpec | None = None) -> TokenWeights:
     """Turn a probe's signal into weights with the method's pipeline (pure tensor code). `min_importance`: the
     signal's rounding floor (`MethodSpec.min_importance`; 0 for methods without one). With
     `weight_rescale="row_mean"`, the pipeline's final weights (overrides and the random control's permutation
-    done) are divided by their row mean (`grail.methods.core.row_mean_rescaled`), whatever the method."""
-    spec = method_spec(options.token_weighting)
+    done) are divided by their row mean (`grail.methods.core.row_mean_rescaled`), whatever the method. `spec`: as
+    for `probe_rows`."""
+    spec = _spec_of(options, spec)
     # Rows not probed get a constant signal: the weights the method gives a row with no information.
     signal_BT = torch.where(rows_B[:, None], signal_BT.float(), torch.ones_like(signal_BT, dtype=torch.float32))
     result = PIPELINES[spec.pipeline](spec, signal_BT, adv_B, spans, mask_BT, rows_B, options, generator,
@@ -87,7 +101,7 @@ def token_weights(model, tokenizer, input_ids_BL: torch.Tensor, attention_mask_B
                   mask_BT: torch.Tensor, adv_B: torch.Tensor, options: WeightingOptions, *,
                   spans: AnswerSpans | None = None, signal_BT: torch.Tensor | None = None,
                   generator: torch.Generator | None = None,
-                  any_process: Callable[[bool], bool] = bool) -> TokenWeights:
+                  any_process: Callable[[bool], bool] = bool, spec: MethodSpec | None = None) -> TokenWeights:
     """Weights for one batch in TRL's layout (prompt left-padded, completion right-padded after it).
 
     Args:
@@ -104,13 +118,15 @@ def token_weights(model, tokenizer, input_ids_BL: torch.Tensor, attention_mask_B
         any_process: reduces a local bool over all processes (the trainer passes an all-gather). If no row
             needs the probe on any process, the probe is skipped; if another process needs it, this one runs
             it too (on its own rows, result unused), so sharded models run the same collectives everywhere.
+        spec: the method's `METHODS` entry (the trainer passes the one it looked up when built); None looks it up
+            from `options.token_weighting`, once for the whole batch.
     Returns:
         `TokenWeights`; `weights_BT` is (B, T) float32, detached, 0 on padding.
     """
     start = time.perf_counter()
     if spans is None:
         spans = batch_spans(tokenizer, input_ids_BL[:, -mask_BT.shape[1]:], mask_BT, options)
-    spec = method_spec(options.token_weighting)
+    spec = _spec_of(options, spec)
     rows_B = probed_rows(spec, adv_B, spans, mask_BT, options)
     path = "none"
     if spec.probe is not None and signal_BT is None:
@@ -119,7 +135,7 @@ def token_weights(model, tokenizer, input_ids_BL: torch.Tensor, attention_mask_B
             run_rows = rows_B if local_any else mask_BT.any(1)
             run_spans = spans if local_any else spans._replace(answer_BT=mask_BT, box_BT=mask_BT)  # something to probe
             signal_BT = run_probe(model, input_ids_BL, attention_mask_BL, run_spans, mask_BT, run_rows, options,
-                                  generator)
+                                  generator, spec)
             path = "separate"
         else:
             path = "skipped"
@@ -128,7 +144,7 @@ def token_weights(model, tokenizer, input_ids_BL: torch.Tensor, attention_mask_B
     if signal_BT is None:
         signal_BT = torch.zeros(mask_BT.shape, dtype=torch.float32, device=mask_BT.device)
     floor = spec.min_importance(model, options) if spec.min_importance is not None else 0.0
-    result = weights_from_signal(signal_BT, adv_B, spans, mask_BT, rows_B, options, generator, floor)
+    result = weights_from_signal(signal_BT, adv_B, spans, mask_BT, rows_B, options, generator, floor, spec)
     result.path, result.seconds = path, time.perf_counter() - start
     return result
 

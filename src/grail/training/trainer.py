@@ -232,7 +232,7 @@ class GRAILTrainer(GRPOTrainer):
             with self._probe_context(unwrapped):
                 weights = token_weights(unwrapped, self.tokenizer, input_ids_BL, attention_mask_BL, mask_BT, adv_B,
                                         self.weighting, spans=spans, generator=self._generator,
-                                        any_process=self._any_process)
+                                        any_process=self._any_process, spec=self.method)
         return super()._compute_loss(model, {**inputs, "advantages": self._token_advantages(adv_B, mask_BT, weights)})
 
     @contextmanager
@@ -263,7 +263,7 @@ class GRAILTrainer(GRPOTrainer):
     def _fused_weights(self, trl_forward, call_inputs, adv_B, mask_BT, spans, model, input_ids, attention_mask,
                        logits_to_keep, *args, **kwargs):
         options = self.weighting
-        rows_B = probe_rows(adv_B, spans, mask_BT, options)
+        rows_B = probe_rows(adv_B, spans, mask_BT, options, spec=self.method)
         need_grad = self.method.fuse == "saliency" and bool(rows_B.any())
         captured: list[torch.Tensor] = []
         handle = None
@@ -297,7 +297,7 @@ class GRAILTrainer(GRPOTrainer):
         else:
             signal_BT = torch.zeros_like(logps_BT, dtype=torch.float32)
         weights = token_weights(None, self.tokenizer, input_ids, attention_mask, mask_BT, adv_B, options,
-                                spans=spans, signal_BT=signal_BT, generator=self._generator)
+                                spans=spans, signal_BT=signal_BT, generator=self._generator, spec=self.method)
         weights.seconds += time.perf_counter() - start
         call_inputs["advantages"] = self._token_advantages(adv_B, mask_BT, weights)
         call_inputs.written = True
@@ -324,7 +324,7 @@ class GRAILTrainer(GRPOTrainer):
                 parts.append(token_weights(
                     model, self.tokenizer, input_ids_BL[rows], attention_mask_BL[rows], mask_BT[rows],
                     batch["advantages"][rows], self.weighting, spans=AnswerSpans(*(s[rows] for s in spans)),
-                    generator=self._generator, any_process=self._any_process))
+                    generator=self._generator, any_process=self._any_process, spec=self.method))
         merged = TokenWeights.concat(parts, path="rollout")
         self._metric_lists(self._mode())["weights/seconds"].append(merged.seconds)
         return merged

@@ -204,13 +204,13 @@ def _explain_group(model, tokenizer, row_index: int, prompt_ids: list[int], comp
     spans = batch_spans(tokenizer, ids_BL[:, S:], mask_BT, options)
     per_method = {}
     for name in methods:
-        opts = replace(options, token_weighting=name)
-        rows_B = probe_rows(adv_B, spans, mask_BT, opts)
+        opts, spec = replace(options, token_weighting=name), method_spec(name)
+        rows_B = probe_rows(adv_B, spans, mask_BT, opts, spec)
         signal_BT = None
-        if method_spec(name).probe is not None and bool(rows_B.any()):
-            signal_BT = run_probe(model, ids_BL, attention_BL, spans, mask_BT, rows_B, opts, generator)
+        if spec.probe is not None and bool(rows_B.any()):
+            signal_BT = run_probe(model, ids_BL, attention_BL, spans, mask_BT, rows_B, opts, generator, spec)
         out = token_weights(model, tokenizer, ids_BL, attention_BL, mask_BT, adv_B, opts, spans=spans,
-                            signal_BT=signal_BT, generator=generator)
+                            signal_BT=signal_BT, generator=generator, spec=spec)
         sums[name] = _pool(sums.get(name), weight_sums(
             out.weights_BT, adv_B, out.weights_BT * adv_B[:, None], mask_BT, out.reasoning_BT, out.normalised_BT,
             weight_min=opts.weight_min, weight_max=opts.weight_max, num_bins=NUM_BINS))

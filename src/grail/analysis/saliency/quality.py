@@ -209,12 +209,12 @@ def saliency_auroc(model, tokenizer, rows: Sequence[dict], methods: Sequence[str
                 opts = replace(options.weighting, token_weighting=m)
                 if spec.probe not in probed:
                     probed[spec.probe] = run_probe(model, ids_BL, attn_BL, spans, mask_BT, mask_BT.any(1), opts,
-                                                   generators[m])
+                                                   generators[m], spec)
                 signal_BT = probed[spec.probe]
-                rows_B = probe_rows(adv_B, spans, mask_BT, opts)
+                rows_B = probe_rows(adv_B, spans, mask_BT, opts, spec)
                 floor = spec.min_importance(model, opts) if spec.min_importance is not None else 0.0
                 weights_BT = weights_from_signal(signal_BT, adv_B, spans, mask_BT, rows_B, opts, generators[m],
-                                                 floor).weights_BT
+                                                 floor, spec).weights_BT
                 if spec.permutes:  # the random control: its own signal is a random score, not GRAIL's saliency
                     signal_BT = torch.rand(mask_BT.shape, generator=generators[m], device=device)
                 for part, values_BT, keep_BT in (("signal", signal_BT, scored_BT),
