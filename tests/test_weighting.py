@@ -110,3 +110,20 @@ def test_a_process_with_nothing_to_probe_still_runs_the_probe_when_another_needs
 def test_bad_options_name_the_field(bad, named):
     with pytest.raises(ValueError, match=named):
         WeightingOptions(**bad)
+
+
+def test_the_method_is_looked_up_once_per_batch(model, tokenizer, monkeypatch):
+    """token_weights looks the method's table entry up once and hands it down (probe, pipeline); a caller that holds
+    the entry (the trainer) passes it and no lookup happens at all. A spec of another method is refused."""
+    prompt_ids, prompt_mask, completion_ids, completion_mask, adv = _batch(tokenizer)
+    ids, attn = torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1)
+    lookups = []
+    real = weighting.method_spec
+    monkeypatch.setattr(weighting, "method_spec", lambda name: lookups.append(name) or real(name))
+    options = WeightingOptions(token_weighting="grail", rollout_symmetry="both")
+    token_weights(model, tokenizer, ids, attn, completion_mask.bool(), adv, options)
+    assert lookups == ["grail"]
+    token_weights(model, tokenizer, ids, attn, completion_mask.bool(), adv, options, spec=real("grail"))
+    assert lookups == ["grail"]
+    with pytest.raises(ValueError, match="does not match"):
+        token_weights(model, tokenizer, ids, attn, completion_mask.bool(), adv, options, spec=real("oar_g"))

@@ -4,9 +4,9 @@ A page asks for generated content with a marker line, which `on_page_markdown` r
 
     <!-- grail:config-fields [only="SECTION"] [skip="SECTION"] -->   GRAILFields, from each field's help
     <!-- grail:cli -->                                               the argparse parsers of grail.cli
-    <!-- grail:presets -->                                           grail.options.presets.PRESETS, as `grail presets`
-    prints <!-- grail:layers -->                                            LAYERS of tests/test_layers.py, module
-    docstrings <!-- grail:scripts -->                                           the perf/ scripts, from their docstrings
+    <!-- grail:presets -->                                           PRESETS of grail.options.presets
+    <!-- grail:layers -->                                            LAYERS of tests/test_layers.py, the folders
+    <!-- grail:scripts -->                                           the perf/ scripts, from their docstrings
 
 Only light imports: `grail.options.fields` and `grail.cli` load neither torch nor TRL (tests/test_layers.py checks it),
 and the layer table is read from the test file with `ast`, never imported. `generated(name, **args)` is what

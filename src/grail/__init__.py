@@ -1,5 +1,12 @@
 """grail-rl: GRPO with token-level credit assignment on top of TRL.
 
+The package's public names, importable from `grail` itself (each loaded on first use, so `import grail` stays light):
+the functional API (`grail_weights`, `oar_g_weights`, `oar_p_weights`, `random_weights`, `entropy_weights`,
+`token_weights`, ...; grail.methods.weighting), `WeightingOptions` (grail.options.choices), the method table
+`METHODS` and `TokenWeights` (grail.methods.table), `GRAILConfig` and `GRAILTrainer` (grail.training, TRL).
+The folders are the layers, bottom to top: tasks, options, models | methods | evaluation, training, analysis
+(saliency, explain, compare), and the command line (grail.cli); docs/reference/layers.md shows them.
+
 Shape letters, one legend for the whole package (suffixes on tensor names, e.g. `weights_BT`, `logits_NV`):
     B  rows of a training batch: completions (G per prompt, each group contiguous)
     T  completion tokens (the right-padded completion block)
@@ -7,7 +14,34 @@ Shape letters, one legend for the whole package (suffixes on tensor names, e.g. 
     D  hidden size              V  vocabulary
     N  items flattened from several rows, or samples per problem    C  copies of a row (OAR-P's perturbed copies)
     P  problems of a benchmark  R  bootstrap resamples     M  metrics stacked together   K  values of k (pass@k)
-Masks are bool with True = real token. docs/reference/layers.md shows the layers.
+Masks are bool with True = real token.
 """
 
+import importlib
+
 __version__ = "0.1.0"
+
+# public name → the module that defines it
+_EXPORTS = {
+    **{name: "grail.methods.weighting" for name in (
+        "METHOD_FUNCTIONS", "batch_spans", "entropy_weights", "grail_weights", "oar_g_weights", "oar_p_weights",
+        "probe_rows", "random_weights", "run_probe", "token_weights", "weights_from_signal")},
+    "METHODS": "grail.methods.table",
+    "TokenWeights": "grail.methods.table",
+    "WeightingOptions": "grail.options.choices",
+    "GRAILConfig": "grail.training.config",
+    "GRAILTrainer": "grail.training.trainer",
+}
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value  # once
+        return value
+    raise AttributeError(f"module 'grail' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

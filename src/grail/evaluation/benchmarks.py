@@ -39,8 +39,7 @@ Their schemas differ; each row is normalised to a ``Problem`` as follows (field 
 7. Each Problem also carries ``release_answer``, the reference as the release's scoring reads the raw row
    (`release_reference`), used only by ``grail eval --scoring release``.
 8. "synthetic" is the embedded task's held-out split (grail.tasks.synthetic.SyntheticSet), with the default task
-settings
-   or a training run's own (``synthetic_set``). Its problem is the task's prompt ("Q: 7+5*3\nA:"),
+   settings or a training run's own (``synthetic_set``). Its problem is the task's prompt ("Q: 7+5*3\nA:"),
    which already carries the task's format; ``data_dir`` and the Hub play no part. "synthetic_words" is its word
    style's held-out split (grail.tasks.word_problems: the run's when the run uses that style, else WORDS_SET), whose
    problems are chat messages (worked examples as earlier turns), rendered with the model's chat template.

@@ -114,11 +114,10 @@ def grader_check(data_dir: str | Path, benchmarks: Sequence[str] | None = None, 
 
 def reference_parses(problems) -> dict:
     """How math-verify reads each problem's reference (`grail.evaluation.grader.reference_parse`), before grail's
-    normalisation ("\\boxed{" + answer + "}") and after it (`gold_latex`, what the grader parses): {"before": {kind:
-    count},
-    "after": {kind: count}, "listed": [{"id", "reference", "before", "after", "extracted"}]}, listing every
-    reference that is not "math" before or after (a text fallback or a partial parse; "extracted": the text
-    math-verify kept, after normalisation)."""
+    normalisation ("\\boxed{" + answer + "}") and after it (`gold_latex`, what the grader parses):
+    {"before": {kind: count}, "after": {kind: count}, "listed": [{"id", "reference", "before", "after", "extracted"}]},
+    listing every reference that is not "math" before or after (a text fallback or a partial parse; "extracted": the
+    text math-verify kept, after normalisation)."""
     counts: dict[str, dict[str, int]] = {"before": dict.fromkeys(PARSE_KINDS, 0),
                                          "after": dict.fromkeys(PARSE_KINDS, 0)}
     listed = []

@@ -71,8 +71,7 @@ class EvalSpec:
 
     def load_benchmarks(self, synthetic_set: SyntheticSet | None = None) -> list[LoadedBenchmark]:
         """The problems this spec names (grail.evaluation.benchmarks.load_benchmarks with its data, size and subset
-        settings);
-        `synthetic_set`: see grail.evaluation.benchmarks.load_benchmark."""
+        settings); `synthetic_set`: see grail.evaluation.benchmarks.load_benchmark."""
         return load_benchmarks(self.benchmarks, data_dir=self.data_dir, size=self.size, seed=self.subset_seed,
                                release_subsets_dir=self.release_subsets_dir, synthetic_set=synthetic_set)
 

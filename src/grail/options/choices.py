@@ -2,10 +2,10 @@
 token-weighting options (`WeightingOptions`) and the tiny model's warm-start settings (`WarmStartConfig`).
 `grail.options.fields.GRAILFields` (the fields `GRAILConfig` adds to TRL's) builds on them.
 
-This module is the bottom layer of the package (docs/reference/layers.md): it imports nothing heavier than the
-standard library and the torch-free `grail.tasks.arithmetic` / `grail.options.sampling` defaults, so that `grail
---help`, `grail presets`, the config loader's checks and the evaluation layer can read options without loading torch,
-transformers or TRL.
+This module sits at the bottom of the package (docs/reference/layers.md): it imports nothing heavier than the
+standard library and the torch-free `grail.tasks.arithmetic` / `grail.options.sampling` defaults, so that
+`grail --help`, `grail presets`, the config loader's checks and the evaluation layer can read options without
+loading torch, transformers or TRL.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ Run directory (`output_dir`):
     checkpoint-N/         TRL checkpoints every `save_steps`, marked complete once fully saved (grail.training.resume)
     resumed.jsonl         one line per resume (`--resume_from_checkpoint`): from which checkpoint, at which step
     eval/checkpoint-N/    benchmark evaluation of each checkpoint when `eval_benchmarks` is set
-    (grail.evaluation.harness) final/                the trained model and tokenizer, loadable with
-    `from_pretrained(path)`, and
+                          (grail.evaluation.harness)
+    final/                the trained model and tokenizer, loadable with `from_pretrained(path)`, and
                           grail_prompt.json, the prompt format it was trained with (read by `grail eval`)
 """
 

@@ -178,10 +178,9 @@ def run_one(plan: dict, out_dir: str | Path, slug: str, seed: int, log: Log = pr
 
 def checkpoint_auroc(plan: dict, out_dir: str | Path, slug: str, seed: int, log: Log = print) -> dict[str, dict]:
     """The saliency AUROC (grail.analysis.compare.auroc, the plan's auroc_rows) of every complete checkpoint-N of one
-    run, as
-    {"N": {name: value}}, written to its auroc_checkpoints.json; checkpoints already there are not recomputed, so a
-    run that finished before this file existed gets it on the comparison's next rerun. Only the checkpoints still on
-    disk: with save_total_limit, the earlier ones were deleted during training."""
+    run, as {"N": {name: value}}, written to its auroc_checkpoints.json; checkpoints already there are not
+    recomputed, so a run that finished before this file existed gets it on the comparison's next rerun. Only the
+    checkpoints still on disk: with save_total_limit, the earlier ones were deleted during training."""
     arm = next(a for a in plan["arms"] if a["slug"] == slug)
     run_dir = run_path(out_dir, slug, seed)
     path = run_dir / CHECKPOINT_AUROC_FILE

@@ -246,9 +246,8 @@ def explain(model, tokenizer, rows: Sequence[ExplainRow], methods: Sequence[str]
         sampling: the rollout settings; `sampling.n` completions per row that has none given.
         seed: sampling seed of row i is seed + i; the probes' generator (random permutation, OAR-G noise) is
             seeded with `seed`.
-        reward_fn: TRL's reward-function contract (`grail.evaluation.rewards`); grades every completion against its
-        row's
-            answer. scale_rewards: TRL's `scale_rewards` (`group_advantages`).
+        reward_fn: TRL's reward-function contract (`grail.evaluation.rewards`); grades every completion against
+            its row's answer. scale_rewards: TRL's `scale_rewards` (`group_advantages`).
         advantage: every completion's A; None = the graded group advantages (then every row needs an answer).
     """
     if not methods:

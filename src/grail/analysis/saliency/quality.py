@@ -21,7 +21,7 @@ What is measured, per example (`prompt`, `solution`, `critical_spans`, `filler_s
      (before the answer box, `grail.methods.spans.AnswerSpans.reasoning_BT`) are scored: weights in and after the box
      are fixed by GRAIL's overrides, not by saliency.
   3. Per method (`grail.methods.table.METHODS`, run through `grail.methods.weighting.run_probe` /
-  `weights_from_signal`):
+     `weights_from_signal`):
      - "signal": the method's probe output on every trace (both advantage signs): GRAIL's saliency, OAR's
        importance, the entropy. For `random` the signal is a seeded uniform random score (its probe is GRAIL's
        saliency, which is not what the control ranks tokens by): the expected AUROC is 0.5.
