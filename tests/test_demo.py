@@ -14,7 +14,7 @@ from grail.evaluation.scores import Estimate
 from grail.options.presets import TINY_CPU
 from grail.options.prompts import PAPER_PROMPT_SUFFIX
 from grail.options.sampling import HFSampler, SamplingParams
-from grail.training import demo
+from grail.training import demo, heldout
 from grail.training.overrides import build_config, merge
 from grail.training.run import TrainResult
 
@@ -41,7 +41,7 @@ def untrained_demo(monkeypatch, tiny_dir):
         trained.append(cfg.token_weighting)
         return TrainResult(cfg.output_dir, tiny_dir, steps=0, train_seconds=0.0, seconds_per_step=0.0)
 
-    monkeypatch.setattr(demo, "HFSampler", SpySampler)
+    monkeypatch.setattr(heldout, "HFSampler", SpySampler)  # the held-out evaluations of grail.training.heldout
     monkeypatch.setattr(demo, "resolve_model_path", lambda cfg, log: str(tiny_dir))
     monkeypatch.setattr(demo, "train", fake_train)
     return prompts, trained

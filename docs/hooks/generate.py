@@ -6,6 +6,7 @@ A page asks for generated content with a marker line, which `on_page_markdown` r
     <!-- grail:cli -->                                               the argparse parsers of grail.cli
     <!-- grail:presets -->                                           PRESETS of grail.options.presets
     <!-- grail:layers -->                                            LAYERS of tests/test_layers.py, the folders
+    <!-- grail:modules -->                                           every module, from its docstring, by layer
     <!-- grail:scripts -->                                           the perf/ scripts, from their docstrings
 
 Only light imports: `grail.options.fields` and `grail.cli` load neither torch nor TRL (tests/test_layers.py checks it),
@@ -80,7 +81,7 @@ def _type_text(hint) -> str:
 
 def _field_sections() -> list[tuple[str, str, list[int]]]:
     """(title, note, first lines of the fields) per `# ---- title (note) ----` comment of GRAILFields."""
-    source = (PACKAGE / "config_fields.py").read_text()
+    source = (PACKAGE / "options" / "fields.py").read_text()
     comments = [(tok.start[0], tok.string) for tok in tokenize.generate_tokens(io.StringIO(source).readline)
                 if tok.type == tokenize.COMMENT and tok.string.startswith("# ----")]
     cls = next(node for node in ast.parse(source).body if isinstance(node, ast.ClassDef) and node.name == "GRAILFields")
@@ -101,7 +102,7 @@ def config_fields(only: str = "", skip: str = "") -> str:
     from grail.options.fields import GRAILFields
 
     hints = typing.get_type_hints(GRAILFields)
-    source = (PACKAGE / "config_fields.py").read_text()
+    source = (PACKAGE / "options" / "fields.py").read_text()
     cls = next(node for node in ast.parse(source).body if isinstance(node, ast.ClassDef) and node.name == "GRAILFields")
     line_of = {node.target.id: node.lineno for node in cls.body if isinstance(node, ast.AnnAssign)}
     by_line = {line_of[f.name]: f for f in dataclasses.fields(GRAILFields)}
@@ -205,34 +206,30 @@ def presets() -> str:
 
 # ----------------------------------------------------------------------------------------------- layers
 
-def _layers() -> tuple[dict[str, list[str]], dict[str, str], set[tuple[str, str]]]:
-    """LAYERS (bottom to top), the comment beside or above each layer, and SIBLINGS, read from the test's source."""
-    source = LAYER_TEST.read_text()
-    tokens = [tok for tok in tokenize.generate_tokens(io.StringIO(source).readline) if tok.type == tokenize.COMMENT]
-    beside = {tok.start[0]: tok.string.lstrip("# ").strip() for tok in tokens}
-    above = {tok.start[0]: tok.string.lstrip("# ").strip() for tok in tokens if tok.line.lstrip().startswith("#")}
-    layers, notes, siblings = {}, {}, set()
-    for node in ast.parse(source).body:
+def _layers() -> tuple[dict[str, str], set[tuple[str, str]]]:
+    """LAYERS (folder → note, bottom to top) and SIBLINGS, read from the test's source."""
+    layers, siblings = {}, set()
+    for node in ast.parse(LAYER_TEST.read_text()).body:
         if not isinstance(node, ast.Assign) or not isinstance(node.targets[0], ast.Name):
             continue
         if node.targets[0].id == "LAYERS":
-            for key, value in zip(node.value.keys, node.value.values, strict=True):
-                name = ast.literal_eval(key)
-                layers[name] = list(ast.literal_eval(value))
-                note = beside.get(value.end_lineno) or above.get(key.lineno - 1)
-                if note:
-                    notes[name] = note
+            layers = ast.literal_eval(node.value)
         elif node.targets[0].id == "SIBLINGS":
             siblings = set(ast.literal_eval(node.value))
-    return layers, notes, siblings
+    return layers, siblings
 
 
-def _module_file(module: str) -> Path | None:
-    base = PACKAGE.joinpath(*module.split("."))
-    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
-        if candidate.is_file():
-            return candidate
-    return None
+def _folder(layer: str) -> Path:
+    return PACKAGE if layer == "grail" else PACKAGE.joinpath(*layer.split("."))
+
+
+def _modules(layer: str) -> list[tuple[str, Path]]:
+    """(dotted name, file) of each module of a layer's folder, the package's own `__init__` first."""
+    folder = _folder(layer)
+    package = "grail" if layer == "grail" else f"grail.{layer}"
+    out = [(package, folder / "__init__.py")] if (folder / "__init__.py").is_file() else []
+    return out + [(f"{package}.{path.stem}", path) for path in sorted(folder.glob("*.py"))
+                  if path.stem not in ("__init__", "__main__")]
 
 
 def _docstring(path: Path | None) -> str:
@@ -242,22 +239,25 @@ def _docstring(path: Path | None) -> str:
 
 
 def layers() -> str:
-    table, notes, siblings = _layers()
-    out = ["| layer | modules | note |", "|---|---|---|"]
-    for name, modules in reversed(table.items()):
-        out.append(f"| **{name}** | {', '.join(_code(m) for m in modules)} | {_escape(notes.get(name, ''))} |")
+    table, siblings = _layers()
+    out = ["| layer (folder) | modules | note |", "|---|---|---|"]
+    for name, note in reversed(table.items()):
+        folder = "src/grail/" + ("" if name == "grail" else name.replace(".", "/") + "/")
+        modules = [dotted.rpartition(".")[2] for dotted, path in _modules(name) if path.name != "__init__.py"]
+        out.append(f"| **{name}** (`{folder}`) | {', '.join(_code(m) for m in modules)} | {_escape(note)} |")
     out.append("")
     for a, b in sorted(siblings):
         out += [f"`{a}` and `{b}` sit side by side: neither may import the other.", ""]
-    out += ["## Modules", "", "Each module's first sentence of its docstring, layer by layer from the top.", "",
-            "| module | layer | what it holds |", "|---|---|---|"]
-    for name, modules in reversed(table.items()):
+    return "\n".join(out)
+
+
+def modules() -> str:
+    """Every module with the first sentence of its docstring, layer by layer from the top."""
+    table, _ = _layers()
+    out = ["| module | layer | what it holds |", "|---|---|---|"]
+    for name in reversed(table):
         layer = f"**{name}**"
-        for module in modules:
-            if module == "__main__":
-                continue
-            path = _module_file(module)
-            dotted = "grail" if module == "__init__" else f"grail.{module}"
+        for dotted, path in _modules(name):
             out.append(f"| `{dotted}` | {layer} | {_escape(_first_sentence(_docstring(path)))} |")
             layer = ""
     return "\n".join(out)
@@ -272,7 +272,8 @@ def scripts() -> str:
 
 # ----------------------------------------------------------------------------------------------- the hook
 
-GENERATORS = {"config-fields": config_fields, "cli": cli, "presets": presets, "layers": layers, "scripts": scripts}
+GENERATORS = {"config-fields": config_fields, "cli": cli, "presets": presets, "layers": layers, "modules": modules,
+              "scripts": scripts}
 
 
 def generated(name: str, **args: str) -> str:

@@ -345,7 +345,7 @@ def load_benchmark(
         size="release" on CollegeMath or OlympiadBench.
     synthetic_set: for "synthetic", the problems a training run uses (`GRAILConfig.synthetic_set()`), so that
         checkpoint evaluation uses the run's own task; None = the default `SyntheticSet`. For "synthetic_words",
-        the same when its style is "words", else the word style's defaults (grail.tasks.word_problems.WORDS_SET).
+        the same when its style is "words", else the word style's defaults (grail.tasks.synthetic.WORDS_SET).
     """
     _check_name(name)
     if data_dir is None and name not in SYNTHETIC_NAMES:

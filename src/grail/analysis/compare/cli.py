@@ -1,4 +1,4 @@
-"""`grail compare`: the command line of grail.analysis.compare.plan (arms × seeds, resumable, a report over seeds).
+"""`grail compare`: the command line of grail.analysis.compare (arms × seeds, resumable, a report over seeds).
 
 `add_parser(sub)` registers the subcommand without importing torch or TRL (so `grail compare --help` is light);
 `run(args, rest)` imports the training layer, validates everything, then trains, evaluates and reports.
