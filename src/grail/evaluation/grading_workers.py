@@ -7,6 +7,7 @@ these names.
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 import os
 import signal
@@ -21,6 +22,8 @@ __all__ = ["default_workers", "GradeResult", "MAX_WORKERS", "Scoring", "WORKER_S
 
 WORKER_START_S = 60  # bound on spawning a worker process and importing math-verify in it
 MAX_WORKERS = 8  # default cap on grading processes: grading keeps up with generation well below it
+# the content graders' module, imported by a worker before it reports ready (by name: it imports this module)
+GRADER_MODULE = "grail.evaluation.grader"
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,7 @@ def _worker_main(conn: Connection) -> None:
     """A worker process: grade (grade_content, content, reference, timeout_s) items on this main thread until told
     to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it then stops the workers
+    importlib.import_module(GRADER_MODULE)  # math-verify loads here, under WORKER_START_S, not an item's deadline
     conn.send("ready")
     while True:
         try:
