@@ -1,9 +1,10 @@
 """grail-rl: GRPO with token-level credit assignment on top of TRL.
 
 The package's public names, importable from `grail` itself (each loaded on first use, so `import grail` stays light):
-the functional API (`grail_weights`, `oar_g_weights`, `oar_p_weights`, `random_weights`, `entropy_weights`,
-`token_weights`, ...; grail.methods.weighting), `WeightingOptions` (grail.options.choices), the method table
-`METHODS` and `TokenWeights` (grail.methods.table), `GRAILConfig` and `GRAILTrainer` (grail.training, TRL).
+the functional API (`weights_for(method, ...)`, `<method>_weights` for every method with a probe such as
+`grail_weights`, `token_weights`, ...; grail.methods.weighting), `WeightingOptions` (grail.options.choices), the
+method table and its registration (`METHODS`, `register_method`, `MethodSpec`, `MethodOption`, `TokenWeights`;
+grail.methods.table, docs/guides/plugins.md), `GRAILConfig` and `GRAILTrainer` (grail.training, TRL).
 The folders are the layers, bottom to top: tasks, options, models | methods | evaluation, training, analysis
 (saliency, explain, compare), and the command line (grail.cli); docs/reference/layers.md shows them.
 
@@ -24,10 +25,11 @@ __version__ = "0.1.0"
 # public name → the module that defines it
 _EXPORTS = {
     **{name: "grail.methods.weighting" for name in (
-        "METHOD_FUNCTIONS", "batch_spans", "entropy_weights", "grail_weights", "oar_g_weights", "oar_p_weights",
-        "probe_rows", "random_weights", "run_probe", "token_weights", "weights_from_signal")},
-    "METHODS": "grail.methods.table",
-    "TokenWeights": "grail.methods.table",
+        "batch_spans", "method_function", "probe_rows", "run_probe", "token_weights", "weights_for",
+        "weights_from_signal")},
+    **{name: "grail.methods.table" for name in (
+        "METHODS", "MethodOption", "MethodSpec", "ProbeBatch", "TokenWeights", "method_names", "method_spec",
+        "register_method", "unregister_method")},
     "WeightingOptions": "grail.options.choices",
     "GRAILConfig": "grail.training.config",
     "GRAILTrainer": "grail.training.trainer",
@@ -40,6 +42,8 @@ def __getattr__(name: str):
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
         globals()[name] = value  # once
         return value
+    if name.endswith("_weights") and not name.startswith("_"):  # `grail_weights`, a plug-in's `<method>_weights`
+        return getattr(importlib.import_module("grail.methods.weighting"), name)
     raise AttributeError(f"module 'grail' has no attribute {name!r}")
 
 

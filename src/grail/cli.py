@@ -24,7 +24,6 @@ from grail.analysis.explain import cli as explain_cli
 from grail.evaluation import cli as eval_cli
 from grail.models import cli as models_cli
 from grail.options import presets
-from grail.options.choices import parse_methods
 from grail.options.fields import GRAILFields
 from grail.options.presets import PRESETS, TINY_CPU
 
@@ -101,6 +100,7 @@ def _close_process_group() -> None:
 
 def _demo(args, rest: list[str]) -> int:
     from grail.training.demo import run_demo
+    from grail.methods.table import parse_methods
     from grail.training.overrides import build_config, merge, parse_flags
     from grail.training.run import quiet_libraries
 

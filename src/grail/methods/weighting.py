@@ -23,21 +23,13 @@ from dataclasses import replace
 import torch
 
 from grail.methods.spans import AnswerSpans, answer_spans
-from grail.methods.table import (
-    METHODS,
-    PIPELINES,
-    MethodSpec,
-    ProbeBatch,
-    TokenWeights,
-    core,
-    method_spec,
-    probed_rows,
-    scored_tokens,
-)
-from grail.options.choices import Method, WeightingOptions
+from grail.methods import core
+from grail.methods.spec import MethodSpec, ProbeBatch, TokenWeights
+from grail.methods.table import METHODS, method_spec, probed_rows, scored_tokens
+from grail.options.choices import WeightingOptions
 
-__all__ = ["METHOD_FUNCTIONS", "batch_spans", "entropy_weights", "grail_weights", "oar_g_weights", "oar_p_weights",
-           "probe_rows", "random_weights", "run_probe", "token_weights", "weights_from_signal"]
+__all__ = ["batch_spans", "method_function", "probe_rows", "run_probe", "token_weights", "weights_for",
+           "weights_from_signal"]  # and `<method>_weights` for every method with a probe (`method_function`)
 
 def batch_spans(tokenizer, completion_ids_BT: torch.Tensor, mask_BT: torch.Tensor,
                 options: WeightingOptions) -> AnswerSpans:
@@ -63,15 +55,18 @@ def probe_rows(adv_B: torch.Tensor, spans: AnswerSpans, mask_BT: torch.Tensor,
 
 def run_probe(model, input_ids_BL: torch.Tensor, attention_mask_BL: torch.Tensor, spans: AnswerSpans,
               mask_BT: torch.Tensor, rows_B: torch.Tensor, options: WeightingOptions,
-              generator: torch.Generator | None = None, spec: MethodSpec | None = None) -> torch.Tensor:
+              generator: torch.Generator | None = None, spec: MethodSpec | None = None, *,
+              adv_B: torch.Tensor | None = None, tokenizer=None) -> torch.Tensor:
     """The method's per-token signal (B, T) on `rows_B` (other rows 0), computed on those rows only. `spec`: as
-    for `probe_rows`."""
+    for `probe_rows`. `adv_B` and `tokenizer` reach the probe in its `ProbeBatch` (methods that read the group's
+    outcomes or the text)."""
     spec = _spec_of(options, spec)
     if spec.probe is None:
         raise ValueError(f"token_weighting={spec.name!r} has no probe")
     index = rows_B.nonzero().squeeze(1)
     rows = ProbeBatch(input_ids_BL[index], attention_mask_BL[index], spans.probe_span(options.answer_nll_span)[index],
-                      scored_tokens(spans, mask_BT, options)[index])
+                      scored_tokens(spans, mask_BT, options)[index], None if adv_B is None else adv_B[index],
+                      spans.reasoning_BT[index], tokenizer)
     signal = spec.probe(model, rows, options, generator)
     full = torch.zeros(mask_BT.shape, dtype=torch.float32, device=mask_BT.device)
     full[index] = signal.to(full.device, torch.float32)
@@ -90,8 +85,7 @@ def weights_from_signal(signal_BT: torch.Tensor, adv_B: torch.Tensor, spans: Ans
     spec = _spec_of(options, spec)
     # Rows not probed get a constant signal: the weights the method gives a row with no information.
     signal_BT = torch.where(rows_B[:, None], signal_BT.float(), torch.ones_like(signal_BT, dtype=torch.float32))
-    result = PIPELINES[spec.pipeline](spec, signal_BT, adv_B, spans, mask_BT, rows_B, options, generator,
-                                      min_importance)
+    result = spec.pipeline(spec, signal_BT, adv_B, spans, mask_BT, rows_B, options, generator, min_importance)
     if options.weight_rescale == "row_mean":
         result.weights_BT = core.row_mean_rescaled(result.weights_BT, mask_BT)
     return result
@@ -135,7 +129,7 @@ def token_weights(model, tokenizer, input_ids_BL: torch.Tensor, attention_mask_B
             run_rows = rows_B if local_any else mask_BT.any(1)
             run_spans = spans if local_any else spans._replace(answer_BT=mask_BT, box_BT=mask_BT)  # something to probe
             signal_BT = run_probe(model, input_ids_BL, attention_mask_BL, run_spans, mask_BT, run_rows, options,
-                                  generator, spec)
+                                  generator, spec, adv_B=adv_B, tokenizer=tokenizer)
             path = "separate"
         else:
             path = "skipped"
@@ -151,13 +145,21 @@ def token_weights(model, tokenizer, input_ids_BL: torch.Tensor, attention_mask_B
 
 # ---- the functional API: one function per method ---------------------------------------------------------
 
-def _weights_for(method: Method, model, tokenizer, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                 advantages, options: WeightingOptions | None, overrides: dict) -> torch.Tensor:
-    options = replace(options or WeightingOptions(), token_weighting=method, **overrides)
+def weights_for(method: str, model, tokenizer, prompt_ids, prompt_mask, completion_ids, completion_mask, advantages,
+                options: WeightingOptions | None = None, **overrides) -> torch.Tensor:
+    """`method`'s token weights for a batch, without TRL: (B, T) float32 (0 on padding). Any registered method
+    (`grail.methods.table.METHODS`); the arguments are those of `method_function(method)`'s docstring. A keyword
+    override is a `WeightingOptions` field or one of the method's own options (`MethodSpec.options`)."""
+    spec = method_spec(method)
+    declared = {o.name for o in spec.options}
+    own = {k: overrides.pop(k) for k in list(overrides) if k in declared}
+    base = options or WeightingOptions()
+    options = replace(base, token_weighting=method, **overrides,
+                      method_options=spec.resolve_options({**base.method_options, **own}))
     input_ids_BL = torch.cat([prompt_ids, completion_ids], dim=1)
     attention_mask_BL = torch.cat([prompt_mask, completion_mask], dim=1)
     return token_weights(model, tokenizer, input_ids_BL, attention_mask_BL, completion_mask.bool(),
-                         advantages, options).weights_BT
+                         advantages, options, spec=spec).weights_BT
 
 
 _API_DOC = """{title} token weights for a batch, without TRL. Returns (B, T) float32 weights (0 on padding).
@@ -174,24 +176,29 @@ _API_DOC = """{title} token weights for a batch, without TRL. Returns (B, T) flo
     """
 
 
-def _method_function(method: Method) -> Callable[..., torch.Tensor]:
-    spec = METHODS[method]
+def method_function(method: str) -> Callable[..., torch.Tensor]:
+    """`weights_for` bound to `method`, named `<method>_weights`, with the method's own docstring. The module
+    exports one per registered method with a probe: `grail_weights`, `oar_g_weights`, ... (also a plug-in's)."""
+    spec = method_spec(method)
 
     def weights(model, tokenizer, prompt_ids, prompt_mask, completion_ids, completion_mask, advantages,
                 options: WeightingOptions | None = None, **overrides) -> torch.Tensor:
-        return _weights_for(method, model, tokenizer, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                            advantages, options, overrides)
+        return weights_for(method, model, tokenizer, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                           advantages, options, **overrides)
 
     weights.__name__ = weights.__qualname__ = f"{method}_weights"
-    weights.__doc__ = _API_DOC.format(title=spec.title, example=spec.example, notes=f"Cost: {spec.cost}.")
+    weights.__doc__ = _API_DOC.format(title=spec.title, example=spec.example or "weight_std=1.0",
+                                      notes=f"Cost: {spec.cost}.")
     return weights
 
 
-# One function per method that has a probe (`none` is w = 1).
-METHOD_FUNCTIONS: dict[str, Callable[..., torch.Tensor]] = {
-    name: _method_function(name) for name, spec in METHODS.items() if spec.probe is not None}
-grail_weights = METHOD_FUNCTIONS["grail"]
-oar_g_weights = METHOD_FUNCTIONS["oar_g"]
-oar_p_weights = METHOD_FUNCTIONS["oar_p"]
-random_weights = METHOD_FUNCTIONS["random"]
-entropy_weights = METHOD_FUNCTIONS["entropy"]
+def __getattr__(name: str):
+    """`<method>_weights` for every method of the table with a probe (`none` is w = 1)."""
+    method = name.removesuffix("_weights")
+    if name.endswith("_weights") and method in METHODS and METHODS[method].probe is not None:
+        return method_function(method)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *(f"{m}_weights" for m, spec in METHODS.items() if spec.probe is not None)])

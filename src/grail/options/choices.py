@@ -19,12 +19,13 @@ from grail.tasks.arithmetic import TaskConfig
 
 __all__ = [
     "AnswerBox", "AnswerNllSpan", "Distribution", "Leaf", "Method", "OAR_VARIANT_DEFAULTS",
-    "OarScope", "OarVariant", "parse_methods", "RewardName", "RolloutSymmetry", "SaliencyPath", "ScoringName",
-    "WarmStartConfig", "WeightRescale", "WeightingOptions", "WeightsFrom", "ZSCORE_FREE", "ZscoreScope",
+    "OarScope", "OarVariant", "RewardName", "RolloutSymmetry", "SaliencyPath", "ScoringName",
+    "WarmStartConfig", "WeightRescale", "WeightingOptions", "WeightsFrom", "ZscoreScope",
 ]
 
 # ---- the choices: one Literal per option; the registries they name check against them in the tests ----------
-Method = Literal["none", "grail", "oar_g", "oar_p", "random", "entropy"]  # grail.methods.table.METHODS
+# A token_weighting name: any method of the table (grail.methods.table.METHODS, which checks it; plug-ins add names)
+Method = str
 AnswerBox = Literal["first", "last"]  # which complete box is the answer span (first: the GRAIL release)
 AnswerNllSpan = Literal["box", "content"]  # which tokens of that box the probes explain
 Leaf = Literal["embeddings", "first", "middle", "last"]  # where GRAIL's saliency is measured (grail.methods.probes)
@@ -40,23 +41,6 @@ ScoringName = Literal["grail", "grail_all_boxes", "release"]  # grail.evaluation
 # opt-in scale matching (not the release): grail.methods.core.row_mean_rescaled
 WeightRescale = Literal["none", "row_mean"]
 ZscoreScope = Literal["completion", "to_answer"]  # tokens GRAIL's z-score uses (to_answer: opt-in, not the release)
-# methods with no z-score (grail.methods.table's bilevel pipeline; a test keeps them equal)
-ZSCORE_FREE = ("oar_g", "oar_p")
-
-def parse_methods(text: str | None, example: str = "none,grail") -> tuple[str, ...]:
-    """`grail,oar_g` → ("grail", "oar_g"): a `--method` list (`grail demo`, `grail explain`); each name must be a
-    `token_weighting` choice (`Method`), none twice. `example` is the fix the error message shows."""
-    allowed = get_args(Method)
-    methods = tuple(m.strip() for m in (text or "").split(",") if m.strip())
-    bad = [m for m in methods if m not in allowed]
-    if bad or not methods:
-        raise ValueError(f"--method {text!r}: {'unknown method ' + ', '.join(bad) if bad else 'no method'}; give "
-                         f"one or more of {', '.join(allowed)}, comma-separated (e.g. --method {example}).")
-    if len(set(methods)) != len(methods):
-        raise ValueError(f"--method {text!r} names a method twice.")
-    return methods
-
-
 # Per OAR variant, the values that `None` in the scope / quantile / beta fields stands for (docs/methods/oar_g.md):
 # the OAR release's excerpt, and the GRAIL release's own OAR-G baseline (`qwen3_oar_g.yaml`).
 OAR_VARIANT_DEFAULTS: dict[str, dict[str, object]] = {
@@ -97,6 +81,8 @@ class WeightingOptions:
     oar_min_importance: float | None = None
     perturbation_chunk_tokens: int = 32768
     temperature: float = 1.0
+    # the method's own options (grail.methods.spec.MethodOption), every one resolved by the method's table entry
+    method_options: dict = field(default_factory=dict, hash=False)
 
     def __post_init__(self):
         if self.oar_variant not in OAR_VARIANT_DEFAULTS:
@@ -116,8 +102,6 @@ class WeightingOptions:
              "(OAR release 1e-3)"),
             (self.oar_min_importance is None or self.oar_min_importance >= 0, "oar_min_importance",
              "must be >= 0 (0 turns the rounding floor off; None picks it by the model's dtype)"),
-            (not (release and self.token_weighting == "oar_p"), "oar_variant/token_weighting",
-             "the GRAIL release has no OAR-P; use oar_variant='oar_excerpt' with token_weighting='oar_p'"),
             (not (release and self.oar_distribution != "answer_mean"), "oar_variant/oar_distribution",
              "the GRAIL release's OAR-G reads the mean logits over the answer box; use "
              "oar_distribution='answer_mean' or oar_variant='oar_excerpt'"),
@@ -125,9 +109,6 @@ class WeightingOptions:
              f"choose one of {', '.join(map(repr, get_args(WeightRescale)))}"),
             (self.zscore_scope in get_args(ZscoreScope), "zscore_scope",
              f"choose one of {', '.join(map(repr, get_args(ZscoreScope)))}"),
-            (not (self.zscore_scope != "completion" and self.token_weighting in ZSCORE_FREE),
-             "zscore_scope/token_weighting", "OAR has no z-score (its scored tokens are oar_scope's, and "
-             "oar_scope='reasoning' already stops before the box); use zscore_scope='completion' with oar_g/oar_p"),
             (self.perturbation_chunk_tokens >= 1, "perturbation_chunk_tokens", "must be >= 1"),
             (self.temperature > 0, "temperature", "must be > 0"),
         ]
@@ -139,7 +120,8 @@ class WeightingOptions:
     @classmethod
     def from_config(cls, config) -> WeightingOptions:
         """The options held by a config object with same-named attributes (GRAILConfig)."""
-        return cls(**{f.name: getattr(config, f.name) for f in fields(cls)})
+        values = {f.name: getattr(config, f.name) for f in fields(cls)}
+        return cls(**{**values, "method_options": dict(values["method_options"] or {})})
 
 
 RECIPE_VERSION = 1  # bump when grail.models.warmstart's training loop changes, so old caches are not reused

@@ -115,12 +115,17 @@ class GRAILFields:
     # ---- token weighting (docs/methods/; defaults = the released values, one home: WeightingOptions) ----
     token_weighting: Method = field(
         default=_W.token_weighting,
-        metadata={"help": "How each completion token's share of the advantage is chosen (Â = w·A). `none`: w = 1, "
-                  "plain GRPO. `grail`: gradient × activation saliency of the answer's log-likelihood (Pala et al. "
-                  "2026). `oar_g` / `oar_p`: gradient-proxy / perturbation importance of each token for the answer "
-                  "distribution, bi-level reshaped (Li et al. 2026). `random`: GRAIL's weights randomly permuted "
-                  "over each row's reasoning tokens (control: same weights, no saliency). `entropy`: token entropy "
-                  "through GRAIL's normalisation (control: cheap, gradient-free)."},
+        metadata={"help": "How each completion token's share of the advantage is chosen (Â = w·A): a method of the "
+                  "method table. `none` is plain GRPO (w = 1). `grail methods` lists every method (the built-in ones, "
+                  "the literature methods shipped as plug-ins, and any installed plug-in) with what it computes, its "
+                  "cost and its own options; docs/methods/table.md is the same list."},
+    )
+    method_options: dict | None = field(
+        default=None,
+        metadata={"help": "The chosen method's own options (declared by the method: `grail methods`), as a mapping "
+                  "in YAML, or each as a flag of its own on the command line (`--ktae_top 0.5`) and in compare arms "
+                  "(`ktae@ktae_top=0.5`). Unset options take the method's defaults; the run records them all in "
+                  "resolved_config.json."},
     )
     weights_from: WeightsFrom = field(
         default="current_policy",

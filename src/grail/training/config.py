@@ -18,6 +18,7 @@ from typing import Literal
 import torch
 from trl import GRPOConfig
 
+from grail.methods.table import method_spec
 from grail.options.choices import OAR_VARIANT_DEFAULTS
 from grail.options.fields import TINY_MODEL, GRAILFields
 
@@ -51,7 +52,12 @@ class GRAILConfig(GRPOConfig, GRAILFields):
                              f"messages with worked examples); the tiny model is warm-started on the symbolic style "
                              f"only. Give a chat model, e.g. --model_name_or_path smollm2-135m, or use task_style "
                              f"symbolic.")
+        self._check_method()
         options = self.weighting_options()  # validates the token-weighting fields
+        spec = method_spec(self.token_weighting)
+        problem = spec.check(options, self) if spec.check is not None else None
+        if problem:
+            raise ValueError(f"token_weighting={self.token_weighting!r}: {problem}.")
         for name in OAR_VARIANT_DEFAULTS[self.oar_variant]:  # None → the variant's value, recorded in the run dir
             setattr(self, name, getattr(options, name))
         if self.eval_benchmarks:
@@ -68,6 +74,21 @@ class GRAILConfig(GRPOConfig, GRAILFields):
         if self.gradient_checkpointing is None and self.activation_checkpointing is None:
             self.activation_checkpointing = on_gpu and self.model_name_or_path != TINY_MODEL
         super().__post_init__()
+
+    def _check_method(self) -> None:
+        """token_weighting names a method of the table; its own options resolved (defaults filled, values checked);
+        the config fields it needs (`MethodSpec.config`) set where they are at their defaults, refused where the user
+        set another value."""
+        spec = method_spec(self.token_weighting)
+        self.method_options = spec.resolve_options(self.method_options)
+        defaults = {f.name: f.default for f in fields(GRAILConfig)}
+        for name, value in spec.config.items():
+            current = getattr(self, name)
+            if current == defaults.get(name):
+                setattr(self, name, value)
+            elif current != value:
+                raise ValueError(f"token_weighting={spec.name!r} needs {name}={value!r}, but {name}={current!r} is "
+                                 f"set; remove {name} (the method sets it) or choose another method.")
 
     def _check_choices(self) -> None:
         for f in fields(GRAILConfig):

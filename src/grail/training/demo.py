@@ -29,10 +29,9 @@ from grail.training.heldout import SAMPLES_PER_PROBLEM, eval_specs, heldout_accu
 from grail.training.overrides import build_config
 from grail.training.run import Log, resolve_model_path, train
 
-__all__ = ["DEFAULT_METHODS", "format_table", "LABELS", "run_demo"]
+__all__ = ["DEFAULT_METHODS", "format_table", "run_demo"]
 
 DEFAULT_METHODS = ("none", "grail")
-LABELS = {name: spec.label for name, spec in METHODS.items()}  # the table's column names
 
 
 def run_demo(cfg: GRAILConfig, overrides: dict, log: Log = print, methods: tuple[str, ...] = DEFAULT_METHODS
@@ -57,7 +56,7 @@ def run_demo(cfg: GRAILConfig, overrides: dict, log: Log = print, methods: tuple
         run_cfg = build_config({**overrides, "token_weighting": method,
                                 "output_dir": str(Path(cfg.output_dir) / method)})
         result = train(run_cfg, {**overrides, "token_weighting": method}, log, model_path=base_path)
-        log(f"evaluating the {LABELS[method]} model on the same held-out problems ...")
+        log(f"evaluating the {METHODS[method].label} model on the same held-out problems ...")
         runs[method] = {"result": result,
                         "after": heldout_accuracy(str(result.final_dir), specs, heldout, eval_dirs[method], log)}
     base = methods[0]
@@ -73,7 +72,7 @@ def format_table(s: dict, cfg: GRAILConfig) -> str:
     before, runs = s["before"], s["runs"]
     methods = list(runs)
     width = 14
-    header = f"{'':34}{'before RL':>{width}}" + "".join(f"{LABELS[m]:>{width}}" for m in methods)
+    header = f"{'':34}{'before RL':>{width}}" + "".join(f"{METHODS[m].label:>{width}}" for m in methods)
     lines = ["", header]
 
     def row(name, first, values):
@@ -90,7 +89,7 @@ def format_table(s: dict, cfg: GRAILConfig) -> str:
     lines.append(row("training wall time (s)", "", [f"{runs[m]['result'].train_seconds:.1f}" for m in methods]))
     base = methods[0]
     for m, d in s["differences"].items():
-        lines.append(f"{LABELS[m]} − {LABELS[base]}, sampled acc: {d.value * 100:+.1f} points "
+        lines.append(f"{METHODS[m].label} − {METHODS[base].label}, sampled acc: {d.value * 100:+.1f} points "
                      f"(95% CI {d.low * 100:+.1f} to {d.high * 100:+.1f}, paired bootstrap over the held-out "
                      f"problems; one training seed, so seed-to-seed variation is not in this interval)")
     lines.append(f"demo wall time: {s['wall_seconds']:.1f} s; run directories under {s['run_dir']}/")

@@ -5,6 +5,7 @@ Precedence: GRAILConfig defaults < preset < YAML file < flags. Every key must be
 is an error naming it and the closest field names. Strings are converted to the field's annotated type (so
 `--learning_rate 1e-6` and `learning_rate: 1e-6` in YAML, which PyYAML reads as a string, both become floats).
 `report_to` keeps Hugging Face's words: "none", "all", an integration, or several (a comma list or a YAML list).
+A registered method's own option (`grail methods`) is a key too: `--ktae_top 0.5` is folded into `method_options`.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from pathlib import Path
 
 import yaml
 
+from grail.methods.table import method_option
 from grail.options.presets import preset
 from grail.training.config import GRAILConfig, field_types
 
-__all__ = ["build_config", "coerce", "ConfigError", "load_yaml", "merge", "parse_flags", "PRESET_KEY"]
+__all__ = ["build_config", "coerce", "ConfigError", "fold_method_options", "load_yaml", "merge", "parse_flags",
+           "PRESET_KEY"]
 
 PRESET_KEY = "preset"
 ALIASES = {"model": "model_name_or_path"}  # alias → field, one name for the model in every command
@@ -30,8 +33,14 @@ class ConfigError(ValueError):
     """A configuration problem the user can fix; the message names the key and the fix."""
 
 
+def _option_names() -> list[str]:
+    from grail.methods.table import METHODS
+
+    return [option.name for spec in METHODS.values() for option in spec.options]
+
+
 def _unknown_key(key: str, source: str) -> ConfigError:
-    close = difflib.get_close_matches(key, list(field_types()) + [PRESET_KEY, *ALIASES], n=3)
+    close = difflib.get_close_matches(key, list(field_types()) + [PRESET_KEY, *ALIASES, *_option_names()], n=3)
     hint = f" Did you mean {', '.join(close)}?" if close else " See `grail train --help` for the fields."
     return ConfigError(f"unknown config key {key!r} ({source}).{hint}")
 
@@ -91,7 +100,13 @@ def coerce(key: str, value, source: str):
     """`value` converted to the type of field `key`; ConfigError naming key, value and source if impossible."""
     hints = field_types()
     if key not in hints:
-        raise _unknown_key(key, source)
+        owner = method_option(key)
+        if owner is None:
+            raise _unknown_key(key, source)
+        try:
+            return owner[1].parse(value)
+        except ValueError as err:
+            raise ConfigError(f"{err} ({source}; an option of token_weighting={owner[0].name!r}).") from err
     if key in _CONVERTERS:
         try:
             return _CONVERTERS[key](value)
@@ -176,9 +191,24 @@ def _without_aliases(values: dict, source: str) -> dict:
     return values
 
 
+def fold_method_options(values: dict) -> dict:
+    """`values` with each method option given as a key of its own (`ktae_top`) moved into `method_options`."""
+    hints = field_types()
+    own = {k: v for k, v in values.items() if k not in hints and method_option(k) is not None}
+    if not own:
+        return values
+    given = dict(values.get("method_options") or {})
+    clash = sorted(k for k in own if k in given and given[k] != own[k])
+    if clash:
+        raise ConfigError(f"{clash[0]} is given both as its own key and inside method_options, with different values; "
+                          f"give it once.")
+    return {**{k: v for k, v in values.items() if k not in own}, "method_options": {**given, **own}}
+
+
 def build_config(values: dict) -> GRAILConfig:
-    """GRAILConfig(**values), with validation errors re-raised as ConfigError."""
+    """GRAILConfig(**values), with validation errors re-raised as ConfigError; method options given as keys of
+    their own are folded into `method_options` first."""
     try:
-        return GRAILConfig(**values)
+        return GRAILConfig(**fold_method_options(values))
     except (ValueError, TypeError) as err:
         raise ConfigError(f"invalid configuration: {err}") from err

@@ -38,7 +38,7 @@ from grail.analysis.compare.run import (
     run_one,
     run_values,
 )
-from grail.options.choices import Method
+from grail.methods.table import METHODS
 from grail.options.fields import SYNTHETIC_DATASET
 from grail.training.config import GRAILConfig
 from grail.training.overrides import build_config, coerce
@@ -69,7 +69,7 @@ class Arm:
 
 def _arm(text: str) -> Arm:
     method, *parts = text.split("@")
-    methods = typing.get_args(Method)
+    methods = list(METHODS)
     if method not in methods:
         raise ValueError(f"--arms: arm {text!r} starts with {method!r}, not a method; an arm is METHOD or "
                          f"METHOD@field=value@... with METHOD one of {', '.join(methods)}.")

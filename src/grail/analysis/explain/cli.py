@@ -13,7 +13,6 @@ import os
 import time
 from pathlib import Path
 
-from grail.options.choices import parse_methods
 from grail.options.fields import TINY_MODEL
 from grail.options.presets import PRESETS, TINY_CPU
 
@@ -176,7 +175,9 @@ def _settings(args, cfg, model, model_path, fmt, reward_fn, sampling, seed, rows
 
 
 def run(args, rest: list[str]) -> int:
-    methods = parse_methods(args.method, example="grail,oar_g")  # checked before anything heavy is imported
+    from grail.methods.table import parse_methods
+
+    methods = parse_methods(args.method, example="grail,oar_g")  # checked before TRL is imported
     _check_args(args)
     if args.model != TINY_MODEL:  # a missing directory stops here, before TRL is imported
         from grail.models.warmstart import resolve_model

@@ -28,7 +28,7 @@ import torch
 
 from grail.methods.diagnostics import finish, weight_sums
 from grail.methods.spans import token_char_offsets
-from grail.methods.table import METHODS, method_spec
+from grail.methods.table import METHODS, method_spec, options_for
 from grail.methods.weighting import batch_spans, probe_rows, run_probe, token_weights
 from grail.options.choices import WeightingOptions
 from grail.options.sampling import SamplingParams, hf_generation_kwargs, new_token_limit
@@ -171,7 +171,7 @@ def _note(name: str, adv: float, has_box: bool, probed: bool, fallback: bool, op
         return "A = 0: the row carries no gradient, so training does not probe it"
     if not has_box:
         return "no complete \\boxed{}: uniform weights"
-    if spec.pipeline == "saliency":
+    if spec.rows == "saliency":
         return (f"not reweighted under rollout_symmetry={options.rollout_symmetry!r} (only the answer-span "
                 f"overrides apply)")
     return "no scored tokens: uniform weights"
@@ -204,11 +204,13 @@ def _explain_group(model, tokenizer, row_index: int, prompt_ids: list[int], comp
     spans = batch_spans(tokenizer, ids_BL[:, S:], mask_BT, options)
     per_method = {}
     for name in methods:
-        opts, spec = replace(options, token_weighting=name), method_spec(name)
+        spec = method_spec(name)
+        opts = options_for(spec, options)
         rows_B = probe_rows(adv_B, spans, mask_BT, opts, spec)
         signal_BT = None
         if spec.probe is not None and bool(rows_B.any()):
-            signal_BT = run_probe(model, ids_BL, attention_BL, spans, mask_BT, rows_B, opts, generator, spec)
+            signal_BT = run_probe(model, ids_BL, attention_BL, spans, mask_BT, rows_B, opts, generator, spec,
+                                  adv_B=adv_B, tokenizer=tokenizer)
         out = token_weights(model, tokenizer, ids_BL, attention_BL, mask_BT, adv_B, opts, spans=spans,
                             signal_BT=signal_BT, generator=generator, spec=spec)
         sums[name] = _pool(sums.get(name), weight_sums(

@@ -5,7 +5,7 @@ API (all a caller needs; `grail.analysis.saliency.token_labels` holds the row fo
 
     from grail.analysis.saliency.quality import saliency_auroc, checkpoints_saliency_auroc, synthetic_rows, as_json
     rows = synthetic_rows(TaskConfig(filler_rate=0.6), n=64)          # or any rows with the saliency-row keys
-    results = saliency_auroc(model, tokenizer, rows)                    # methods=METHOD_NAMES, options=None
+    results = saliency_auroc(model, tokenizer, rows)                    # every method with a probe, options=None
     results["grail"]["signal"].auroc, results["grail"]["weights"].ci_low, ...   # AurocResult fields
     per_step = checkpoints_saliency_auroc("runs/x", rows)               # {N: results} for runs/x/checkpoint-N/
     json.dumps(as_json(results))
@@ -68,15 +68,14 @@ from grail.analysis.saliency.token_labels import (
     synthetic_rows,
     token_labels,
 )
-from grail.methods.table import method_spec
+from grail.methods.table import method_names, method_spec, options_for
 from grail.methods.weighting import batch_spans, probe_rows, run_probe, weights_from_signal
 from grail.options.checkpoint_dirs import checkpoint_dirs
 from grail.options.choices import WeightingOptions
 
-__all__ = ["METHOD_NAMES", "AurocResult", "SaliencyQualityOptions", "as_json", "checkpoints_saliency_auroc",
+__all__ = ["AurocResult", "SaliencyQualityOptions", "as_json", "checkpoints_saliency_auroc",
            "model_dir_saliency_auroc", "saliency_auroc", "saliency_row", "synthetic_rows"]
 
-METHOD_NAMES = ("grail", "oar_g", "oar_p", "entropy", "random")
 Traces = Literal["both", "reference", "corrupted"]
 
 
@@ -167,23 +166,25 @@ def _batch(traces: Sequence[_Trace], pad_id: int, device) -> tuple[torch.Tensor,
     return ids_BL, attn_BL, attn_BL[:, S:].bool(), torch.tensor(labels)
 
 
-def saliency_auroc(model, tokenizer, rows: Sequence[dict], methods: Sequence[str] = METHOD_NAMES,
+def saliency_auroc(model, tokenizer, rows: Sequence[dict], methods: Sequence[str] | None = None,
                    options: SaliencyQualityOptions | None = None) -> dict[str, dict[str, AurocResult]]:
     """AUROC of critical vs filler tokens for each method's signal and weights (see the module docstring).
 
     Args:
         model: a Hugging Face causal LM (not DDP-wrapped); put in eval mode for the call, then restored.
         tokenizer: its fast tokenizer. rows: saliency rows (`grail.analysis.saliency.token_labels`).
-        methods: names from METHOD_NAMES (any `grail.methods.table.METHODS` entry with a probe).
+        methods: names of `grail.methods.table.METHODS` entries with a probe (None: every one,
+            `method_names(probed=True)`).
         options: `SaliencyQualityOptions` (None: defaults).
     Returns:
         {method: {"signal": AurocResult, "weights": AurocResult}}.
     """
     options = options or SaliencyQualityOptions()
-    specs = {m: method_spec(m) for m in methods}
+    specs = {m: method_spec(m) for m in (method_names(probed=True) if methods is None else methods)}
     no_probe = [m for m, spec in specs.items() if spec.probe is None]
     if no_probe:
-        raise ValueError(f"methods {no_probe} have no per-token signal; choose from {', '.join(METHOD_NAMES)}.")
+        raise ValueError(f"methods {no_probe} have no per-token signal; choose from "
+                         f"{', '.join(method_names(probed=True))}.")
     traces = _traces(tokenizer, rows, options)
     device = next(model.parameters()).device
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -206,15 +207,17 @@ def saliency_auroc(model, tokenizer, rows: Sequence[dict], methods: Sequence[str
             scored_BT = (spans.reasoning_BT & mask_BT).cpu() & (labels_BT != UNLABELLED)
             probed: dict = {}  # probe function → signal (grail and random share GRAIL's saliency probe)
             for m, spec in specs.items():
-                opts = replace(options.weighting, token_weighting=m)
+                opts = options_for(spec, options.weighting)
                 if spec.probe not in probed:
                     probed[spec.probe] = run_probe(model, ids_BL, attn_BL, spans, mask_BT, mask_BT.any(1), opts,
-                                                   generators[m], spec)
+                                                   generators[m], spec, adv_B=adv_B, tokenizer=tokenizer)
                 signal_BT = probed[spec.probe]
                 rows_B = probe_rows(adv_B, spans, mask_BT, opts, spec)
                 floor = spec.min_importance(model, opts) if spec.min_importance is not None else 0.0
                 weights_BT = weights_from_signal(signal_BT, adv_B, spans, mask_BT, rows_B, opts, generators[m],
                                                  floor, spec).weights_BT
+                if spec.importance is not None:  # how the method's signal reads as importance (KTAE: |kt|)
+                    signal_BT = spec.importance(signal_BT)
                 if spec.permutes:  # the random control: its own signal is a random score, not GRAIL's saliency
                     signal_BT = torch.rand(mask_BT.shape, generator=generators[m], device=device)
                 for part, values_BT, keep_BT in (("signal", signal_BT, scored_BT),
@@ -243,7 +246,7 @@ def as_json(results: dict[str, dict[str, AurocResult]]) -> dict:
     return {m: {part: r.as_dict() for part, r in parts.items()} for m, parts in results.items()}
 
 
-def model_dir_saliency_auroc(path: str | Path, rows: Sequence[dict], methods: Sequence[str] = METHOD_NAMES,
+def model_dir_saliency_auroc(path: str | Path, rows: Sequence[dict], methods: Sequence[str] | None = None,
                              options: SaliencyQualityOptions | None = None, device: str | None = None,
                              dtype: torch.dtype | None = None) -> dict[str, dict[str, AurocResult]]:
     """`saliency_auroc` for a `save_pretrained` directory (model and tokenizer). device: default cuda if available,
@@ -264,7 +267,7 @@ def model_dir_saliency_auroc(path: str | Path, rows: Sequence[dict], methods: Se
     return saliency_auroc(model, tokenizer, rows, methods, options)
 
 
-def checkpoints_saliency_auroc(run_dir: str | Path, rows: Sequence[dict], methods: Sequence[str] = METHOD_NAMES,
+def checkpoints_saliency_auroc(run_dir: str | Path, rows: Sequence[dict], methods: Sequence[str] | None = None,
                                options: SaliencyQualityOptions | None = None, device: str | None = None,
                                dtype: torch.dtype | None = None) -> dict[int, dict[str, dict[str, AurocResult]]]:
     """`model_dir_saliency_auroc` for every `<run_dir>/checkpoint-N/`, as {N: results}, by increasing N. Every
