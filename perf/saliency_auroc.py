@@ -17,8 +17,9 @@ from dataclasses import replace
 
 from transformers import AutoTokenizer
 
-from grail.analysis.saliency.quality import METHOD_NAMES, SaliencyQualityOptions, model_dir_saliency_auroc
+from grail.analysis.saliency.quality import SaliencyQualityOptions, model_dir_saliency_auroc
 from grail.analysis.saliency.token_labels import synthetic_rows
+from grail.methods.table import method_names
 from grail.models.warmstart import resolve_model
 from grail.options.choices import WarmStartConfig
 from grail.options.fields import TINY_MODEL
@@ -34,7 +35,7 @@ def main() -> None:
     parser.add_argument("--warm-start-filler-rate", type=float, default=0.0)
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--pairs", default="within_trace", choices=("within_trace", "all"))
-    parser.add_argument("--methods", default=",".join(METHOD_NAMES))
+    parser.add_argument("--methods", default=",".join(method_names(probed=True)))
     args = parser.parse_args()
     words = args.task_style == "words"
     task = WORDS_TASK if words else TaskConfig()  # each style's default difficulty (word_problems.WORDS_TASK)

@@ -18,7 +18,7 @@ from torch import nn
 
 from grail.evaluation.rewards import exact_int_reward
 from grail.methods import oar_probes, probes
-from grail.methods.weighting import METHOD_FUNCTIONS, batch_spans, probe_rows, run_probe, token_weights
+from grail.methods.weighting import batch_spans, method_function, probe_rows, run_probe, token_weights
 from grail.options.choices import WeightingOptions
 from grail.training.config import GRAILConfig
 from grail.training.trainer import GRAILTrainer
@@ -116,7 +116,7 @@ METHOD_CASES = {
 def _weights(model, tokenizer, batch, case):
     method, overrides = METHOD_CASES[case]
     torch.manual_seed(0)  # OAR-G's noise and the random permutation draw from the global RNG
-    return METHOD_FUNCTIONS[method](model, tokenizer, batch["prompt_ids"], batch["prompt_mask"],
+    return method_function(method)(model, tokenizer, batch["prompt_ids"], batch["prompt_mask"],
                                     batch["completion_ids"], batch["completion_mask"], batch["advantages"],
                                     **overrides)
 

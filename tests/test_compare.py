@@ -94,7 +94,8 @@ def test_the_report_is_the_t_interval_of_the_runs_results(comparison):
 def test_each_run_reports_the_saliency_auroc_of_its_final_model_and_of_the_warm_start(comparison, warm_cache):
     """extra_metrics.json holds grail.analysis.compare.auroc's figures, which recomputing on the final model reproduces;
     the warm start's are in auroc_warmstart.json and in report.md."""
-    from grail.analysis.compare.auroc import AUROC_METHODS, run_auroc
+    from grail.analysis.compare.auroc import run_auroc
+    from grail.methods.table import method_names
     from grail.training.overrides import build_config
 
     out, _ = comparison
@@ -104,7 +105,7 @@ def test_each_run_reports_the_saliency_auroc_of_its_final_model_and_of_the_warm_
     for arm in plan["arms"]:
         for seed in range(2):
             extra = json.loads((out / "runs" / arm["slug"] / f"seed{seed}" / "extra_metrics.json").read_text())
-            assert {f"auroc/{m}/signal" for m in AUROC_METHODS} <= set(extra)
+            assert {f"auroc/{m}/signal" for m in method_names(auroc=True)} <= set(extra)
             assert all(0.0 <= v <= 1.0 for v in extra.values())
     run_dir = out / "runs" / "grail_saliency_leaf_middle" / "seed0"
     if not run_dir.is_dir():
@@ -115,7 +116,7 @@ def test_each_run_reports_the_saliency_auroc_of_its_final_model_and_of_the_warm_
     assert set(warm) == {a["label"] for a in plan["arms"]}  # one entry per arm, with that arm's weighting options
     assert warm["grail@saliency_leaf=middle"] == run_auroc(warm_start_dir, cfg, 8)
     assert warm["none"]["auroc/entropy/signal"] == warm["grail@saliency_leaf=middle"]["auroc/entropy/signal"]
-    assert set(warm["none"]) >= {f"auroc/{m}/weights" for m in AUROC_METHODS}
+    assert set(warm["none"]) >= {f"auroc/{m}/weights" for m in method_names(auroc=True)}
     text = (out / "report.md").read_text()
     assert "At the warm start (step 0), under each arm's own task and weighting settings: none: " in text
     assert "; grail@saliency_leaf=middle: entropy/signal" in text

@@ -9,8 +9,7 @@ from grail.evaluation.rewards import REWARDS
 from grail.methods.core import ROLLOUT_SYMMETRIES
 from grail.methods.probes import LEAVES
 from grail.methods.spans import BOX_CHOICES
-from grail.methods.table import METHODS, method_spec
-from grail.methods.weighting import METHOD_FUNCTIONS
+from grail.methods.table import method_spec
 from grail.options.choices import OAR_VARIANT_DEFAULTS, WeightingOptions
 from grail.options.fields import GRAILFields
 from grail.options.presets import PAPER_NOTES, PRESETS
@@ -21,8 +20,7 @@ OWN_FIELDS = [*dataclasses.fields(GRAILFields),
 
 
 def test_literal_choices_equal_the_dispatch_tables():
-    assert literal_choices("token_weighting") == tuple(METHODS)  # the method table, in the same order
-    assert set(METHOD_FUNCTIONS) == {name for name, spec in METHODS.items() if spec.probe is not None}
+    assert literal_choices("token_weighting") == ()  # any name of the method table (checked against it, below)
     assert literal_choices("saliency_leaf") == tuple(LEAVES)
     assert literal_choices("answer_box") == BOX_CHOICES
     assert literal_choices("rollout_symmetry") == ROLLOUT_SYMMETRIES

@@ -10,9 +10,9 @@ import torch
 from grail.methods import core
 from grail.methods.diagnostics import finish, weight_diagnostics, weight_sums
 from grail.methods.spans import AnswerSpans
-from grail.methods.table import METHODS, zscore_tokens
+from grail.methods.table import METHODS, checked, zscore_tokens
 from grail.methods.weighting import probe_rows, weights_from_signal
-from grail.options.choices import ZSCORE_FREE, WeightingOptions
+from grail.options.choices import WeightingOptions
 from references import random_batch, ref_log_zscore
 
 RELEASE = {"weight_mean": 1.0, "weight_std": 0.5, "weight_min": 0.5, "weight_max": 5.0}  # METHODS.md 2.5
@@ -64,8 +64,6 @@ def test_defaults_are_the_release_and_the_choices_are_named():
     assert (options.weight_rescale, options.zscore_scope) == ("none", "completion")
     assert literal_choices("weight_rescale") == ("none", "row_mean")
     assert literal_choices("zscore_scope") == ("completion", "to_answer")
-    # the methods refused with zscore_scope are exactly those without GRAIL's z-score (the bilevel pipeline)
-    assert set(ZSCORE_FREE) == {name for name, spec in METHODS.items() if spec.pipeline == "bilevel"}
 
 
 @pytest.mark.parametrize("bad, named", [
@@ -78,7 +76,7 @@ def test_bad_values_are_refused_naming_the_field(bad, named, tmp_path):
     from grail.training.config import GRAILConfig
 
     with pytest.raises(ValueError, match=named):
-        WeightingOptions(**bad)
+        checked(WeightingOptions(**bad))  # the method's own check (the table) after the options' checks
     with pytest.raises(ValueError, match=next(iter(bad))):
         GRAILConfig(output_dir=str(tmp_path), **bad)
 
@@ -218,11 +216,13 @@ def test_row_mean_gives_every_row_mean_weight_one_and_grpos_mean_advantage(metho
     torch.testing.assert_close(w, core.row_mean_rescaled(base.weights_BT, mask), atol=0, rtol=0)
     assert torch.all(w[~mask] == 0)
     base_means = (base.weights_BT * mask).sum(1) / n
-    if method in ("grail", "random", "entropy"):  # the release's weights: mean > 1 on every row with a box
+    spec = METHODS[method]
+    if spec.rows == "saliency":  # GRAIL's pipeline (the release's weights): mean > 1 on every row with a box
         assert torch.all(base_means[spans.has_box_B] > 1.05)
-    else:  # GRPO is uniform; OAR's reshaping preserves mass: row_mean changes them by rounding only
+    elif spec.preserves_mass:  # GRPO is uniform; OAR's, EAPO's, span masking's rows keep their mass
         torch.testing.assert_close(w, base.weights_BT)
-    assert torch.equal(w[2], mask[2].float())  # the row without a box stays uniform, exactly
+    if spec.rows != "advantaged":  # methods that read the box leave the row without one uniform, exactly
+        assert torch.equal(w[2], mask[2].float())
 
 
 def test_random_control_under_row_mean_permutes_the_rescaled_grail_weights():

@@ -24,7 +24,7 @@ from grail.analysis.explain.compute import (
 from grail.analysis.explain.html import BLUE, GREY, HIGH, LOW, RED, WHITE, render_page, weight_colour, write_profile_png
 from grail.cli import main
 from grail.evaluation.rewards import exact_int_reward
-from grail.methods.weighting import METHOD_FUNCTIONS
+from grail.methods.weighting import method_function
 from grail.options.choices import WeightingOptions
 from grail.options.sampling import SamplingParams
 
@@ -197,7 +197,7 @@ def test_weights_are_the_functional_apis_and_advantages_grpos(tiny_dir):
     G = len(COMPLETIONS)
     adv = torch.tensor([r - 0.5 for r in rewards])
     for method in ("grail", "entropy", "oar_p"):  # the deterministic ones (random and OAR-G draw from an RNG)
-        expected = METHOD_FUNCTIONS[method](model, tokenizer, prompt["input_ids"].repeat(G, 1),
+        expected = method_function(method)(model, tokenizer, prompt["input_ids"].repeat(G, 1),
                                             prompt["attention_mask"].repeat(G, 1), done["input_ids"],
                                             done["attention_mask"], adv, rollout_symmetry="both")
         for b, c in enumerate(row.completions):

@@ -11,7 +11,7 @@ from datasets import Dataset
 from grail.analysis.explain.compute import token_texts
 from grail.cli import main
 from grail.evaluation.rewards import exact_int_reward
-from grail.methods.weighting import METHOD_FUNCTIONS, token_weights
+from grail.methods.weighting import method_function, token_weights
 from grail.options.choices import WeightingOptions
 from grail.training.config import GRAILConfig
 from grail.training.trainer import GRAILTrainer
@@ -59,7 +59,7 @@ def test_every_method_gives_finite_weights_on_the_real_model(real, method):
     args = (model, tokenizer, batch["prompt_ids"], batch["prompt_mask"], batch["completion_ids"],
             batch["completion_mask"], batch["advantages"])
     torch.manual_seed(0)
-    weights = METHOD_FUNCTIONS[method](*args, rollout_symmetry="both")
+    weights = method_function(method)(*args, rollout_symmetry="both")
     assert torch.isfinite(weights).all() and (weights[~mask] == 0).all() and (weights[mask] > 0).all()
     ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
     attn = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
@@ -73,7 +73,7 @@ def test_every_method_gives_finite_weights_on_the_real_model(real, method):
         if method.startswith("oar"):  # bi-level reshaping keeps the mass of the scored (here: reasoning) tokens
             torch.testing.assert_close(weights[row][reasoning].sum(), reasoning.sum().float(), rtol=1e-4, atol=1e-3)
     torch.manual_seed(0)
-    rescaled = METHOD_FUNCTIONS[method](*args, rollout_symmetry="both", weight_rescale="row_mean")
+    rescaled = method_function(method)(*args, rollout_symmetry="both", weight_rescale="row_mean")
     means = rescaled.sum(1) / mask.sum(1)
     torch.testing.assert_close(means, torch.ones(4), rtol=0, atol=1e-4)
 

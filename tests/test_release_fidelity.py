@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from grail.methods import bilevel
+from grail.methods.table import checked
 from grail.methods.weighting import grail_weights, oar_g_weights
 from grail.models.tiny import build_tiny_model
 from grail.options.choices import WeightingOptions
@@ -237,7 +238,7 @@ def test_oar_variant_resolves_its_defaults_and_rejects_what_the_release_lacks():
     assert WeightingOptions(oar_variant="grail_release", oar_quantile=0.3).oar_quantile == 0.3  # explicit wins
     assert excerpt.oar_distribution == "answer_mean" and excerpt.answer_nll_span == "box"
     with pytest.raises(ValueError, match="no OAR-P"):
-        WeightingOptions(oar_variant="grail_release", token_weighting="oar_p")
+        checked(WeightingOptions(oar_variant="grail_release", token_weighting="oar_p"))
     with pytest.raises(ValueError, match="oar_distribution"):
         WeightingOptions(oar_variant="grail_release", oar_distribution="last_position")
     with pytest.raises(ValueError, match="oar_variant"):

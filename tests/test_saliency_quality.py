@@ -10,7 +10,6 @@ import torch
 from torch.nn.functional import cross_entropy
 
 from grail.analysis.saliency.quality import (
-    METHOD_NAMES,
     SaliencyQualityOptions,
     checkpoints_saliency_auroc,
     saliency_auroc,
@@ -29,6 +28,7 @@ from grail.analysis.saliency.token_labels import (
     token_labels,
     trace_wins_pairs,
 )
+from grail.methods.table import method_names
 from grail.models.tiny import build_tiny_model
 from grail.tasks.arithmetic import TaskConfig, build_example
 
@@ -230,7 +230,7 @@ def test_gradient_and_perturbation_methods_find_the_marked_digit_and_random_does
     # expected AUROC is 0.5; 0.35-0.65 is about 3 standard errors at 64 examples.
     rows = [_marked_digit_row(random.Random(1000 + i)) for i in range(64)]
     results = saliency_auroc(copy_model, tokenizer, rows, options=SaliencyQualityOptions(num_bootstrap=100))
-    assert set(results) == set(METHOD_NAMES)
+    assert set(results) == set(method_names(probed=True))
     for method in ("grail", "oar_g", "oar_p"):
         for part in ("signal", "weights"):
             assert results[method][part].auroc > 0.9, (method, part, results[method][part])
@@ -254,7 +254,7 @@ def test_every_method_runs_on_the_synthetic_task_with_the_warm_model(warm_cache,
                                           device="cpu")
     assert list(per_step) == [2, 10]
     assert per_step[2] == per_step[10]  # same weights, same seed → same figures
-    for method in METHOD_NAMES:
+    for method in method_names(probed=True):
         for part in ("signal", "weights"):
             result = per_step[2][method][part]
             assert all(0 <= x <= 1 for x in (result.auroc, result.ci_low, result.ci_high)), (method, part, result)

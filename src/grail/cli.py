@@ -99,8 +99,8 @@ def _close_process_group() -> None:
 
 
 def _demo(args, rest: list[str]) -> int:
-    from grail.training.demo import run_demo
     from grail.methods.table import parse_methods
+    from grail.training.demo import run_demo
     from grail.training.overrides import build_config, merge, parse_flags
     from grail.training.run import quiet_libraries
 

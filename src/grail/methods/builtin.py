@@ -14,7 +14,7 @@ from grail.methods.spec import MethodSpec, ProbeBatch, TokenWeights
 from grail.options.choices import WeightingOptions
 
 __all__ = ["BUILTIN", "OAR_P_FLOOR", "bilevel_pipeline", "oar_p_floor", "saliency_pipeline", "scored_tokens",
-           "uniform_pipeline", "zscore_tokens"]
+           "entropy_probe", "pad_token_id", "uniform_pipeline", "zscore_tokens"]
 
 
 def scored_tokens(spans: AnswerSpans, mask_BT: torch.Tensor, options: WeightingOptions) -> torch.Tensor:
@@ -36,7 +36,7 @@ def _saliency_probe(model, rows: ProbeBatch, options: WeightingOptions, generato
                                       temperature=options.temperature, leaf=options.saliency_leaf)
 
 
-def _entropy_probe(model, rows: ProbeBatch, options: WeightingOptions, generator) -> torch.Tensor:
+def entropy_probe(model, rows: ProbeBatch, options: WeightingOptions, generator) -> torch.Tensor:
     return probes.token_entropies(model, rows.input_ids_BL, rows.attention_mask_BL, rows.answer_BT.shape[1],
                                   temperature=options.temperature)
 
@@ -51,11 +51,11 @@ def _oar_g_probe(model, rows: ProbeBatch, options: WeightingOptions, generator) 
 
 def _oar_p_probe(model, rows: ProbeBatch, options: WeightingOptions, generator) -> torch.Tensor:
     return oar_probes.oar_p_importance(model, rows.input_ids_BL, rows.attention_mask_BL, rows.scored_BT, rows.answer_BT,
-                                   distribution=options.oar_distribution, pad_token_id=_pad_token_id(model),
+                                   distribution=options.oar_distribution, pad_token_id=pad_token_id(model),
                                    temperature=options.temperature, chunk_tokens=options.perturbation_chunk_tokens)
 
 
-def _pad_token_id(model) -> int:
+def pad_token_id(model) -> int:
     for source in (getattr(model, "generation_config", None), model.config):
         pad = getattr(source, "pad_token_id", None)
         if pad is not None:
@@ -117,17 +117,24 @@ _OUTPUT_SHARD = ("its probe applies the output layer's weight outside the model'
 
 def _oar_check(options: WeightingOptions, config) -> str | None:
     if options.zscore_scope != "completion":
-        return (f"zscore_scope={options.zscore_scope!r}: OAR has no z-score (its scored tokens are oar_scope's, and "
-                f"oar_scope='reasoning' already stops before the box); use zscore_scope='completion' with "
-                f"{options.token_weighting}")
+        return (f"zscore_scope={options.zscore_scope!r}, token_weighting={options.token_weighting!r}: OAR has no "
+                f"z-score (its scored tokens are oar_scope's, and oar_scope='reasoning' already stops before the box); "
+                f"use zscore_scope='completion' with {options.token_weighting}")
     return None
 
 
 def _oar_p_check(options: WeightingOptions, config) -> str | None:
     if options.oar_variant == "grail_release":
-        return ("oar_variant='grail_release': the GRAIL release has no OAR-P; use oar_variant='oar_excerpt' with "
-                "token_weighting='oar_p'")
+        return ("oar_variant='grail_release', token_weighting='oar_p': the GRAIL release has no OAR-P; use "
+                "oar_variant='oar_excerpt' with token_weighting='oar_p'")
     return _oar_check(options, config)
+
+
+def _top_entropy_check(options: WeightingOptions, config) -> str | None:
+    if config is not None and not 0 <= config.top_entropy_quantile < 1:
+        return (f"top_entropy_quantile={config.top_entropy_quantile!r}: top_entropy keeps the tokens above that "
+                f"entropy quantile; set it in [0, 1) (0.2 keeps the top 20%), or use token_weighting='none'")
+    return None
 
 
 _GRAIL_PAPER = "Pala et al. 2026, arXiv 2606.04889 (GRAIL); released code: declare-lab/grail"
@@ -173,10 +180,21 @@ BUILTIN: tuple[MethodSpec, ...] = (
                        "gains over it is the information (docs/methods/random.md).",
                example="rollout_symmetry='both'",
                cost="as GRAIL's; same weight distribution, no saliency information", reference=_GRAIL_PAPER),
-    MethodSpec("entropy", "entropy", _entropy_probe, saliency_pipeline, rows="saliency", fuse="entropy",
+    MethodSpec("entropy", "entropy", entropy_probe, saliency_pipeline, rows="saliency", fuse="entropy",
                title="Entropy control (token entropy through GRAIL's normalisation)",
                summary="The sampling distribution's entropy at each token instead of the saliency, through GRAIL's "
                        "pipeline: a cheap, gradient-free signal (docs/methods/entropy.md).",
                example="weight_std=1.0",
                cost="one no-grad forward (none when fused with TRL's forward)", reference=_GRAIL_PAPER),
+    MethodSpec("top_entropy", "top-20% entropy", probe=None, pipeline=uniform_pipeline, rows="none",
+               config={"top_entropy_quantile": 0.2}, check=_top_entropy_check,
+               title="Top-entropy tokens only (TRL's top_entropy_quantile: the loss keeps the 20% highest-entropy "
+                     "tokens)",
+               summary="TRL's own option, exposed as an arm: in each micro-batch, the tokens whose entropy is at or "
+                       "above the (1 − ρ) quantile over all processes keep their policy loss, the others get none; "
+                       "Â = A everywhere (ρ = top_entropy_quantile, 0.2 as the paper recommends).",
+               cost="nothing beyond GRPO (TRL's forward computes the entropies)",
+               reference="Wang et al. 2025, arXiv 2506.01939 ('Beyond the 80/20 rule'); TRL GRPOConfig",
+               open_choices=("The threshold is per micro-batch over all processes (TRL's implementation), not per "
+                             "row or group; the KL term is not masked.",)),
 )

@@ -60,6 +60,15 @@ class TokenWeights:
         return cls(**{name: torch.cat([getattr(p, name) for p in parts]) for name in cls.tensor_fields()},
                    path=path, seconds=sum(p.seconds for p in parts))
 
+    @staticmethod
+    def finite_signal(signal_BT: torch.Tensor, mask_BT: torch.Tensor, rows_B: torch.Tensor):
+        """(signal with 0 off the real tokens, rows whose signal is finite on every real token, fallback rows): a
+        probed row with a NaN/inf signal falls back to uniform weights, as the built-in pipelines' rows do."""
+        real_BT = mask_BT.bool()
+        finite_B = (torch.isfinite(signal_BT) | ~real_BT).all(1)
+        clean_BT = torch.where(real_BT & torch.isfinite(signal_BT), signal_BT, torch.zeros_like(signal_BT))
+        return clean_BT, rows_B & finite_B, rows_B & ~finite_B
+
     @classmethod
     def simple(cls, weights_BT: torch.Tensor, spans, rows_B: torch.Tensor,
                fallback_B: torch.Tensor | None = None) -> TokenWeights:
@@ -124,7 +133,8 @@ class MethodOption:
                 try:
                     value = kind(float(text)) if kind is int and float(text).is_integer() else kind(text)
                 except ValueError:
-                    raise ValueError(f"{self.name}={value!r}: expected {'an integer' if kind is int else 'a number'}")
+                    expected = "an integer" if kind is int else "a number"
+                    raise ValueError(f"{self.name}={value!r}: expected {expected}") from None
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if type(value) is not kind:
@@ -152,6 +162,7 @@ class MethodSpec:
     rows: Rows = "advantaged"  # the rows its probe runs on (see `Rows`)
     fuse: Literal["saliency", "entropy"] | None = None  # what the fused path reads from TRL's forward (None: nothing)
     permutes: bool = False  # the weights are randomly permuted over each row's reasoning tokens (the random control)
+    groups: bool = False  # reads every rollout of a group: weights at rollout time, on the whole batch at once
     min_importance: Callable[..., float] | None = None  # (model, options) → the signal's rounding floor (OAR-P)
     unshardable: str = ""  # why its probe cannot run on a sharded model (ZeRO-3, FSDP); "" = it can
     options: tuple[MethodOption, ...] = ()  # options of its own (see `MethodOption`)
@@ -172,10 +183,11 @@ class MethodSpec:
         if not self.name.isidentifier() or not self.name.islower():
             raise ValueError(f"method name {self.name!r}: use a lower-case Python identifier (e.g. 'my_method').")
         if not callable(self.pipeline):
-            raise ValueError(f"method {self.name}: pipeline must be a function (spec, signal_BT, adv_B, spans, mask_BT, "
-                             f"rows_B, options, generator, min_importance) → TokenWeights.")
+            raise ValueError(f"method {self.name}: pipeline must be a function (spec, signal_BT, adv_B, spans, "
+                             f"mask_BT, rows_B, options, generator, min_importance) → TokenWeights.")
         if self.rows not in ("none", "saliency", "bilevel", "advantaged"):
-            raise ValueError(f"method {self.name}: rows={self.rows!r} is not one of none, saliency, bilevel, advantaged.")
+            raise ValueError(f"method {self.name}: rows={self.rows!r} is not one of none, saliency, bilevel, "
+                             f"advantaged.")
         if (self.probe is None) != (self.rows == "none"):
             raise ValueError(f"method {self.name}: a method without a probe has rows='none', and only such a method.")
         names = [o.name for o in self.options]

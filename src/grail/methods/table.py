@@ -26,7 +26,8 @@ from grail.methods.spec import MethodOption, MethodSpec, ProbeBatch, TokenWeight
 from grail.options.choices import WeightingOptions
 
 __all__ = ["ENTRY_POINT_GROUP", "METHODS", "OAR_P_FLOOR", "MethodOption", "MethodSpec", "ProbeBatch", "TokenWeights",
-           "method_names", "method_option", "method_spec", "oar_p_floor", "options_for", "parse_methods", "probed_rows",
+           "checked", "method_names", "method_option", "method_spec", "oar_p_floor", "options_for", "parse_methods",
+           "probed_rows",
            "register_method", "scored_tokens", "unregister_method", "zscore_tokens"]
 
 ENTRY_POINT_GROUP = "grail.methods"  # a package's `[project.entry-points."grail.methods"]`: name = "module:SPEC"
@@ -150,6 +151,17 @@ def parse_methods(text: str | None, example: str = "none,grail") -> tuple[str, .
     if len(set(methods)) != len(methods):
         raise ValueError(f"--method {text!r} names a method twice.")
     return methods
+
+
+def checked(options: WeightingOptions, config=None) -> tuple[MethodSpec, WeightingOptions]:
+    """The method of `options` and the options with its own options resolved; ValueError when the method is unknown,
+    an option of its own is bad, or its `check` refuses the combination (`config`: the run's GRAILConfig, if any)."""
+    spec = method_spec(options.token_weighting)
+    options = replace(options, method_options=spec.resolve_options(options.method_options))
+    problem = spec.check(options, config) if spec.check is not None else None
+    if problem:
+        raise ValueError(f"{problem}.")
+    return spec, options
 
 
 def options_for(spec: MethodSpec, options: WeightingOptions) -> WeightingOptions:

@@ -22,10 +22,10 @@ from dataclasses import replace
 
 import torch
 
-from grail.methods.spans import AnswerSpans, answer_spans
 from grail.methods import core
+from grail.methods.spans import AnswerSpans, answer_spans
 from grail.methods.spec import MethodSpec, ProbeBatch, TokenWeights
-from grail.methods.table import METHODS, method_spec, probed_rows, scored_tokens
+from grail.methods.table import METHODS, checked, method_spec, probed_rows, scored_tokens
 from grail.options.choices import WeightingOptions
 
 __all__ = ["batch_spans", "method_function", "probe_rows", "run_probe", "token_weights", "weights_for",
@@ -46,6 +46,13 @@ def _spec_of(options: WeightingOptions, spec: MethodSpec | None) -> MethodSpec:
     return spec
 
 
+def _resolved(spec: MethodSpec, options: WeightingOptions) -> WeightingOptions:
+    """`options` with the method's own options complete (defaults for those not given)."""
+    if len(options.method_options) == len(spec.options):
+        return options
+    return replace(options, method_options=spec.resolve_options(options.method_options))
+
+
 def probe_rows(adv_B: torch.Tensor, spans: AnswerSpans, mask_BT: torch.Tensor,
                options: WeightingOptions, spec: MethodSpec | None = None) -> torch.Tensor:
     """(B,) bool: rows whose weights can change the loss, the only rows a probe needs to run on. `spec`: the
@@ -61,6 +68,7 @@ def run_probe(model, input_ids_BL: torch.Tensor, attention_mask_BL: torch.Tensor
     for `probe_rows`. `adv_B` and `tokenizer` reach the probe in its `ProbeBatch` (methods that read the group's
     outcomes or the text)."""
     spec = _spec_of(options, spec)
+    options = _resolved(spec, options)
     if spec.probe is None:
         raise ValueError(f"token_weighting={spec.name!r} has no probe")
     index = rows_B.nonzero().squeeze(1)
@@ -83,6 +91,7 @@ def weights_from_signal(signal_BT: torch.Tensor, adv_B: torch.Tensor, spans: Ans
     done) are divided by their row mean (`grail.methods.core.row_mean_rescaled`), whatever the method. `spec`: as
     for `probe_rows`."""
     spec = _spec_of(options, spec)
+    options = _resolved(spec, options)
     # Rows not probed get a constant signal: the weights the method gives a row with no information.
     signal_BT = torch.where(rows_B[:, None], signal_BT.float(), torch.ones_like(signal_BT, dtype=torch.float32))
     result = spec.pipeline(spec, signal_BT, adv_B, spans, mask_BT, rows_B, options, generator, min_importance)
@@ -121,6 +130,7 @@ def token_weights(model, tokenizer, input_ids_BL: torch.Tensor, attention_mask_B
     if spans is None:
         spans = batch_spans(tokenizer, input_ids_BL[:, -mask_BT.shape[1]:], mask_BT, options)
     spec = _spec_of(options, spec)
+    options = _resolved(spec, options)
     rows_B = probed_rows(spec, adv_B, spans, mask_BT, options)
     path = "none"
     if spec.probe is not None and signal_BT is None:
@@ -154,8 +164,8 @@ def weights_for(method: str, model, tokenizer, prompt_ids, prompt_mask, completi
     declared = {o.name for o in spec.options}
     own = {k: overrides.pop(k) for k in list(overrides) if k in declared}
     base = options or WeightingOptions()
-    options = replace(base, token_weighting=method, **overrides,
-                      method_options=spec.resolve_options({**base.method_options, **own}))
+    own = {**(base.method_options if base.token_weighting == method else {}), **own}
+    spec, options = checked(replace(base, token_weighting=method, **overrides, method_options=own))
     input_ids_BL = torch.cat([prompt_ids, completion_ids], dim=1)
     attention_mask_BL = torch.cat([prompt_mask, completion_mask], dim=1)
     return token_weights(model, tokenizer, input_ids_BL, attention_mask_BL, completion_mask.bool(),

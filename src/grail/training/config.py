@@ -18,7 +18,7 @@ from typing import Literal
 import torch
 from trl import GRPOConfig
 
-from grail.methods.table import method_spec
+from grail.methods.table import checked, method_spec
 from grail.options.choices import OAR_VARIANT_DEFAULTS
 from grail.options.fields import TINY_MODEL, GRAILFields
 
@@ -53,11 +53,7 @@ class GRAILConfig(GRPOConfig, GRAILFields):
                              f"only. Give a chat model, e.g. --model_name_or_path smollm2-135m, or use task_style "
                              f"symbolic.")
         self._check_method()
-        options = self.weighting_options()  # validates the token-weighting fields
-        spec = method_spec(self.token_weighting)
-        problem = spec.check(options, self) if spec.check is not None else None
-        if problem:
-            raise ValueError(f"token_weighting={self.token_weighting!r}: {problem}.")
+        _, options = checked(self.weighting_options(), self)  # validates the token-weighting fields
         for name in OAR_VARIANT_DEFAULTS[self.oar_variant]:  # None → the variant's value, recorded in the run dir
             setattr(self, name, getattr(options, name))
         if self.eval_benchmarks:
@@ -82,7 +78,8 @@ class GRAILConfig(GRPOConfig, GRAILFields):
         spec = method_spec(self.token_weighting)
         self.method_options = spec.resolve_options(self.method_options)
         defaults = {f.name: f.default for f in fields(GRAILConfig)}
-        for name, value in spec.config.items():
+        needs = {**spec.config, **({"weights_from": "rollout_policy"} if spec.groups else {})}
+        for name, value in needs.items():
             current = getattr(self, name)
             if current == defaults.get(name):
                 setattr(self, name, value)

@@ -316,7 +316,8 @@ class GRAILTrainer(GRPOTrainer):
         input_ids_BL = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
         attention_mask_BL = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
         model = self.accelerator.unwrap_model(self.model)
-        size = self.args.per_device_train_batch_size
+        # chunks bound a probe's memory; a method that reads whole groups gets the whole batch (it calls no model)
+        size = input_ids_BL.shape[0] if self.method.groups else self.args.per_device_train_batch_size
         parts = []
         for start in range(0, input_ids_BL.shape[0], size):
             rows = slice(start, start + size)

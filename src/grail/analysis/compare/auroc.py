@@ -1,12 +1,11 @@
 """Saliency quality in `grail compare`: the AUROC of critical vs filler tokens (grail.analysis.saliency.quality) of a
-run's final model, and of the warm start it began from, on the synthetic task's held-out problems.
-
-Rows: `synthetic_rows` of the run's task settings, with filler_rate 0.6 where the run's is 0 (no filler, no AUROC),
-the first `rows` held-out problems (seed: the run's task_seed). Methods: those of the table marked for it
+run's final model, and of the warm start it began from, on the synthetic task's held-out problems. Rows:
+`synthetic_rows` of the run's task settings, with filler_rate 0.6 where the run's is 0 (no filler, no AUROC), the
+first `rows` held-out problems (seed: the run's task_seed). Methods: those of the table marked for it
 (`method_names(auroc=True)`: every method with a probe except the slow ones, OAR-P and span masking), plus the arm's
-own method if it has a probe and is not among them; each gives `auroc/<method>/signal` and `auroc/<method>/weights` (within-trace
-pairs, the default of `saliency_auroc`), with the run's weighting options. Only for the synthetic task: other data
-carries no character roles (use `grail.analysis.saliency.quality` on rows with critical/filler spans)."""
+own method if it has a probe and is not among them; each gives `auroc/<method>/signal` and `auroc/<method>/weights`
+(within-trace pairs, the default of `saliency_auroc`), with the run's weighting options. Only for the synthetic task:
+other data carries no character roles (use `grail.analysis.saliency.quality` on rows with critical/filler spans)."""
 
 from __future__ import annotations
 

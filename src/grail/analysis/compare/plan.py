@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import re
-import typing
 from dataclasses import dataclass
 from pathlib import Path
 

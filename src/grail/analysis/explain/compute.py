@@ -21,7 +21,7 @@ tokenizer's ids of the text, nothing appended.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
