@@ -107,17 +107,24 @@ import tempfile
 import threading
 import time
 
-METHODS = {  # benchmark name → config fields that differ from GRPO's
-    "none": {"token_weighting": "none"},
+# Variants measured besides the method table's entries (each table method runs as {"token_weighting": name}, GRAIL's
+# with its fused saliency); benchmark name → the config fields that differ from GRPO's.
+VARIANTS = {
     "grail": {"token_weighting": "grail", "saliency_path": "fused"},
     "grail_separate": {"token_weighting": "grail", "saliency_path": "separate"},
     "grail_rollout": {"token_weighting": "grail", "weights_from": "rollout_policy"},  # once per rollout (μ > 1)
-    "oar_g": {"token_weighting": "oar_g"},
     "oar_g_release": {"token_weighting": "oar_g", "oar_variant": "grail_release"},
-    "oar_p": {"token_weighting": "oar_p"},
-    "random": {"token_weighting": "random"},
-    "entropy": {"token_weighting": "entropy"},
 }
+
+
+def _benchmarks() -> dict[str, dict]:
+    """Every benchmark name → its config fields: each method of the table (plug-ins included), then VARIANTS."""
+    from grail.methods.table import METHODS as TABLE
+
+    return {**{name: {"token_weighting": name} for name in TABLE}, **VARIANTS}
+
+
+METHODS = _benchmarks()
 BASELINE = "none"
 MIN_COMPLETION_TOKENS = 128
 # The issue's targets, as (method, ratio key, largest ratio that meets the target).

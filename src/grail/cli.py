@@ -42,11 +42,11 @@ def _fields_help() -> str:
     return "\n".join(lines)
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(methods_epilog: str = "") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="grail", description="GRPO with token-level credit assignment.")
     parser.add_argument("--version", action="version", version=f"grail-rl {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    epilog = _fields_help()
+    epilog = _fields_help() + methods_epilog
     fmt = argparse.RawDescriptionHelpFormatter
     train = sub.add_parser("train", help="train with GRPO on TRL", epilog=epilog, formatter_class=fmt,
                            usage="grail train [--config FILE.yaml] [--preset NAME] [--FIELD VALUE ...]")
@@ -61,6 +61,9 @@ def _parser() -> argparse.ArgumentParser:
     explain_cli.add_parser(sub)
     compare_cli.add_parser(sub)
     models_cli.add_parser(sub)
+    methods = sub.add_parser("methods", help="the token-weighting methods (built-in and plug-ins): what each "
+                             "computes, its cost, its own options, its reference")
+    methods.add_argument("name", nargs="*", help="only these methods")
     presets = sub.add_parser("presets", help="print the presets (or one) as YAML")
     presets.add_argument("name", nargs="?", choices=sorted(PRESETS))
     return parser
@@ -114,10 +117,27 @@ def _demo(args, rest: list[str]) -> int:
     return 0
 
 
+def _methods_epilog(argv: list[str]) -> str:
+    """For `grail train|demo --help`: the method table with each method's own options (loads torch, so only then)."""
+    if len(argv) < 2 or argv[0] not in ("train", "demo") or not {"-h", "--help"} & set(argv):
+        return ""
+    from grail.methods.table import describe
+
+    return "\n\ntoken_weighting methods and their own options (`grail methods`):\n" + describe()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args, rest = _parser().parse_known_args(argv)
+    args, rest = _parser(_methods_epilog(argv)).parse_known_args(argv)
     try:
+        if args.command == "methods":
+            from grail.methods.table import describe, parse_methods
+
+            eval_cli.check_no_extra(args.command, rest)
+            names = parse_methods(",".join(args.name), example="grail,ktae") if args.name else None
+            print("token_weighting methods (`--token_weighting NAME`, compare arms `NAME@option=value`):")
+            print(describe(names))
+            return 0
         if args.command == "presets":
             print(presets.render([args.name] if args.name else list(PRESETS)), end="")
             return 0

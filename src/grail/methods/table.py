@@ -26,7 +26,7 @@ from grail.methods.spec import MethodOption, MethodSpec, ProbeBatch, TokenWeight
 from grail.options.choices import WeightingOptions
 
 __all__ = ["ENTRY_POINT_GROUP", "METHODS", "OAR_P_FLOOR", "MethodOption", "MethodSpec", "ProbeBatch", "TokenWeights",
-           "checked", "method_names", "method_option", "method_spec", "oar_p_floor", "options_for", "parse_methods",
+           "checked", "describe", "method_names", "method_option", "method_spec", "oar_p_floor", "options_for", "parse_methods",
            "probed_rows",
            "register_method", "scored_tokens", "unregister_method", "zscore_tokens"]
 
@@ -169,6 +169,22 @@ def options_for(spec: MethodSpec, options: WeightingOptions) -> WeightingOptions
     carries when they are this method's, else its defaults)."""
     own = options.method_options if options.token_weighting == spec.name else None
     return replace(options, token_weighting=spec.name, method_options=spec.resolve_options(own))
+
+
+def describe(names: tuple[str, ...] | None = None) -> str:
+    """The methods (all, or `names`) as text: name, what it computes, cost, its own options, reference (`grail
+    methods`, the epilog of `grail train --help`)."""
+    lines = []
+    for name in names or tuple(METHODS):
+        spec = method_spec(name)
+        lines.append(f"  {name}: {spec.title}")
+        lines.append(f"      cost: {spec.cost or 'not stated'}" + (f"; {spec.reference}" if spec.reference else ""))
+        for option in spec.options:
+            lines.append(f"      --{option.name} (default {option.default!r}): {option.help}")
+        if spec.config:
+            lines.append("      sets " + ", ".join(f"{k}={v!r}" for k, v in spec.config.items()))
+    failed = [f"  (not loaded: {why})" for why in METHODS.failed.values()]
+    return "\n".join(lines + failed)
 
 
 def probed_rows(spec: MethodSpec, adv_B: torch.Tensor, spans: AnswerSpans, mask_BT: torch.Tensor,

@@ -1,10 +1,10 @@
 """KTAE: key-token advantage estimation (Sun et al. 2025, arXiv 2505.16826; code: xiaolizh1/KTAE), a plug-in.
 
 No model call. Within each group of rollouts of one prompt, every token id v gets a score from the 2×2 table of how
-many correct and wrong rollouts contain it (a, b of n_c, n_w): association = (α·F + β·IG)/(α + β), with
-F = exp(−2p) (p: two-sided Fisher exact test; F = 0 when p = 1, to 1e-9) and IG the information gain of
-"contains v" about correctness (bits); direction x = asin√(a/n_c) − asin√(b/n_w), plus (option ktae_tf) a BM25-style term comparing
-v's frequency in correct and wrong rollouts; kt(v) = top · (2σ(association · x) − 1) ∈ (−top, top). Every position
+many correct and wrong rollouts contain it (a, b of n_c, n_w): association = (α·F + β·IG)/(α + β), with F = exp(−2p)
+(p: two-sided Fisher exact test; F = 0 when p = 1, to 1e-9) and IG the information gain of "contains v" about
+correctness (bits); direction x = asin√(a/n_c) − asin√(b/n_w), plus (option ktae_tf) a BM25-style term comparing v's
+frequency in correct and wrong rollouts; kt(v) = top · (2σ(association · x) − 1) ∈ (−top, top). Every position
 holding v gets kt(v), and the token advantage is Â = A + kt, which grail hands TRL as w = 1 + kt / A.
 
 The choices the paper leaves open, and what this implementation does, are `OPEN_CHOICES` (on docs/methods/table.md).
