@@ -1,6 +1,6 @@
-"""Saliency AUROC (critical vs filler tokens) of the five methods on the synthetic task: 64 held-out problems with
-filler words at rate 0.6, teacher-forced (grail.analysis.saliency.quality), on the warm-started tiny model or a real
-model.
+"""Saliency AUROC (critical vs filler tokens) of every method with a probe on the synthetic task: 64 held-out
+problems with filler words at rate 0.6, teacher-forced (grail.analysis.saliency.quality), on the warm-started tiny
+model or a real model.
 
     python perf/saliency_auroc.py [--warm-start-filler-rate 0.6] [--rows 64] [--pairs within_trace|all]
     python perf/saliency_auroc.py --model smollm2-135m --task-style words [--rows 64]

@@ -24,11 +24,12 @@ from grail.analysis.explain.compute import (
 from grail.analysis.explain.html import BLUE, GREY, HIGH, LOW, RED, WHITE, render_page, weight_colour, write_profile_png
 from grail.cli import main
 from grail.evaluation.rewards import exact_int_reward
+from grail.methods.table import METHODS
 from grail.methods.weighting import method_function
 from grail.options.choices import WeightingOptions
 from grail.options.sampling import SamplingParams
 
-ALL_METHODS = ("grail", "oar_g", "oar_p", "random", "entropy", "none")
+ALL_METHODS = tuple(METHODS)  # every method of the table, plug-ins included
 PROMPT = "Q: 7+5*3\nA:"
 # Right, wrong, no box (and HTML, a two-byte character, a special token): every kind of row a page shows.
 COMPLETIONS = (" 7+5=12, 12*3=36. \\boxed{36}<|endoftext|>", " 7+5=12, 12*3=35. \\boxed{35}",

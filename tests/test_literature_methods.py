@@ -199,9 +199,9 @@ def test_eapo_through_the_functional_api_keeps_sign_and_mass(tokenizer):
 def test_compare_runs_the_literature_methods_against_grail_and_the_controls(tmp_path, warm_cache):
     import json
 
+    from conftest import WARM_STEPS
     from grail.analysis.compare.summary import RESULT_FILE
     from grail.cli import main
-    from conftest import WARM_STEPS
 
     cache, _ = warm_cache
     arms = "none,grail,ktae,span_mask,eapo,random,top_entropy"

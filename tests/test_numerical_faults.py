@@ -9,12 +9,13 @@ import torch
 
 import grail.training.trainer
 from batches import loss_and_grads, make_trainer, trl_batch
+from grail.methods.table import method_names
 from grail.methods.weighting import token_weights
 from grail.models.tiny import build_tiny_model
 from grail.options.choices import WeightingOptions
 from grail.training.trainer import GRAILTrainer
 
-PROBED = ("grail", "random", "entropy", "oar_g", "oar_p")
+PROBED = method_names(probed=True)
 
 
 @contextmanager

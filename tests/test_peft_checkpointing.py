@@ -12,7 +12,7 @@ from grail.methods.table import METHODS as METHOD_TABLE
 from grail.methods.weighting import token_weights
 from grail.training.trainer import GRAILTrainer
 
-METHODS = ["none", "grail", "oar_g", "oar_p", "random", "entropy"]
+METHODS = list(METHOD_TABLE)  # every method of the table
 LORA = dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
 
 

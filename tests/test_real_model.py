@@ -11,14 +11,19 @@ from datasets import Dataset
 from grail.analysis.explain.compute import token_texts
 from grail.cli import main
 from grail.evaluation.rewards import exact_int_reward
+from grail.methods.builtin import BUILTIN
+from grail.methods.table import METHODS as TABLE
 from grail.methods.weighting import method_function, token_weights
 from grail.options.choices import WeightingOptions
 from grail.training.config import GRAILConfig
 from grail.training.trainer import GRAILTrainer
 
 pytestmark = pytest.mark.real
-METHODS = ("none", "grail", "oar_g", "oar_p", "random", "entropy")
-PROBED = tuple(m for m in METHODS if m != "none")
+# every method of the table; the plug-ins' runs on the real model are slow tests (the default suite runs them on the
+# tiny model), OAR-P's too
+METHODS = tuple(TABLE)
+BUILTIN_NAMES = {spec.name for spec in BUILTIN}
+PROBED = tuple(m for m in METHODS if TABLE[m].probe is not None)
 
 QUESTIONS = ["Mia has 7 apples. She buys 5 more. How many apples does she have now?",
              "A box holds 9 pens. Tom takes 4 of them. How many pens are left in the box?"]
@@ -49,7 +54,8 @@ def _batch(tokenizer):
             "completion_mask": c["attention_mask"], "advantages": torch.tensor(ADVANTAGES)}
 
 
-@pytest.mark.parametrize("method", [pytest.param(m, marks=pytest.mark.slow) if m == "oar_p" else m for m in PROBED])
+@pytest.mark.parametrize("method", [pytest.param(m, marks=pytest.mark.slow) if m == "oar_p" or m not in BUILTIN_NAMES
+                                    else m for m in PROBED])
 def test_every_method_gives_finite_weights_on_the_real_model(real, method):
     """Finite, positive on real tokens, 0 on padding, varying on the probed rows; OAR's reshaping preserves the mass
     of the scored tokens, and every method's `row_mean` rescale makes each row's mean weight exactly 1."""
@@ -114,7 +120,8 @@ def word_problems(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", [m if m in BUILTIN_NAMES else pytest.param(m, marks=pytest.mark.slow)
+                                    for m in METHODS])
 def test_every_method_trains_two_steps_on_the_real_model_through_grail_train(real_model_dir, word_problems, tmp_path,
                                                                             method, capsys):
     out = tmp_path / "run"

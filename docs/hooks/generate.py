@@ -5,6 +5,7 @@ A page asks for generated content with a marker line, which `on_page_markdown` r
     <!-- grail:config-fields [only="SECTION"] [skip="SECTION"] -->   GRAILFields, from each field's help
     <!-- grail:cli -->                                               the argparse parsers of grail.cli
     <!-- grail:presets -->                                           PRESETS of grail.options.presets
+    <!-- grail:methods -->                                           the method table (grail.methods.table.METHODS)
     <!-- grail:layers -->                                            LAYERS of tests/test_layers.py, the folders
     <!-- grail:modules -->                                           every module, from its docstring, by layer
     <!-- grail:scripts -->                                           the perf/ scripts, from their docstrings
@@ -204,6 +205,48 @@ def presets() -> str:
     return "\n".join(out)
 
 
+# ----------------------------------------------------------------------------------------------- methods
+
+_ROWS = {"none": "none (no probe)", "saliency": "A ≠ 0, inside rollout_symmetry, with a complete box (GRAIL's)",
+         "bilevel": "A ≠ 0 with a scored token (and a box for the answer_mean distribution) (OAR's)",
+         "advantaged": "every row with A ≠ 0"}
+
+
+def methods() -> str:
+    """One section per method of the table (built-in and plug-ins): what it computes, cost, options, properties,
+    reference, the choices its paper leaves open; from each `MethodSpec`."""
+    from grail.methods.table import METHODS
+
+    out = ["| `--token_weighting` | method | cost per step | own options |", "|---|---|---|---|"]
+    out += [f"| [`{name}`](#{name}) | {_escape(spec.label)} | {_escape(spec.cost)} | "
+            f"{', '.join(f'`{o.name}`' for o in spec.options) or '—'} |" for name, spec in METHODS.items()]
+    for name, spec in METHODS.items():
+        out += ["", f"## {name}", "", f"**{_escape(spec.title)}**", ""]
+        if spec.summary:
+            out += [_escape(spec.summary), ""]
+        out += [f"* Cost per step: {_escape(spec.cost or 'not stated')}.",
+                f"* Rows probed: {_ROWS[spec.rows]}" + ("; fused with TRL's forward when it can be" if spec.fuse
+                                                        else "") + ".",
+                f"* Row mass (Σ Â = Σ A per row) {'kept' if spec.preserves_mass else 'not kept'}; sign of A on every "
+                f"token {'kept' if spec.preserves_sign else 'not kept'}."]
+        if spec.groups:
+            out.append("* Reads every rollout of a group: weights at rollout time (`weights_from: rollout_policy`).")
+        if spec.config:
+            out.append("* Sets " + ", ".join(f"`{k}: {v}`" for k, v in spec.config.items()) + " (where left at the "
+                       "default).")
+        if spec.unshardable:
+            out.append(f"* Refused on sharded models (ZeRO-3, FSDP): {_escape(spec.unshardable)}.")
+        if spec.reference:
+            out.append(f"* Reference: {_escape(spec.reference)}.")
+        if spec.options:
+            out += ["", "| option | default | meaning |", "|---|---|---|"]
+            out += [f"| `{o.name}` | `{o.default!r}` | {_escape(o.help)} |" for o in spec.options]
+        if spec.open_choices:
+            out += ["", "Choices the paper leaves open, as implemented here:", ""]
+            out += [f"{i}. {_escape(c)}" for i, c in enumerate(spec.open_choices, 1)]
+    return "\n".join(out)
+
+
 # ----------------------------------------------------------------------------------------------- layers
 
 def _layers() -> tuple[dict[str, str], set[tuple[str, str]]]:
@@ -273,7 +316,7 @@ def scripts() -> str:
 # ----------------------------------------------------------------------------------------------- the hook
 
 GENERATORS = {"config-fields": config_fields, "cli": cli, "presets": presets, "layers": layers, "modules": modules,
-              "scripts": scripts}
+              "scripts": scripts, "methods": methods}
 
 
 def generated(name: str, **args: str) -> str:

@@ -56,7 +56,7 @@ def _parser(methods_epilog: str = "") -> argparse.ArgumentParser:
                           epilog=epilog, formatter_class=fmt, usage="grail demo [--method M1,M2] [--FIELD VALUE ...]")
     demo.add_argument("--method", default="none,grail",
                       help="token_weighting methods to train and compare, comma-separated, from the same start and "
-                      "seeds (default: none,grail = GRPO vs GRAIL; e.g. none,grail,random,entropy,oar_g,oar_p)")
+                      "seeds (default: none,grail = GRPO vs GRAIL; `grail methods` lists the methods)")
     eval_cli.add_parsers(sub)
     explain_cli.add_parser(sub)
     compare_cli.add_parser(sub)

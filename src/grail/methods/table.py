@@ -26,9 +26,8 @@ from grail.methods.spec import MethodOption, MethodSpec, ProbeBatch, TokenWeight
 from grail.options.choices import WeightingOptions
 
 __all__ = ["ENTRY_POINT_GROUP", "METHODS", "OAR_P_FLOOR", "MethodOption", "MethodSpec", "ProbeBatch", "TokenWeights",
-           "checked", "describe", "method_names", "method_option", "method_spec", "oar_p_floor", "options_for", "parse_methods",
-           "probed_rows",
-           "register_method", "scored_tokens", "unregister_method", "zscore_tokens"]
+           "checked", "describe", "method_names", "method_option", "method_spec", "oar_p_floor", "options_for",
+           "parse_methods", "probed_rows", "register_method", "scored_tokens", "unregister_method", "zscore_tokens"]
 
 ENTRY_POINT_GROUP = "grail.methods"  # a package's `[project.entry-points."grail.methods"]`: name = "module:SPEC"
 _RESERVED = {f for f in WeightingOptions.__dataclass_fields__}  # option names a method may not take

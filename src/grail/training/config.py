@@ -73,19 +73,18 @@ class GRAILConfig(GRPOConfig, GRAILFields):
 
     def _check_method(self) -> None:
         """token_weighting names a method of the table; its own options resolved (defaults filled, values checked);
-        the config fields it needs (`MethodSpec.config`) set where they are at their defaults, refused where the user
-        set another value."""
+        the config values it comes with (`MethodSpec.config`) set where the field is at its default (an explicit other
+        value stays, and the method's check judges it); a method that reads whole groups gets rollout-time
+        weights, and is refused with current-policy ones."""
         spec = method_spec(self.token_weighting)
         self.method_options = spec.resolve_options(self.method_options)
         defaults = {f.name: f.default for f in fields(GRAILConfig)}
-        needs = {**spec.config, **({"weights_from": "rollout_policy"} if spec.groups else {})}
-        for name, value in needs.items():
-            current = getattr(self, name)
-            if current == defaults.get(name):
+        for name, value in {**spec.config, **({"weights_from": "rollout_policy"} if spec.groups else {})}.items():
+            if getattr(self, name) == defaults.get(name):
                 setattr(self, name, value)
-            elif current != value:
-                raise ValueError(f"token_weighting={spec.name!r} needs {name}={value!r}, but {name}={current!r} is "
-                                 f"set; remove {name} (the method sets it) or choose another method.")
+        if spec.groups and self.weights_from != "rollout_policy":
+            raise ValueError(f"token_weighting={spec.name!r} reads every rollout of a group, which only the rollout "
+                             f"batch holds; set weights_from='rollout_policy' (or leave it unset).")
 
     def _check_choices(self) -> None:
         for f in fields(GRAILConfig):

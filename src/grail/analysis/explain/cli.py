@@ -38,7 +38,7 @@ def add_parser(sub) -> None:
     p.add_argument("--model", help="a save_pretrained directory, a Hub id, or `tiny` (the warm-started embedded "
                    "model, resolved as by grail train: cached under cache_dir, keyed by the warm-start settings)")
     p.add_argument("--method", default="grail", help="token_weighting methods, comma-separated, shown one above the "
-                   "other for each completion (default grail; e.g. grail,oar_g,oar_p,random,entropy,none)")
+                   "other for each completion (default grail; e.g. grail,oar_g; `grail methods` lists them)")
     p.add_argument("--prompt", help="one problem, rendered in the run's prompt format (prompt_suffix, "
                    "conversational, chat_template_kwargs, `auto` resolved as by grail train: a problem of the "
                    "synthetic task for the tiny model, a real one for any other; or the model's saved "
