@@ -4,7 +4,9 @@ r"""Grader fuzz throughput: the adversarial and generated items of tests/test_gr
 Items: the fuzz test's hypothesis strategy (`item`: NASTY fragments, random text and integers, boxed, bare or over
 two boxes, against eight references), drawn the way its slow test draws them (`item.example()`: @given runs of 10
 examples) but with @seed(seed * 1000003 + run) for each run of 10, so the same `--seed` gives the same items on
-every machine.
+every machine. One departure: hypothesis also draws "local constants", the literals of every module loaded from this
+checkout (the grader's own strings among them), so the items would change with any edit to the code under test;
+this script draws without them (a private hook of hypothesis), and `items_digest` identifies the item set.
 Paths:
 - `eval`: `GradingPool(--workers).grade_many(..., timeout_s=2, item_deadline_s=8)`, the test's call. An item's
   seconds here are the parent's view (sent to a worker until its result came back; a killed item: its deadline);
@@ -20,6 +22,7 @@ Run: `python perf/grader_fuzz.py [--n 10000] [--seed 0] [--paths eval,reward]`; 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
 import json
 import os
@@ -37,15 +40,25 @@ RUN = 10  # examples per @given run: what `strategy.example()` draws at a time
 
 
 def fuzz_items(n: int, seed: int = 0) -> list[tuple[str, str]]:
-    """n (completion, reference) pairs of the fuzz test's `item` strategy, the same for the same seed."""
+    """n (completion, reference) pairs of the fuzz test's `item` strategy, the same for the same seed whatever the
+    code around them (module docstring)."""
+    from hypothesis.internal.conjecture import providers
+
     spec = importlib.util.spec_from_file_location("grader_fuzz_items", FUZZ_TEST)
     fuzz = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fuzz)
+    local_constants = providers._get_local_constants
+    providers._get_local_constants = providers.Constants  # none: an empty set of constants
+    providers.CONSTANTS_CACHE.cache.clear()
     items: list[tuple[str, str]] = []
     run = 0
-    while len(items) < n:
-        items += _run_of_examples(fuzz.item, seed * 1_000_003 + run)
-        run += 1
+    try:
+        while len(items) < n:
+            items += _run_of_examples(fuzz.item, seed * 1_000_003 + run)
+            run += 1
+    finally:
+        providers._get_local_constants = local_constants
+        providers.CONSTANTS_CACHE.cache.clear()
     return items[:n]
 
 
@@ -163,7 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     items = fuzz_items(n, args.seed)
     build_s = time.perf_counter() - started
-    result: dict = {"items": n, "distinct_items": len(set(items)), "seed": args.seed, "smoke": args.smoke,
+    digest = hashlib.sha256(json.dumps(items).encode()).hexdigest()[:16]
+    result: dict = {"items": n, "distinct_items": len(set(items)), "items_digest": digest, "seed": args.seed,
+                    "smoke": args.smoke,
                     "build_s": round(build_s, 2), "cpu_count": os.cpu_count(), "python": platform.python_version()}
     here = os.getcwd()
     with tempfile.TemporaryDirectory(prefix="grader-fuzz-") as tmp:
