@@ -17,7 +17,9 @@ from grail.evaluation import grader, grading_workers
 from grail.evaluation.grader import GradeResult, GradingPool, grade, grade_many
 from grail.evaluation.reference_text import gold_latex
 
-POWER_TOWER = "\\boxed{9^{9^{9^{9}}}}"  # sympy would compute 9^(9^9) exactly: only a timeout stops it
+POWER_TOWER = "\\boxed{9^{9^{9^{9}}}}"  # sympy would compute 9^(9^9): rejected from its text (evaluation.oversize)
+# past that guard (it reads |-9| as a symbol), sympy computes |-9| = 9, then 9^(9^9): only a timeout stops it
+SLOW = "\\boxed{|-9|^{9^{9}}}"
 
 
 def run_in_thread(func, *args, **kwargs):
@@ -190,6 +192,14 @@ def test_too_long_is_not_parsed():
     assert grade("\\boxed{" + content + "}", "1") == GradeResult(False, content, "too_long")
 
 
+def test_too_large_is_not_parsed():
+    """A power tower, a huge factorial, deep nesting: "too_long" at once, where sympy would run until the alarm."""
+    started = time.perf_counter()
+    for content in (POWER_TOWER[7:-1], "1000000!", "{" * 50 + "3" + "}" * 50):
+        assert grade("\\boxed{" + content + "}", "3") == GradeResult(False, content, "too_long")
+    assert time.perf_counter() - started < 1  # one 5 s alarm each without the guard
+
+
 def test_reference_forms():
     """A reference in $...$, with a box, as a number or as a list of accepted forms (the first is used)."""
     for reference in ("$10-4 n$", "\\(10 - 4n\\)", "\\boxed{10-4n}", ["10-4n", "junk"], "$$10-4n$$"):
@@ -257,14 +267,14 @@ def test_grade_many_validates_its_input():
 
 def test_pathological_item_times_out_on_the_main_thread():
     started = time.perf_counter()
-    assert grade(POWER_TOWER, "1", timeout_s=1) == GradeResult(False, POWER_TOWER[7:-1], "timeout")
+    assert grade(SLOW, "1", timeout_s=1) == GradeResult(False, SLOW[7:-1], "timeout")
     assert time.perf_counter() - started < 1.9  # without the alarm this runs for hours
 
 
 def test_worker_over_its_wall_bound_is_killed_and_replaced():
     """The worker's own alarm is 5 s; the item's wall bound 0.5 s: the parent kills it, as it would a C call that
     ignores signals, and a fresh worker grades the items queued behind it."""
-    completions = [POWER_TOWER, "\\boxed{2}", "\\boxed{3}", "\\boxed{5}"]
+    completions = [SLOW, "\\boxed{2}", "\\boxed{3}", "\\boxed{5}"]
     started = time.perf_counter()
     results = grade_many(completions, ["1", "2", "3", "4"], workers=2, timeout_s=5, item_deadline_s=0.5)
     assert [(r.correct, r.reason) for r in results] == [(False, "timeout"), (True, "ok"), (True, "ok"), (False, "ok")]
@@ -283,12 +293,12 @@ def test_off_main_worker_that_dies_is_replaced(off_main_worker):
         deadline = time.monotonic() + 30
         while grader._off_main.slots[0].index is None and time.monotonic() < deadline:  # not yet sent
             time.sleep(0.01)
-        time.sleep(0.3)  # inside sympy on the power tower (its alarm: 5 s)
+        time.sleep(0.3)  # inside sympy on SLOW (its alarm: 5 s)
         off_main_worker().kill()
 
     killer = threading.Thread(target=kill_soon)
     killer.start()
-    assert run_in_thread(grade, POWER_TOWER, "1") == GradeResult(False, POWER_TOWER[7:-1], "worker_died")
+    assert run_in_thread(grade, SLOW, "1") == GradeResult(False, SLOW[7:-1], "worker_died")
     killer.join()
     assert run_in_thread(grade, "\\boxed{3}", "3").correct
 
@@ -296,7 +306,7 @@ def test_off_main_worker_that_dies_is_replaced(off_main_worker):
 @pytest.mark.slow
 def test_pathological_items_with_the_default_bounds_do_not_hang_the_pool():
     started = time.perf_counter()
-    results = grade_many([POWER_TOWER, POWER_TOWER, "\\boxed{2}"], ["1", "1", "2"], workers=2)
+    results = grade_many([SLOW, SLOW, "\\boxed{2}"], ["1", "1", "2"], workers=2)
     assert [(r.correct, r.reason) for r in results] == [(False, "timeout"), (False, "timeout"), (True, "ok")]
     assert time.perf_counter() - started < 4 * grader.TIMEOUT_S  # one alarm each, in parallel
 

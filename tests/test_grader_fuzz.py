@@ -1,8 +1,9 @@
 """The grader under attack (issue 11, section 2): adversarial and generated answers never hang, crash, write a file
 or grade a perturbed correct answer as correct, through the evaluation path (GradingPool) and the training reward.
 
-The default suite runs 120 generated items (about a minute on 2 cores: the mix is built to hit the timeouts);
-`-m slow` runs 10,000 and prints the throughput (long: timed-out items cost their deadline).
+The default suite runs 120 generated items (the mix is built to hit the timeouts; its power towers, huge factorials
+and deep nesting are graded too_long from their text, grail.evaluation.oversize); `-m slow` runs 10,000 and prints
+the throughput (`python perf/grader_fuzz.py` grades the same mix, seeded, through both paths).
 """
 
 import os

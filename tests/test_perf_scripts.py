@@ -1,8 +1,10 @@
 """perf/step_overhead.py runs end to end in --smoke mode, on a warm start that closes its boxes, and prints one
-JSON object with every field; the JSON shows that GRAIL's probe really ran."""
+JSON object with every field; the JSON shows that GRAIL's probe really ran. The other perf/ scripts run in their
+smoke modes too."""
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -94,7 +96,6 @@ def test_gpu_check_smoke_runs_every_method_on_the_cpu(capsys):
 def test_oar_p_memory_smoke_measures_each_chunk_size_in_its_own_process():
     """perf/oar_p_memory.py on a short row: one table row and one JSON record per chunk size, with the copies per
     chunk the bound allows and a measured peak (the figures themselves are the script's report, not checked here)."""
-    import os
     import subprocess
     import sys
 
@@ -105,3 +106,25 @@ def test_oar_p_memory_smoke_measures_each_chunk_size_in_its_own_process():
     assert [(r["chunk_tokens"], r["copies_per_chunk"], r["copies"]) for r in rows] == [(80, 1, 8), (400, 5, 8)]
     assert all(r["measured_bytes"] >= 0 and r["bound"]["total"] > 0 for r in rows)
     assert "| 400 | 5 |" in out
+
+
+def test_grader_fuzz_smoke_grades_the_fuzz_items_through_both_paths(tmp_path, monkeypatch, capsys):
+    """perf/grader_fuzz.py --smoke: 100 seeded fuzz items (the same on every run) through GradingPool and the
+    training reward, in a temporary directory; the JSON counts every item once per path, and nothing was written."""
+    spec = importlib.util.spec_from_file_location("grader_fuzz", SCRIPT.parent / "grader_fuzz.py")
+    grader_fuzz = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(grader_fuzz)
+    assert grader_fuzz.fuzz_items(30, seed=3) == grader_fuzz.fuzz_items(30, seed=3) != grader_fuzz.fuzz_items(30)
+    monkeypatch.chdir(tmp_path)
+    assert grader_fuzz.main(["--smoke"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["items"] == 100 and result["files_written"] == [] and result["wrote_files"] is False
+    assert os.listdir(tmp_path) == []  # it graded in a temporary directory of its own
+    for path in ("eval", "reward"):
+        row = result[path]
+        assert sum(row["reasons"].values()) == 100 and row["items_per_s"] > 0, path
+        assert row["slowest"]["seconds"] > 0 and row["slowest"]["reason"] in row["reasons"], path
+        assert row["reasons"].get("too_long", 0) > 0, path  # the power towers and factorials of the mix
+    for reason in ("no_box", "empty_box", "too_long"):  # decided before any alarm: the same on both paths
+        assert result["eval"]["reasons"].get(reason) == result["reward"]["reasons"].get(reason), reason
+    assert result["eval"]["worker_starts"] >= 2 and result["target"]["eval_items_per_s"] == 50

@@ -9,7 +9,8 @@ from grail.evaluation import grader, rewards
 from grail.evaluation.reference_text import gold_latex
 from grail.evaluation.rewards import completion_text, exact_int_reward, math_verify_reward
 
-POWER_TOWER = "\\boxed{9^{9^{9^{9}}}}"  # sympy would compute 9^(9^9) exactly: only a timeout stops it
+# past the oversize guard (it reads |-9| as a symbol), sympy computes |-9| = 9, then 9^(9^9): only a timeout stops it
+SLOW = "\\boxed{|-9|^{9^{9}}}"
 
 
 def run_in_thread(func, *args, **kwargs):
@@ -143,7 +144,7 @@ def test_math_verify_reward_garbage_scores_zero_without_raising():
 def test_math_verify_reward_times_out_on_main_thread(monkeypatch):
     monkeypatch.setattr(rewards, "TIMEOUT_S", 1)
     started = time.perf_counter()
-    assert math_verify_reward(completions=[POWER_TOWER, "\\boxed{2}"], answer=["5", "2"]) == [0.0, 1.0]
+    assert math_verify_reward(completions=[SLOW, "\\boxed{2}"], answer=["5", "2"]) == [0.0, 1.0]
     assert time.perf_counter() - started < 1.9  # without the timeout this runs for hours
 
 
@@ -164,7 +165,7 @@ def test_math_verify_reward_off_the_main_thread_matches_main_thread(off_main_wor
 def test_worker_that_overruns_is_killed_and_replaced(monkeypatch, off_main_worker):
     assert run_in_thread(math_verify_reward, completions=["\\boxed{2}"], answer=["2"]) == [1.0]  # warm
     monkeypatch.setattr(rewards, "TIMEOUT_S", 0.1)  # the item's wall-clock deadline becomes 4 × 0.1 s
-    assert run_in_thread(math_verify_reward, completions=[POWER_TOWER], answer=["5"]) == [0.0]
+    assert run_in_thread(math_verify_reward, completions=[SLOW], answer=["5"]) == [0.0]
     assert off_main_worker() is None
     monkeypatch.undo()
     assert run_in_thread(math_verify_reward, completions=["\\boxed{2}"], answer=["2"]) == [1.0]

@@ -6,7 +6,10 @@ The one home of the grading logic (docs/methods/none.md, docs/guides/evaluation.
 What is compared
 1. The prediction is the content of the last complete box (`grail.tasks.boxed`). No complete box: "no_box". An empty
    box (`\boxed{}`, or only spaces inside): "empty_box", a wrong answer. A content longer than MAX_ANSWER_CHARS is
-   not parsed: "too_long" (no reference answer is that long).
+   not parsed: "too_long" (no reference answer is that long); nor is one too large to grade, told from its text
+   (`grail.evaluation.oversize`): brackets nested deeper than 10, or a power, factorial or binomial coefficient of
+   literal numbers with more than 100,000 digits (`9^{9^{9^{9}}}`, `1000000!`), which sympy would compute until
+   the alarm rang.
 2. Both sides go through `gold_latex`, so the reference and the prediction take the same path through
    math-verify's parser: one pair of math delimiters around the whole text ($..$, $$..$$, \(..\), \[..\]) and
    one final full stop are removed, a number written in spaced groups of three digits ("1\,000") is joined,
@@ -27,7 +30,7 @@ c. both are equations whose sides do not match (side by side, swapped, or as dif
    solution sympy finds: math-verify's last resort zips the two solution lists, and two empty ones count as equal.
 
 Reasons (`GradeResult.reason`): "ok" = compared (`correct` holds the verdict: True, or both sides parsed as
-mathematics and differ); "no_box"; "empty_box"; "too_long"; "parse_error" = the box content did not parse as
+mathematics and differ); "no_box"; "empty_box"; "too_long" (1.); "parse_error" = the box content did not parse as
 mathematics (math-verify extracted nothing, or only text, which differs from the reference's); "bad_reference" =
 the same for the reference; "timeout" = a parse or comparison hit its TIMEOUT_S alarm, or the item overran its
 wall-clock bound in a worker process and the worker was killed; "worker_died" = the worker process grading it
@@ -82,6 +85,7 @@ from grail.evaluation.grading_workers import (
     default_workers,
 )
 from grail.evaluation.guards import accepted
+from grail.evaluation.oversize import oversize
 from grail.evaluation.reference_text import first_answer, gold_latex
 from grail.tasks.boxed import all_boxed_content, last_boxed_content
 
@@ -144,8 +148,10 @@ def _grade_content(content: str | None, reference: Any, timeout_s: float, boxes:
         return GradeResult(False, content, "empty_box")
     if len(content) > MAX_ANSWER_CHARS:
         return GradeResult(False, content, "too_long")
-    seconds = _alarm_seconds(timeout_s)
     gold_text, pred_text = gold_latex(reference, boxes), gold_latex(content, boxes)
+    if oversize(pred_text[len("\\boxed{"):-1]):  # would only end at the alarm
+        return GradeResult(False, content, "too_long")
+    seconds = _alarm_seconds(timeout_s)
     try:
         gold = _parse_reference(gold_text, seconds)
     except TimeoutException:
