@@ -9,7 +9,7 @@ import torch
 
 import grail.training.trainer
 from batches import loss_and_grads, make_trainer, trl_batch
-from grail.methods.table import method_names
+from grail.methods.table import METHODS, method_names
 from grail.methods.weighting import token_weights
 from grail.models.tiny import build_tiny_model
 from grail.options.choices import WeightingOptions
@@ -64,12 +64,19 @@ def _weights(small, method):
 def test_non_finite_logits_in_a_row_give_that_row_uniform_weights(small, method, value):
     mask_BT = small[4]
     clean = _weights(small, method)
-    assert clean.probed_B.tolist() == [True, False, True, False] and not clean.fallback_B.any()
+    # rows 0 and 2 have a box; methods that read no box probe every row with A != 0
+    expected = [True, True, True, True] if METHODS[method].rows == "advantaged" else [True, False, True, False]
+    assert clean.probed_B.tolist() == expected and not clean.fallback_B.any()
     with non_finite_rows(small[0], [0], value):
         w = _weights(small, method)
     assert torch.isfinite(w.weights_BT).all()
+    if METHODS[method].groups:  # KTAE calls no model: broken logits cannot reach its weights
+        assert torch.equal(w.weights_BT, clean.weights_BT)
+        return
     assert w.fallback_B[0] and torch.equal(w.weights_BT[0], mask_BT[0].float())  # uniform on its real tokens
-    if method != "oar_p":  # OAR-P's perturbed copies are batched, so "row 0" of its forwards holds other rows too
+    if method == "oar_p" or method == "span_mask":  # their copies are batched per row: "row 0" of each forward is
+        assert w.fallback_B[0] and w.fallback_B[2]  # each row's clean copy, so the rows that ran a forward fall back
+    else:
         assert not w.fallback_B[2] and torch.equal(w.weights_BT[2], clean.weights_BT[2])
 
 

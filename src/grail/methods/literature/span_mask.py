@@ -101,6 +101,9 @@ def _probe(model, rows, options, generator) -> torch.Tensor:
                 answer_n[S:] = rows.answer_BT[i][: len(completion)]
                 lp = _answer_logprob(model, copies, answer_n.expand_as(copies), options.perturbation_chunk_tokens,
                                      options.temperature).double()
+                if not torch.isfinite(lp).all():  # non-finite logits: no signal; the pipeline gives uniform weights
+                    importance_BT[i, torch.nonzero(rows.reasoning_BT[i]).squeeze(1)[:n]] = float("nan")
+                    continue
                 for (s, e), drop in zip(spans, (lp[0] - lp[1:]).tolist(), strict=True):
                     imp[s:e] += drop / (e - s)
             low, high = imp.min(), imp.max()
