@@ -537,3 +537,18 @@ def test_fsdp2_trains_on_two_cpu_processes(tmp_path, warm_cache, method):
             assert step["local"] * 2 == step["full"] and step["sharded_by"] == "FSDP", step
         if method == "grail":
             assert steps[0]["fused_unavailable"].startswith("FSDP"), steps[0]
+
+
+@pytest.mark.parametrize("env, distributed_type, warned", [
+    ({"ACCELERATE_USE_FSDP": "true"}, "MULTI_CPU", True),  # what the launch above gives: an FSDP config run as DDP
+    ({"ACCELERATE_USE_FSDP": "true"}, "FSDP", False),
+    ({}, "MULTI_CPU", False),
+    ({"ACCELERATE_USE_FSDP": "false"}, "MULTI_CPU", False),
+])
+def test_a_dropped_fsdp_config_is_named_not_silent(env, distributed_type, warned):
+    from grail.training.trainer import dropped_engine
+
+    reason = dropped_engine(env, distributed_type)
+    assert (reason is not None) == warned
+    if warned:
+        assert "runs FSDP configs on CPU processes as DDP" in reason

@@ -30,7 +30,9 @@ The fused path checks S3 at run time too (a wrong count or an early read of `adv
 
 from __future__ import annotations
 
+import os
 import time
+import warnings
 from contextlib import contextmanager
 
 import torch
@@ -63,6 +65,17 @@ def sharded_by(trainer) -> str | None:
         return "DeepSpeed ZeRO-3"
     if getattr(trainer, "is_fsdp_enabled", False):
         return "FSDP"
+    return None
+
+
+def dropped_engine(environ, distributed_type: str) -> str | None:
+    """Why the launch asked for a sharded engine that accelerate did not start, or None. accelerate 1.15 takes its
+    FSDP branch only for accelerator devices (accelerate/state.py: `MULTI_CPU` is not in the list that becomes
+    `FSDP`), so an FSDP config on CPU processes runs as plain DDP without a word (tests/test_multiprocess.py)."""
+    if environ.get("ACCELERATE_USE_FSDP", "").lower() in ("true", "1") and distributed_type == "MULTI_CPU":
+        return ("the launch asked for FSDP (ACCELERATE_USE_FSDP=true), but accelerate runs FSDP configs on CPU "
+                "processes as DDP (its FSDP branch covers accelerator devices only): every process holds the whole "
+                "model. This run trains correctly, unsharded; use a GPU launch for FSDP")
     return None
 
 
@@ -100,6 +113,9 @@ class GRAILTrainer(GRPOTrainer):
                             "GRAILConfig(...).")
         self.weighting = self.args.weighting_options()
         self.method = method_spec(self.weighting.token_weighting)
+        dropped = dropped_engine(os.environ, self.accelerator.distributed_type.name)
+        if dropped and self.accelerator.is_main_process:
+            warnings.warn(f"grail: {dropped}.", stacklevel=2)
         refuse_if_unshardable(self.method, sharded_by(self))
         self._check_probe_reaches_the_model()
         device = self.accelerator.device
