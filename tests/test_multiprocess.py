@@ -258,6 +258,9 @@ if rank == 0:
     with open(sys.argv[2], "w") as f:
         json.dump(report, f, indent=1)
 accelerator.wait_for_everyone()
+# end the process group before exit, as grail's command line does (grail.cli._close_process_group): left to
+# exit-time teardown, gloo's threads can abort a finished process ("terminate called without an active exception")
+torch.distributed.destroy_process_group()
 '''
 
 
@@ -447,6 +450,9 @@ with open(f"{os.environ['GRAIL_RECORD']}.{state.process_index}", "w") as f:
     json.dump({"distributed_type": state.distributed_type.name,
                "fsdp_plugin": getattr(state, "fsdp_plugin", None) is not None,
                "env": os.environ.get("ACCELERATE_USE_FSDP")}, f)
+import torch.distributed
+if torch.distributed.is_initialized():  # before exit (see WEIGHTS_SCRIPT)
+    torch.distributed.destroy_process_group()
 '''
 
 # accelerate 1.15 takes its FSDP branch only for accelerator devices: AcceleratorState.__init__ (accelerate/state.py,
