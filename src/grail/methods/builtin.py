@@ -111,8 +111,9 @@ def bilevel_pipeline(spec, signal_BT, adv_B, spans, mask_BT, rows_B, options, ge
     return TokenWeights.simple(out.weights_BT, spans, rows_B, out.fallback_B)
 
 
-_OUTPUT_SHARD = ("its probe applies the output layer's weight outside the model's forward "
-                 "(grail.methods.probes.output_logits), where ZeRO-3/FSDP hold only this process's shard of it")
+_OUTPUT_SHARD = ("its probe forms logits from the output layer outside the model's forward "
+                 "(grail.methods.probes.output_logits gathers the sharded layer for it), and its weights on a sharded "
+                 "model have not yet been checked against a one-process computation")
 
 
 def _oar_check(options: WeightingOptions, config) -> str | None:

@@ -211,12 +211,29 @@ def output_is_linear(model: nn.Module) -> bool:
 def _output_layer(model: nn.Module) -> nn.Module:
     get = getattr(model, "get_output_embeddings", None)
     head = get() if callable(get) else None
-    if not isinstance(getattr(head, "weight", None), torch.Tensor) or head.weight.dim() != 2:
+    weight = getattr(head, "weight", None)
+    shape = getattr(weight, "ds_shape", None) or getattr(weight, "shape", ())  # ZeRO-3: the full shape of a partition
+    if not isinstance(weight, torch.Tensor) or len(shape) != 2:
         raise ValueError(f"output_logits: {type(model).__name__}.get_output_embeddings() "
                          f"{'is missing' if not callable(get) else f'returned {type(head).__name__}'}, not a linear "
                          f"output layer with a (V, D) `.weight`; the probes form logits only at the positions they "
                          f"need. {_FIX}get_output_embeddings() returning its lm_head (an nn.Linear).")
     return head
+
+
+@contextmanager
+def _gathered(head: nn.Module):
+    """The output layer's whole parameters for the duration (DeepSpeed ZeRO-3 holds a partition of each outside the
+    forward; every process gathers, so every process must call this alike, as the probes' forwards are); a no-op for
+    other models."""
+    params = [p for p in head.parameters(recurse=False) if hasattr(p, "ds_id")]
+    if not params:
+        yield
+        return
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+        yield
 
 
 def output_logits(model: nn.Module, hidden_ND: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -225,8 +242,13 @@ def output_logits(model: nn.Module, hidden_ND: torch.Tensor, temperature: float)
     under σ = 1e-3 noise needs its precision). Equals the model's own logits / temperature (tested per architecture,
     tests/test_architectures.py)."""
     head = _output_layer(model)
-    bias = head.bias.detach() if getattr(head, "bias", None) is not None else None
-    logits = F.linear(hidden_ND.to(head.weight.dtype), head.weight.detach(), bias)
+    with _gathered(head):
+        bias = head.bias.detach() if getattr(head, "bias", None) is not None else None
+        weight = head.weight.detach()
+        if hasattr(weight, "full_tensor"):  # an FSDP2 DTensor outside the forward: this process's shard
+            weight = weight.full_tensor()
+            bias = bias.full_tensor() if hasattr(bias, "full_tensor") else bias
+        logits = F.linear(hidden_ND.to(weight.dtype), weight, bias)
     logits = logits.to(at_least_float32(logits))  # (N, V)
     scale, softcap = logit_transform(model)
     if scale != 1.0:
