@@ -129,6 +129,8 @@ def _pipeline(spec, signal_BT, adv_B, spans, mask_BT, rows_B, options, generator
 
 SPEC = MethodSpec(
     "span_mask", "span masking", _probe, _pipeline, rows="advantaged", auroc=False,
+    unshardable="its probe runs a data-dependent number of forwards per process (one per row with spans, in chunks), "
+                "so the processes' parameter gathers under ZeRO-3/FSDP would fall out of step and the run would hang",
     options=(MethodOption("span_mask_boost", 2.0, "weight of the most important reasoning token", minimum=0.0),
              MethodOption("span_mask_min_weight", 0.5, "weight of importance 0 (non-reasoning floor)", minimum=0.0),
              MethodOption("span_mask_answer_weight", 1.5, "weight of the answer box's tokens", minimum=0.0),
