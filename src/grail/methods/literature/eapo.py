@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from grail.methods import core
 from grail.methods.builtin import entropy_probe
 from grail.methods.spec import MethodOption, MethodSpec, TokenWeights
 
@@ -33,11 +34,9 @@ def eapo_weights(entropy_BT: torch.Tensor, mask_BT: torch.Tensor, rows_B: torch.
                  phi: float) -> torch.Tensor:
     """(B, T) weights (module docstring) on `rows_B`, 1 on the other real tokens, 0 on padding."""
     real_BT = mask_BT.bool()
-    count_B = real_BT.sum(1).clamp(min=1)
-    mean_B = (entropy_BT * real_BT).sum(1) / count_B
+    mean_B = (entropy_BT * real_BT).sum(1) / real_BT.sum(1).clamp(min=1)
     ratio_BT = entropy_BT / mean_B.clamp(min=1e-12)[:, None]
-    w_BT = (1 + alpha * (ratio_BT - 1)).clamp(1 - phi, 1 + phi) * real_BT
-    w_BT = w_BT / ((w_BT.sum(1) / count_B).clamp(min=1e-12))[:, None]
+    w_BT = core.row_mean_rescaled((1 + alpha * (ratio_BT - 1)).clamp(1 - phi, 1 + phi), mask_BT)
     flat_B = mean_B <= 0  # no entropy anywhere on the row: nothing to reallocate
     return torch.where(rows_B[:, None] & ~flat_B[:, None], w_BT, real_BT.float())
 

@@ -17,10 +17,12 @@ import re
 import torch
 import torch.nn.functional as F
 
+from grail.methods import core
 from grail.methods.builtin import pad_token_id
 from grail.methods.probes import hidden_states_BLD, output_logits
 from grail.methods.spans import token_char_offsets
 from grail.methods.spec import MethodOption, MethodSpec, TokenWeights
+from grail.tasks.boxed import char_span_to_token_positions
 
 __all__ = ["OPEN_CHOICES", "SPEC", "reasoning_spans"]
 
@@ -48,7 +50,7 @@ def reasoning_spans(text: str, offsets: list[tuple[int, int]], reasoning: list[b
     end_char = offsets[n - 1][1] if n else 0
 
     def tokens(a: int, b: int) -> tuple[int, int]:
-        covered = [t for t in range(n) if offsets[t][0] < b and offsets[t][1] > a]
+        covered = char_span_to_token_positions(offsets[:n], a, b)
         return (covered[0], covered[-1] + 1) if covered else (0, 0)
 
     arithmetic = [tokens(m.start(), m.end()) for m in ARITHMETIC.finditer(text[:end_char])][: max_spans // 2]
@@ -116,15 +118,14 @@ def _probe(model, rows, options, generator) -> torch.Tensor:
 
 def _pipeline(spec, signal_BT, adv_B, spans, mask_BT, rows_B, options, generator, min_importance):
     """w = w_min + (boost − w_min)·importance on reasoning, answer_weight on the box, rescaled to row mean 1."""
-    own, real_BT = options.method_options, mask_BT.bool()
+    own = options.method_options
     signal_BT, rows_ok_B, fallback_B = TokenWeights.finite_signal(signal_BT.float(), mask_BT, rows_B)
     low, boost = own["span_mask_min_weight"], own["span_mask_boost"]
     weights_BT = torch.where(spans.reasoning_BT, low + (boost - low) * signal_BT, torch.full_like(signal_BT, low))
     weights_BT = torch.where(spans.box_BT, own["span_mask_answer_weight"], weights_BT)
-    weights_BT = torch.where(rows_ok_B[:, None], weights_BT, torch.ones_like(weights_BT)) * real_BT
-    mean_B = weights_BT.sum(1) / real_BT.sum(1).clamp(min=1)
-    weights_BT = torch.where(rows_ok_B[:, None], weights_BT / mean_B.clamp(min=1e-12)[:, None], weights_BT)
-    return TokenWeights.simple(weights_BT.float(), spans, rows_B, fallback_B)
+    # uniform rows (not probed, or fallen back) have mean 1 and come back unchanged
+    weights_BT = core.row_mean_rescaled(torch.where(rows_ok_B[:, None], weights_BT, 1.0), mask_BT)
+    return TokenWeights.simple(weights_BT, spans, rows_B, fallback_B)
 
 
 SPEC = MethodSpec(
