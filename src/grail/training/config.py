@@ -52,8 +52,10 @@ class GRAILConfig(GRPOConfig, GRAILFields):
                              f"messages with worked examples); the tiny model is warm-started on the symbolic style "
                              f"only. Give a chat model, e.g. --model_name_or_path smollm2-135m, or use task_style "
                              f"symbolic.")
-        self._check_method()
-        _, options = checked(self.weighting_options(), self)  # validates the token-weighting fields
+        self._apply_method_config()
+        # the method's own options resolved (defaults filled, values checked) and its combination checks, once
+        _, options = checked(self.weighting_options(), self)
+        self.method_options = options.method_options
         for name in OAR_VARIANT_DEFAULTS[self.oar_variant]:  # None → the variant's value, recorded in the run dir
             setattr(self, name, getattr(options, name))
         if self.eval_benchmarks:
@@ -71,13 +73,11 @@ class GRAILConfig(GRPOConfig, GRAILFields):
             self.activation_checkpointing = on_gpu and self.model_name_or_path != TINY_MODEL
         super().__post_init__()
 
-    def _check_method(self) -> None:
-        """token_weighting names a method of the table; its own options resolved (defaults filled, values checked);
-        the config values it comes with (`MethodSpec.config`) set where the field is at its default (an explicit other
-        value stays, and the method's check judges it); a method that reads whole groups gets rollout-time
-        weights, and is refused with current-policy ones."""
+    def _apply_method_config(self) -> None:
+        """token_weighting names a method of the table; the config values it comes with (`MethodSpec.config`) are set
+        where the field is at its default (an explicit other value stays, and the method's check judges it); a method
+        that reads whole groups gets rollout-time weights, and is refused with current-policy ones."""
         spec = method_spec(self.token_weighting)
-        self.method_options = spec.resolve_options(self.method_options)
         defaults = {f.name: f.default for f in fields(GRAILConfig)}
         for name, value in {**spec.config, **({"weights_from": "rollout_policy"} if spec.groups else {})}.items():
             if getattr(self, name) == defaults.get(name):
