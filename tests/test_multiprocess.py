@@ -3,60 +3,19 @@ visible, which starts 2 CPU processes over gloo (accelerate's MULTI_CPU), each w
 model. (`accelerate launch --cpu --num_processes 2` would start ONE process: with --cpu, accelerate 1.15 takes its
 simple launcher, which runs several processes only through mpirun.) Every run here checks that both ranks ran.
 
-What is checked here, and what is not: two CPU processes over gloo (DDP), and FSDP2 (torch's fully_shard over
-gloo, with accelerate's CPU gate opened in the launched script: accelerate 1.15 drops FSDP on CPU). NCCL and
-DeepSpeed are not installed here; ZeRO-3-like sharding is imitated in `WEIGHTS_SCRIPT` by a collective operation
+What is checked here, and what is not: two CPU processes over gloo (DDP); FSDP2 is in tests/test_fsdp_cpu.py. NCCL
+and DeepSpeed are not installed here; ZeRO-3-like sharding is imitated in `WEIGHTS_SCRIPT` by a collective operation
 in every backbone forward (a process that runs one forward more or less than the others hangs, as under ZeRO-3).
 """
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from collections import defaultdict
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import yaml
 
-from conftest import WARM_STEPS
-
-REPO = Path(__file__).resolve().parents[1]
-LAUNCH_TIMEOUT_S = 420  # a hang (processes out of step) ends the test here instead of never
-FAST = ["--preset", "tiny-cpu", "--max_steps", "2", "--per_device_train_batch_size", "8", "--num_generations", "4",
-        "--task_num_train", "64", "--learning_rate", "1e-3", "--logging_steps", "1", "--save_steps", "100",
-        "--warmstart_steps", str(WARM_STEPS)]
-
-
-def _free_port() -> int:
-    """A free TCP port for the processes' rendezvous (two engineers' runs must not meet on accelerate's 29500)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _launch(tmp_path: Path, *args: str, env: dict | None = None,
-            config: Path | None = None) -> subprocess.CompletedProcess:
-    """`accelerate launch --multi_gpu --num_processes 2 ARGS` (or `--config_file CONFIG --num_processes 2 ARGS`)
-    without a visible GPU (2 gloo CPU processes), each single-threaded; fails the test on a non-zero exit, and on a
-    hang after LAUNCH_TIMEOUT_S."""
-    mode = (["--config_file", str(config)] if config is not None else
-            ["--multi_gpu", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"])
-    command = [sys.executable, "-m", "accelerate.commands.launch", *mode, "--num_processes", "2",
-               "--main_process_port", str(_free_port()), *args]
-    environment = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-                   "TOKENIZERS_PARALLELISM": "false", **(env or {})}
-    try:
-        done = subprocess.run(command, cwd=tmp_path, env=environment, capture_output=True, text=True,
-                              timeout=LAUNCH_TIMEOUT_S)
-    except subprocess.TimeoutExpired as err:
-        pytest.fail(f"2-process run did not finish within {LAUNCH_TIMEOUT_S} s (processes out of step?):\n"
-                    f"{(err.stdout or b'')[-3000:]!r}\n{(err.stderr or b'')[-3000:]!r}")
-    assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
-    return done
-
+from launching import FAST, REPO, _launch, _records
 
 # ---------------------------------------------------------------- training: weights/* gathered over processes
 
@@ -99,10 +58,6 @@ GRAILTrainer._accumulate = recording
 GRAILTrainer.reduce_weight_metrics = recording_reduce
 sys.exit(main(sys.argv[1:]))
 '''
-
-
-def _records(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def _train_two_processes(tmp_path, cache, method) -> tuple[list[dict], list[list[dict]], list[list[dict]]]:
@@ -433,128 +388,3 @@ def test_grail_train_refuses_oar_p_on_a_sharded_model_before_the_first_step(tmp_
     assert main(["train", *FAST, "--token_weighting", "oar_p", "--cache_dir", str(cache),
                  "--output_dir", str(tmp_path / "run")]) == 2
     assert "token_weighting='oar_p' cannot train a model sharded by FSDP" in capsys.readouterr().err
-
-
-# ------------------------------------------- FSDP2 on 2 gloo CPU processes (examples/accelerate_fsdp2_cpu.yaml)
-
-FSDP2_CONFIG = REPO / "examples" / "accelerate_fsdp2_cpu.yaml"
-
-STATE_SCRIPT = '''
-"""What accelerate makes of the launch: one JSON line per process."""
-import json, os
-from accelerate import Accelerator
-
-state = Accelerator(cpu=True).state  # as `grail train` without CUDA: GRAILConfig sets use_cpu=True
-
-with open(f"{os.environ['GRAIL_RECORD']}.{state.process_index}", "w") as f:
-    json.dump({"distributed_type": state.distributed_type.name,
-               "fsdp_plugin": getattr(state, "fsdp_plugin", None) is not None,
-               "env": os.environ.get("ACCELERATE_USE_FSDP")}, f)
-import torch.distributed
-if torch.distributed.is_initialized():  # before exit (see WEIGHTS_SCRIPT)
-    torch.distributed.destroy_process_group()
-'''
-
-# accelerate 1.15 takes its FSDP branch only for accelerator devices: AcceleratorState.__init__ (accelerate/state.py,
-# `elif self.distributed_type in [DistributedType.MULTI_GPU, ..., MULTI_NEURON]:` then `self.distributed_type =
-# DistributedType.FSDP`) leaves MULTI_CPU out, so on CPU the FSDP config is silently dropped and the model is wrapped
-# in DDP. This opener takes that branch for MULTI_CPU too, exactly as accelerate would (the plugin accelerate built
-# from the launcher's FSDP_* variables, PartialState's distributed_type updated as state.py does); the sharding and
-# its collectives are torch's own fully_shard over gloo.
-FSDP2_SCRIPT = '''
-"""`grail train` under FSDP2 on CPU processes, accelerate's MULTI_CPU gate opened; each process records its model."""
-import json, os, sys, time
-
-import accelerate.state as st
-import torch
-from accelerate.utils import DistributedType
-
-original_state_init = st.AcceleratorState.__init__
-
-
-def state_init(self, *args, fsdp_plugin=None, **kwargs):
-    original_state_init(self, *args, fsdp_plugin=fsdp_plugin, **kwargs)
-    if self.distributed_type == DistributedType.MULTI_CPU and fsdp_plugin is not None \\
-            and getattr(self, "fsdp_plugin", None) is None:
-        self.distributed_type = DistributedType.FSDP
-        self.fsdp_plugin = fsdp_plugin
-        st.PartialState._shared_state["distributed_type"] = self.distributed_type
-
-
-st.AcceleratorState.__init__ = state_init
-
-from grail.cli import main
-from grail.training.trainer import GRAILTrainer, sharded_by
-
-original_step = GRAILTrainer.training_step
-
-
-def training_step(self, model, inputs, *args, **kwargs):
-    start = time.perf_counter()
-    loss = original_step(self, model, inputs, *args, **kwargs)
-    params = list(self.model.parameters())
-    record = {"step": self.state.global_step + 1, "seconds": time.perf_counter() - start,
-              "fsdp2": self.accelerator.is_fsdp2, "model": type(self.model).__name__,
-              "dtensor": all(type(p).__name__ == "DTensor" for p in params),
-              "local": sum(getattr(p, "to_local", lambda: p)().numel() for p in params),
-              "full": sum(p.numel() for p in params), "sharded_by": sharded_by(self),
-              "fused_unavailable": self.fused_unavailable}
-    with open(f"{os.environ['GRAIL_RECORD']}.{self.accelerator.process_index}", "a") as f:
-        f.write(json.dumps(record) + "\\n")
-    return loss
-
-
-GRAILTrainer.training_step = training_step
-sys.exit(main(sys.argv[1:]))
-'''
-
-
-def test_accelerate_drops_the_fsdp2_config_on_cpu_processes(tmp_path):
-    """Without the opener, accelerate 1.15 runs the FSDP config as DDP on CPU (MULTI_CPU, no FSDP plugin): the
-    reason the FSDP2 run below opens accelerate's gate. When accelerate honours FSDP on CPU, this fails: drop the
-    opener then."""
-    script = tmp_path / "state.py"
-    script.write_text(STATE_SCRIPT)
-    _launch(tmp_path, str(script), config=FSDP2_CONFIG, env={"GRAIL_RECORD": str(tmp_path / "state")})
-    for rank in (0, 1):
-        state = json.loads((tmp_path / f"state.{rank}").read_text())
-        assert state == {"distributed_type": "MULTI_CPU", "fsdp_plugin": False, "env": "true"}, state
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("method", ["none", "grail"])
-def test_fsdp2_trains_on_two_cpu_processes(tmp_path, warm_cache, method):
-    """2 steps under FSDP2 (torch's fully_shard over gloo) on 2 CPU processes: each process holds half of every
-    parameter (DTensor shards), grail takes its separate path (the fused one is refused under sharding), the run
-    finishes and saves its final model."""
-    cache, _ = warm_cache
-    script = tmp_path / "fsdp2_train.py"
-    script.write_text(FSDP2_SCRIPT)
-    run = tmp_path / "run"
-    _launch(tmp_path, str(script), "train", *FAST, "--token_weighting", method, "--cache_dir", str(cache),
-            "--output_dir", str(run), config=FSDP2_CONFIG, env={"GRAIL_RECORD": str(tmp_path / "record")})
-    assert (run / "final" / "config.json").is_file()
-    assert [x["step"] for x in _records(run / "metrics.jsonl") if "loss" in x] == [1, 2]
-    for rank in (0, 1):
-        steps = _records(tmp_path / f"record.{rank}")
-        assert steps, f"process {rank} ran no training step"
-        for step in steps:
-            assert step["fsdp2"] and step["dtensor"] and step["model"].startswith("FSDP"), step
-            assert step["local"] * 2 == step["full"] and step["sharded_by"] == "FSDP", step
-        if method == "grail":
-            assert steps[0]["fused_unavailable"].startswith("FSDP"), steps[0]
-
-
-@pytest.mark.parametrize("env, distributed_type, warned", [
-    ({"ACCELERATE_USE_FSDP": "true"}, "MULTI_CPU", True),  # what the launch above gives: an FSDP config run as DDP
-    ({"ACCELERATE_USE_FSDP": "true"}, "FSDP", False),
-    ({}, "MULTI_CPU", False),
-    ({"ACCELERATE_USE_FSDP": "false"}, "MULTI_CPU", False),
-])
-def test_a_dropped_fsdp_config_is_named_not_silent(env, distributed_type, warned):
-    from grail.training.trainer import dropped_engine
-
-    reason = dropped_engine(env, distributed_type)
-    assert (reason is not None) == warned
-    if warned:
-        assert "runs FSDP configs on CPU processes as DDP" in reason

@@ -71,7 +71,7 @@ def sharded_by(trainer) -> str | None:
 def dropped_engine(environ, distributed_type: str) -> str | None:
     """Why the launch asked for a sharded engine that accelerate did not start, or None. accelerate 1.15 takes its
     FSDP branch only for accelerator devices (accelerate/state.py: `MULTI_CPU` is not in the list that becomes
-    `FSDP`), so an FSDP config on CPU processes runs as plain DDP without a word (tests/test_multiprocess.py)."""
+    `FSDP`), so an FSDP config on CPU processes runs as plain DDP without a word (tests/test_fsdp_cpu.py)."""
     if environ.get("ACCELERATE_USE_FSDP", "").lower() in ("true", "1") and distributed_type == "MULTI_CPU":
         return ("the launch asked for FSDP (ACCELERATE_USE_FSDP=true), but accelerate runs FSDP configs on CPU "
                 "processes as DDP (its FSDP branch covers accelerator devices only): every process holds the whole "
