@@ -190,6 +190,7 @@ def saliency_auroc(model, tokenizer, rows: Sequence[dict], methods: Sequence[str
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     generators = {m: torch.Generator(device=device).manual_seed(options.seed + zlib.crc32(m.encode())) for m in specs}
     collected = {m: {"signal": [], "weights": []} for m in specs}  # lists of (scores, labels, example, trace)
+    method_options = {m: options_for(spec, options.weighting) for m, spec in specs.items()}  # each method's, once
     was_training = model.training
     model.eval()
     try:
@@ -207,7 +208,7 @@ def saliency_auroc(model, tokenizer, rows: Sequence[dict], methods: Sequence[str
             scored_BT = (spans.reasoning_BT & mask_BT).cpu() & (labels_BT != UNLABELLED)
             probed: dict = {}  # probe function → signal (grail and random share GRAIL's saliency probe)
             for m, spec in specs.items():
-                opts = options_for(spec, options.weighting)
+                opts = method_options[m]
                 if spec.probe not in probed:
                     probed[spec.probe] = run_probe(model, ids_BL, attn_BL, spans, mask_BT, mask_BT.any(1), opts,
                                                    generators[m], spec, adv_B=adv_B, tokenizer=tokenizer)
