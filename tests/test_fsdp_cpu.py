@@ -1,6 +1,7 @@
 """FSDP2 on 2 gloo CPU processes (examples/accelerate_fsdp2_cpu.yaml): accelerate 1.15 drops an FSDP config on CPU
-processes (it runs DDP), grail says so, and with accelerate's gate opened in the launched script torch's own
-fully_shard trains `none` and `grail`. Launched as in tests/test_multiprocess.py (tests/launching.py)."""
+processes (it runs DDP), grail says so; with accelerate's gate opened in the launched script, torch's own fully_shard
+gives each process exactly the weights of an unsharded copy for every method that trains sharded, and trains `none`,
+`grail`, `oar_g` and `entropy`. Launched as in tests/test_multiprocess.py (tests/launching.py)."""
 
 import json
 
@@ -31,15 +32,11 @@ if torch.distributed.is_initialized():  # before exit (see WEIGHTS_SCRIPT)
 # accelerate 1.15 takes its FSDP branch only for accelerator devices: AcceleratorState.__init__ (accelerate/state.py,
 # `elif self.distributed_type in [DistributedType.MULTI_GPU, ..., MULTI_NEURON]:` then `self.distributed_type =
 # DistributedType.FSDP`) leaves MULTI_CPU out, so on CPU the FSDP config is silently dropped and the model is wrapped
-# in DDP. This opener takes that branch for MULTI_CPU too, exactly as accelerate would (the plugin accelerate built
+# in DDP. OPEN_GATE takes that branch for MULTI_CPU too, exactly as accelerate would (the plugin accelerate built
 # from the launcher's FSDP_* variables, PartialState's distributed_type updated as state.py does); the sharding and
 # its collectives are torch's own fully_shard over gloo.
-FSDP2_SCRIPT = '''
-"""`grail train` under FSDP2 on CPU processes, accelerate's MULTI_CPU gate opened; each process records its model."""
-import json, os, sys, time
-
+OPEN_GATE = """
 import accelerate.state as st
-import torch
 from accelerate.utils import DistributedType
 
 original_state_init = st.AcceleratorState.__init__
@@ -55,7 +52,14 @@ def state_init(self, *args, fsdp_plugin=None, **kwargs):
 
 
 st.AcceleratorState.__init__ = state_init
+"""
 
+FSDP2_SCRIPT = '''
+"""`grail train` under FSDP2 on CPU processes, accelerate's MULTI_CPU gate opened; each process records its model."""
+import json, os, sys, time
+
+import torch
+''' + OPEN_GATE + '''
 from grail.cli import main
 from grail.training.trainer import GRAILTrainer, sharded_by
 
@@ -71,7 +75,8 @@ def training_step(self, model, inputs, *args, **kwargs):
               "dtensor": all(type(p).__name__ == "DTensor" for p in params),
               "local": sum(getattr(p, "to_local", lambda: p)().numel() for p in params),
               "full": sum(p.numel() for p in params), "sharded_by": sharded_by(self),
-              "fused_unavailable": self.fused_unavailable}
+              "fused_unavailable": self.fused_unavailable,
+              "path": getattr(self.last_token_weights, "path", None)}
     with open(f"{os.environ['GRAIL_RECORD']}.{self.accelerator.process_index}", "a") as f:
         f.write(json.dumps(record) + "\\n")
     return loss
@@ -95,7 +100,7 @@ def test_accelerate_drops_the_fsdp2_config_on_cpu_processes(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["none", "grail"])
+@pytest.mark.parametrize("method", ["none", "grail", "oar_g", "entropy"])
 def test_fsdp2_trains_on_two_cpu_processes(tmp_path, warm_cache, method):
     """2 steps under FSDP2 (torch's fully_shard over gloo) on 2 CPU processes: each process holds half of every
     parameter (DTensor shards), grail takes its separate path (the fused one is refused under sharding), the run
@@ -116,6 +121,107 @@ def test_fsdp2_trains_on_two_cpu_processes(tmp_path, warm_cache, method):
             assert step["local"] * 2 == step["full"] and step["sharded_by"] == "FSDP", step
         if method == "grail":
             assert steps[0]["fused_unavailable"].startswith("FSDP"), steps[0]
+        if method != "none":  # the probe ran on the sharded model (on this process's rows, or in step with the other)
+            assert any(step["path"] == "separate" for step in steps), steps
+
+
+WEIGHTS_SCRIPT = '''
+"""Each process shards the tiny model with accelerate's FSDP2 (`Accelerator.prepare`, gate opened) and computes
+`token_weights` on its own rows of one batch; it compares them with the same rows on an unsharded copy made before
+sharding. argv: methods (name or name@leaf), out.json (one file per process: out.json.RANK)."""
+import copy, json, sys
+from types import SimpleNamespace
+
+import torch
+import torch.distributed as dist
+''' + OPEN_GATE + '''
+from accelerate import Accelerator
+
+from grail.methods import probes
+from grail.methods.weighting import token_weights
+from grail.models.tiny import build_tiny_model, build_tokenizer
+from grail.options.choices import WeightingOptions
+from grail.tasks.arithmetic import TaskConfig
+from grail.tasks.synthetic import generate
+from grail.training.trainer import GRAILTrainer
+
+probes.token_entropies.__wrapped__.__kwdefaults__["chunk_positions"] = 8  # many output-layer calls, as many as rows need
+accelerator = Accelerator(cpu=True)
+rank = accelerator.process_index
+any_process = lambda local: GRAILTrainer._any_process(SimpleNamespace(accelerator=accelerator), local)
+tokenizer = build_tokenizer()
+model = build_tiny_model(tokenizer, seed=0)
+with torch.no_grad():  # sharper distributions than a fresh init
+    model.get_input_embeddings().weight.mul_(3.0)
+model.eval()
+alone = copy.deepcopy(model)
+model, _ = accelerator.prepare(model, torch.optim.AdamW(model.parameters()))  # FSDP2 takes both
+params = list(model.parameters())
+shards = {"dtensor": all(type(p).__name__ == "DTensor" for p in params),
+          "local": sum(p.to_local().numel() for p in params), "full": sum(p.numel() for p in params)}
+
+examples = generate(TaskConfig(), 8, "train", seed=3)
+completions = [e.solution if i % 3 else e.solution.replace("\\\\boxed{", "\\\\boxed{1") for i, e in enumerate(examples)]
+completions[5] = completions[5].split("\\\\boxed")[0]  # a row without a box
+completions[6] = completions[6] + " and some more words" * 3  # rows of unequal length: processes differ in work
+p = tokenizer([e.prompt for e in examples], return_tensors="pt", padding=True, padding_side="left",
+              add_special_tokens=False)
+c = tokenizer(completions, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False)
+ids_BL = torch.cat([p["input_ids"], c["input_ids"]], 1)
+attn_BL = torch.cat([p["attention_mask"], c["attention_mask"]], 1)
+mask_BT = c["attention_mask"].bool()
+rows = slice(0, 4) if rank == 0 else slice(4, 8)
+CASES = {  # advantages of the whole batch; process 0 takes rows 0-3, process 1 rows 4-7
+    "both": torch.tensor([1.0, -1.0, 0.5, -0.5, 0.75, -0.25, -1.0, 1.0]),
+    "only_rank0": torch.tensor([1.0, -1.0, 0.5, -0.5, 0.0, 0.0, 0.0, 0.0]),  # process 1: nothing to probe
+    "only_rank1": torch.tensor([0.0, 0.0, 0.0, 0.0, 0.75, -0.25, -1.0, 1.0]),
+}
+report = {"shards": shards}
+for name in sys.argv[1].split(","):
+    method, _, leaf = name.partition("@")
+    options = WeightingOptions(token_weighting=method, rollout_symmetry="both", saliency_leaf=leaf or "embeddings")
+    for case, adv_B in CASES.items():
+        mine = token_weights(model, tokenizer, ids_BL[rows], attn_BL[rows], mask_BT[rows], adv_B[rows], options,
+                             generator=torch.Generator().manual_seed(100 + rank), any_process=any_process)
+        ref = token_weights(alone, tokenizer, ids_BL[rows], attn_BL[rows], mask_BT[rows], adv_B[rows], options,
+                            generator=torch.Generator().manual_seed(100 + rank))
+        report[f"{name}/{case}"] = {
+            "max_diff": float((mine.weights_BT - ref.weights_BT).abs().max()), "path": mine.path,
+            "alone_path": ref.path, "probed": int(ref.probed_B.sum()),
+            "reweighted": int(((ref.weights_BT != 1) & mask_BT[rows]).sum())}
+with open(f"{sys.argv[2]}.{rank}", "w") as f:
+    json.dump(report, f, indent=1)
+accelerator.wait_for_everyone()
+dist.destroy_process_group()
+'''
+
+SHARDABLE = ["grail", "grail@middle", "oar_g", "entropy", "random", "eapo"]
+
+
+def test_per_process_weights_on_fsdp2_equal_one_process_on_the_same_rows(tmp_path):
+    """Under torch's FSDP2 (accelerate's prepare, 2 gloo processes, every parameter a DTensor shard), each method
+    that trains on a sharded model gives each process exactly the weights of an unsharded copy on the same rows:
+    the probes gather the root's parameters once (`probes.unsharded`) and each decoder layer gathers itself, so the
+    arithmetic is the unsharded model's (fp32 all-gathers are exact; measured difference 0). Includes a process with
+    nothing to probe while the other has rows (it runs the probe anyway: same collectives) and rows of unequal
+    length; entropy in chunks of 8 positions (a data-dependent number of output-layer calls)."""
+    script = tmp_path / "fsdp2_weights.py"
+    script.write_text(WEIGHTS_SCRIPT)
+    out = tmp_path / "weights.json"
+    _launch(tmp_path, str(script), ",".join(SHARDABLE), str(out), config=FSDP2_CONFIG)
+    reports = [json.loads((tmp_path / f"weights.json.{rank}").read_text()) for rank in (0, 1)]
+    for rank, report in enumerate(reports):
+        shards = report["shards"]
+        assert shards["dtensor"] and shards["local"] * 2 == shards["full"], shards
+        for name in SHARDABLE:
+            for case in ("both", "only_rank0", "only_rank1"):
+                entry = report[f"{name}/{case}"]
+                assert entry["max_diff"] <= 1e-6, (rank, name, case, entry)
+                busy = (case == "both") or (case == f"only_rank{rank}")
+                assert entry["alone_path"] == ("separate" if busy else "skipped"), (rank, name, case, entry)
+                assert entry["path"] == "separate", (rank, name, case, entry)  # runs when the other process does
+                assert (entry["probed"] > 0) == busy, (rank, name, case, entry)
+            assert report[f"{name}/both"]["reweighted"] > 0, (rank, name)
 
 
 @pytest.mark.parametrize("env, distributed_type, warned", [

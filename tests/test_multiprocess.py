@@ -171,7 +171,7 @@ CASES = {  # advantages of the whole batch; shard 0 = rows 0-3 (process 0), shar
     "neither": torch.zeros(8),
 }
 # ZeRO-3 imitated: every backbone forward runs a collective, so processes running different numbers of forwards
-# hang (the launching test's timeout ends them). Not for OAR-G/OAR-P, which grail.training.run refuses on sharded
+# hang (the launching test's timeout ends them). Not for OAR-P, which GRAILTrainer refuses on sharded
 # models.
 collective = {"on": False, "forwards": 0}
 
@@ -189,7 +189,7 @@ for method in sys.argv[1].split(","):
     options = WeightingOptions(token_weighting=method, rollout_symmetry="both")
     for case, adv_B in CASES.items():
         rows = shards[rank]
-        collective.update(on=method not in ("oar_g", "oar_p"), forwards=0)
+        collective.update(on=method != "oar_p", forwards=0)
         mine = token_weights(model, tokenizer, ids_BL[rows], attn_BL[rows], mask_BT[rows], adv_B[rows], options,
                              generator=torch.Generator().manual_seed(100 + rank), any_process=any_process)
         collective["on"] = False
@@ -242,7 +242,7 @@ def _check_weights_report(report: dict, methods: list[str]) -> None:
             expected = ["separate" if n or any(probed) else "skipped" for n in probed]
             assert entry["paths"] == expected, (method, case, entry)
             assert entry["alone_paths"] == ["separate" if n else "skipped" for n in probed], (method, case, entry)
-            if method not in ("oar_g", "oar_p"):  # the imitated ZeRO-3 collective ran the same number of times
+            if method != "oar_p":  # the imitated ZeRO-3 collective ran the same number of times
                 assert entry["forwards"][0] == entry["forwards"][1], (method, case, entry)
         both, forced = report[f"{method}/both"], report[f"{method}/only_rank0"]
         if method != "none":  # the cases mean something: rows were probed and reweighted
@@ -317,9 +317,10 @@ def _fake_trainer(zero_stage=None, fsdp=False):
                            is_fsdp_enabled=fsdp)
 
 
-@pytest.mark.parametrize("method", ["oar_p", "oar_g"])
 @pytest.mark.parametrize("sharding", [{"zero_stage": 3}, {"fsdp": True}])
-def test_oar_on_a_sharded_model_is_refused_before_training(method, sharding):
+def test_oar_p_on_a_sharded_model_is_refused_before_training(sharding):
+    """OAR-P runs a data-dependent number of forwards per process; OAR-G and GRAIL train on sharded models
+    (tests/test_fsdp_cpu.py)."""
     from grail.methods.table import method_spec
     from grail.training.trainer import refuse_if_unshardable, sharded_by
 
@@ -327,12 +328,14 @@ def test_oar_on_a_sharded_model_is_refused_before_training(method, sharding):
         refuse_if_unshardable(method_spec(name), sharded_by(trainer))
 
     trainer = _fake_trainer(**sharding)
-    with pytest.raises(ValueError, match=f"token_weighting='{method}' cannot train a model sharded by "
-                                         f"{sharded_by(trainer)}.*ZeRO-2 or DDP"):
-        check(method, trainer)
-    check(method, _fake_trainer(zero_stage=2))  # ZeRO-2 and DDP keep whole parameters: fine
-    check(method, _fake_trainer())
+    with pytest.raises(ValueError, match=f"token_weighting='oar_p' cannot train a model sharded by "
+                                         f"{sharded_by(trainer)}: its probe runs a data-dependent number of forwards"
+                                         f".*ZeRO-2 or DDP"):
+        check("oar_p", trainer)
+    check("oar_p", _fake_trainer(zero_stage=2))  # ZeRO-2 and DDP keep whole parameters: fine
+    check("oar_p", _fake_trainer())
     check("grail", trainer)
+    check("oar_g", trainer)
 
 
 def test_checkpoint_evaluation_on_a_sharded_model_is_refused_before_training():

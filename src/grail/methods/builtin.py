@@ -111,11 +111,6 @@ def bilevel_pipeline(spec, signal_BT, adv_B, spans, mask_BT, rows_B, options, ge
     return TokenWeights.simple(out.weights_BT, spans, rows_B, out.fallback_B)
 
 
-_OUTPUT_SHARD = ("its probe forms logits from the output layer outside the model's forward "
-                 "(grail.methods.probes.output_logits gathers the sharded layer for it), and its weights on a sharded "
-                 "model have not yet been checked against a one-process computation")
-
-
 def _oar_check(options: WeightingOptions, config) -> str | None:
     if options.zscore_scope != "completion":
         return (f"zscore_scope={options.zscore_scope!r}, token_weighting={options.token_weighting!r}: OAR has no "
@@ -154,8 +149,7 @@ BUILTIN: tuple[MethodSpec, ...] = (
                example="saliency_leaf='middle', rollout_symmetry='both'",
                cost="one forward and one backward to the leaf on the rows it reweights (none when fused with TRL's "
                     "forward)", reference=_GRAIL_PAPER),
-    MethodSpec("oar_g", "OAR-G", _oar_g_probe, bilevel_pipeline, rows="bilevel", unshardable=_OUTPUT_SHARD,
-               check=_oar_check,
+    MethodSpec("oar_g", "OAR-G", _oar_g_probe, bilevel_pipeline, rows="bilevel", check=_oar_check,
                title="OAR-G (gradient proxy of the answer distribution's KL under embedding noise)",
                summary="The gradient of the KL between the clean and a noised answer distribution with respect to "
                        "each token's embedding noise, bi-level reshaped with a mass-preserving rescale "
@@ -165,7 +159,7 @@ BUILTIN: tuple[MethodSpec, ...] = (
     MethodSpec("oar_p", "OAR-P", _oar_p_probe, bilevel_pipeline, rows="bilevel", min_importance=oar_p_floor,
                unshardable="its probe runs a data-dependent number of forwards per process (one per row and one per "
                            "chunk of perturbed copies), so the processes' parameter gathers would not match and the "
-                           "run would hang; and " + _OUTPUT_SHARD,
+                           "run would hang",
                check=_oar_p_check, auroc=False,
                title="OAR-P (answer-distribution KL when each scored token is replaced by the pad token)",
                summary="One perturbed copy of the row per scored token, batched with a shared KV-cache prefix; the "

@@ -41,6 +41,8 @@ from grail.methods.probes import (
     leaf_gradient,
     output_is_linear,
     output_logits,
+    output_of,
+    unsharded,
     zeros_BT,
 )
 from grail.methods.spans import align_to_completion
@@ -140,11 +142,19 @@ def oar_g_importance(model: nn.Module, input_ids_BL: torch.Tensor, attention_mas
         return zeros_BT(input_ids_BL, T)
     pool_BL, valid_B = _answer_pool_BL(attention_mask_BL, answer_BT, distribution)
     valid_B = valid_B & scored_BT.any(dim=1)
-    with torch.no_grad():
+    with unsharded(model):  # both forwards and the backward, once
+        return _oar_g(model, input_ids_BL, attention_mask_BL, scored_BT, pool_BL, valid_B, noise_std=noise_std,
+                      temperature=temperature, generator=generator, at=at, noisy_product=noisy_product)
+
+
+def _oar_g(model, input_ids_BL, attention_mask_BL, scored_BT, pool_BL, valid_B, *, noise_std, temperature, generator,
+           at, noisy_product) -> torch.Tensor:
+    T = scored_BT.shape[1]
+    with torch.no_grad(), output_of(model.get_input_embeddings()) as embeddings:  # e, from the clean forward
         clean_BV = _pooled_logits(model, hidden_states_BLD(model, attention_mask_BL, input_ids=input_ids_BL), pool_BL,
                                   temperature)
     with torch.enable_grad():
-        embeds_BLD = model.get_input_embeddings()(input_ids_BL).detach().requires_grad_()
+        embeds_BLD = embeddings[-1].detach().requires_grad_()
         B, L, D = embeds_BLD.shape
         noise_BTD = torch.randn(B, T, D, generator=generator, dtype=torch.float32,
                                 device=generator.device if generator is not None else embeds_BLD.device)
@@ -357,6 +367,7 @@ def oar_p_importance(model: nn.Module, input_ids_BL: torch.Tensor, attention_mas
     check_batch("oar_p_importance", input_ids_BL, attention_mask_BL, temperature, scored_BT, answer_BT)
     if chunk_tokens < 1:
         raise ValueError(f"oar_p_importance: chunk_tokens must be >= 1, got {chunk_tokens}")
-    return _oar_p_prefix_shared(model, input_ids_BL, attention_mask_BL, scored_BT, answer_BT,
-                                distribution=distribution, pad_token_id=pad_token_id, temperature=temperature,
-                                chunk_tokens=chunk_tokens)
+    with unsharded(model):
+        return _oar_p_prefix_shared(model, input_ids_BL, attention_mask_BL, scored_BT, answer_BT,
+                                    distribution=distribution, pad_token_id=pad_token_id, temperature=temperature,
+                                    chunk_tokens=chunk_tokens)

@@ -43,8 +43,7 @@ from grail.options.choices import Leaf
 __all__ = [
     "answer_nll_saliency", "at_least_float32", "backbone", "check_batch", "completion_mask_BT", "decoder_layers",
     "hidden_states_BLD", "leaf_gradient", "leaf_module", "leaf_output_tensor", "LEAVES", "logit_transform",
-    "output_is_linear",
-    "output_logits", "token_entropies", "zeros_BT"
+    "output_is_linear", "output_logits", "output_of", "token_entropies", "unsharded", "zeros_BT"
 ]
 
 LEAVES: tuple[Leaf, ...] = get_args(Leaf)
@@ -164,15 +163,40 @@ def backbone(model: nn.Module) -> nn.Module:
 
 
 def hidden_states_BLD(model: nn.Module, attention_mask_BL: torch.Tensor, **inputs) -> torch.Tensor:
-    """Final hidden states (after the last norm) of the backbone, (B, L, D)."""
+    """Final hidden states (after the last norm) of the backbone, (B, L, D).
+
+    The backbone runs alone, except on a model sharded by torch's FSDP2: there the model's own forward runs (with
+    `logits_to_keep=1`: one position's logits per row) and the backbone's output is taken from it, because FSDP2
+    gathers and releases its units in hooks around the ROOT's forward and a backbone called alone leaves units it
+    groups with the output layer half-run (`unsharded`)."""
     decoder = backbone(model)
-    output = decoder(attention_mask=attention_mask_BL, use_cache=False, **inputs)
+    if _fsdp2_units(model):
+        captured: list = []
+        handle = decoder.register_forward_hook(lambda _module, _args, out: captured.append(out))
+        try:
+            model(attention_mask=attention_mask_BL, use_cache=False, logits_to_keep=1, **inputs)
+        finally:
+            handle.remove()
+        output = captured[-1] if captured else None
+    else:
+        output = decoder(attention_mask=attention_mask_BL, use_cache=False, **inputs)
     hidden_BLD = getattr(output, "last_hidden_state", None)
     if not isinstance(hidden_BLD, torch.Tensor):
         raise ValueError(f"hidden_states_BLD: the backbone of {type(model).__name__} ({type(decoder).__name__}, from "
                          f"get_decoder()) returned {type(output).__name__} without a `last_hidden_state` tensor. "
                          f"{_FIX}get_decoder() returning a module whose output has `.last_hidden_state` (B, L, D).")
     return hidden_BLD
+
+
+@contextmanager
+def output_of(module: nn.Module) -> Iterator[list[torch.Tensor]]:
+    """While active, the hidden tensor of each output of `module` is appended to the yielded list (unchanged)."""
+    captured: list[torch.Tensor] = []
+    handle = module.register_forward_hook(lambda _module, _args, out: captured.append(leaf_output_tensor(out)))
+    try:
+        yield captured
+    finally:
+        handle.remove()
 
 
 def leaf_gradient(output: torch.Tensor, leaf: torch.Tensor, retain_graph: bool = False) -> torch.Tensor:
@@ -221,34 +245,89 @@ def _output_layer(model: nn.Module) -> nn.Module:
     return head
 
 
+_GATHERED: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}  # id(model) → its whole output layer, in scope
+_OPEN: set[int] = set()  # ids of the models inside `unsharded` (it is re-entrant)
+
+
+def _fsdp2_units(model: nn.Module) -> bool:
+    """Whether the model is the root of torch's FSDP2 (`fully_shard`, accelerate's FSDP v2)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # a torch without FSDP2
+        return False
+    return isinstance(model, FSDPModule)
+
+
+def _zero3_output_params(model: nn.Module) -> list[nn.Parameter]:
+    get = getattr(model, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    return [p for p in head.parameters(recurse=False) if hasattr(p, "ds_id")] if isinstance(head, nn.Module) else []
+
+
+def _full(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    if tensor is None:
+        return None
+    tensor = tensor.detach()
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor  # a DTensor shard: all-gathered
+
+
 @contextmanager
-def _gathered(head: nn.Module):
-    """The output layer's whole parameters for the duration (DeepSpeed ZeRO-3 holds a partition of each outside the
-    forward; every process gathers, so every process must call this alike, as the probes' forwards are); a no-op for
-    other models."""
-    params = [p for p in head.parameters(recurse=False) if hasattr(p, "ds_id")]
-    if not params:
+def unsharded(model: nn.Module) -> Iterator[None]:
+    """While active, the output layer's weight, which the probes read without calling the layer (`output_logits`),
+    is whole on every process; a no-op for a model that is not sharded. Every probe enters it once, around all its
+    forwards (re-entrant: an inner entry does nothing), so each process runs the same collectives however many rows
+    or chunks it has.
+
+    - torch FSDP2 (`fully_shard`, accelerate's FSDP v2): the output layer's DTensor shards are all-gathered here
+      (`full_tensor`, outside FSDP's own bookkeeping) and kept until exit. The forwards go through the model's own
+      forward (`hidden_states_BLD`), in which FSDP gathers and releases its units as in training.
+    - DeepSpeed ZeRO-3: every module gathers in its own hooks, so the backbone runs alone; the output layer's
+      parameters are gathered here (`deepspeed.zero.GatheredParameters`).
+    """
+    if id(model) in _OPEN:
         yield
         return
-    import deepspeed
+    _OPEN.add(id(model))
+    try:
+        if _fsdp2_units(model):
+            head = _output_layer(model)
+            _GATHERED[id(model)] = (_full(head.weight), _full(getattr(head, "bias", None)))
+            try:
+                yield
+            finally:
+                _GATHERED.pop(id(model), None)
+        elif zero3 := _zero3_output_params(model):
+            import deepspeed
 
-    with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
-        yield
+            with deepspeed.zero.GatheredParameters(zero3, modifier_rank=None):
+                yield
+        else:
+            yield
+    finally:
+        _OPEN.discard(id(model))
+
+
+def _whole(tensor: torch.Tensor | None, model: nn.Module) -> torch.Tensor | None:
+    """`tensor` detached, or an error naming the fix if it is a shard (read outside `unsharded`)."""
+    if tensor is None:
+        return None
+    shard = hasattr(tensor, "full_tensor") or tuple(getattr(tensor, "ds_shape", tensor.shape)) != tuple(tensor.shape)
+    if shard:
+        raise RuntimeError(f"output_logits: the output layer of {type(model).__name__} is sharded on this process "
+                           f"(FSDP2 / ZeRO-3) and was read outside `grail.methods.probes.unsharded(model)`; call the "
+                           f"probe inside `with unsharded(model):` (every built-in probe does), on every process "
+                           f"alike.")
+    return tensor.detach()
 
 
 def output_logits(model: nn.Module, hidden_ND: torch.Tensor, temperature: float) -> torch.Tensor:
     """Output layer on selected hidden rows, its weights detached (no graph into them), then the model's logit scale
     and soft-capping (`logit_transform`), / temperature; float32 at least (a float64 model keeps float64: OAR-G's KL
     under σ = 1e-3 noise needs its precision). Equals the model's own logits / temperature (tested per architecture,
-    tests/test_architectures.py)."""
+    tests/test_architectures.py). On a sharded model, only inside `unsharded(model)`."""
     head = _output_layer(model)
-    with _gathered(head):
-        bias = head.bias.detach() if getattr(head, "bias", None) is not None else None
-        weight = head.weight.detach()
-        if hasattr(weight, "full_tensor"):  # an FSDP2 DTensor outside the forward: this process's shard
-            weight = weight.full_tensor()
-            bias = bias.full_tensor() if hasattr(bias, "full_tensor") else bias
-        logits = F.linear(hidden_ND.to(weight.dtype), weight, bias)
+    weight, bias = _GATHERED.get(id(model)) or (_whole(head.weight, model), _whole(getattr(head, "bias", None), model))
+    logits = F.linear(hidden_ND.to(weight.dtype), weight, bias)
     logits = logits.to(at_least_float32(logits))  # (N, V)
     scale, softcap = logit_transform(model)
     if scale != 1.0:
@@ -307,7 +386,7 @@ def answer_nll_saliency(model: nn.Module, input_ids_BL: torch.Tensor, attention_
         return zeros_BT(input_ids_BL, T)
     rows, cols = answer_BT.nonzero(as_tuple=True)
     targets_N = align_to_completion(input_ids_BL, T, at="token")[rows, cols]
-    with torch.enable_grad(), _fresh_leaf(leaf_module(model, leaf)) as captured:
+    with torch.enable_grad(), unsharded(model), _fresh_leaf(leaf_module(model, leaf)) as captured:
         hidden_BLD = hidden_states_BLD(model, attention_mask_BL, input_ids=input_ids_BL)
         if len(captured) != 1:
             raise RuntimeError(f"answer_nll_saliency: the leaf module ran {len(captured)} times in one forward")
@@ -344,10 +423,11 @@ def token_entropies(model: nn.Module, input_ids_BL: torch.Tensor, attention_mask
     mask_BT = completion_mask_BT(attention_mask_BL, T)
     if not mask_BT.any():
         return entropy_BT
-    hidden_BLD = hidden_states_BLD(model, attention_mask_BL, input_ids=input_ids_BL)
-    hidden_BTD = align_to_completion(hidden_BLD, T, at="predicting")
-    rows, cols = mask_BT.nonzero(as_tuple=True)
-    for start in range(0, rows.numel(), max(1, chunk_positions)):
-        r, c = rows[start : start + chunk_positions], cols[start : start + chunk_positions]
-        entropy_BT[r, c] = entropy_from_logits(output_logits(model, hidden_BTD[r, c], temperature))
+    with unsharded(model):
+        hidden_BLD = hidden_states_BLD(model, attention_mask_BL, input_ids=input_ids_BL)
+        hidden_BTD = align_to_completion(hidden_BLD, T, at="predicting")
+        rows, cols = mask_BT.nonzero(as_tuple=True)
+        for start in range(0, rows.numel(), max(1, chunk_positions)):
+            r, c = rows[start : start + chunk_positions], cols[start : start + chunk_positions]
+            entropy_BT[r, c] = entropy_from_logits(output_logits(model, hidden_BTD[r, c], temperature))
     return entropy_BT

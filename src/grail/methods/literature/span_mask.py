@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from grail.methods import core
 from grail.methods.builtin import pad_token_id
-from grail.methods.probes import hidden_states_BLD, output_logits
+from grail.methods.probes import hidden_states_BLD, output_logits, unsharded
 from grail.methods.spans import token_char_offsets
 from grail.methods.spec import MethodOption, MethodSpec, TokenWeights
 from grail.tasks.boxed import char_span_to_token_positions
@@ -84,7 +84,7 @@ def _probe(model, rows, options, generator) -> torch.Tensor:
     """(rows, T) importance in [0.5, 1] on reasoning tokens with spans (0.5 when a row has none), 0 elsewhere."""
     T, own, pad = rows.answer_BT.shape[1], options.method_options, pad_token_id(model)
     importance_BT = torch.zeros(rows.answer_BT.shape, dtype=torch.float32, device=rows.answer_BT.device)
-    with torch.no_grad():
+    with torch.no_grad(), unsharded(model):
         for i in range(rows.input_ids_BL.shape[0]):
             real = rows.attention_mask_BL[i].bool()
             ids_n = rows.input_ids_BL[i][real]
