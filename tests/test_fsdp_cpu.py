@@ -126,10 +126,11 @@ def test_fsdp2_trains_on_two_cpu_processes(tmp_path, warm_cache, method):
 
 
 WEIGHTS_SCRIPT = '''
-"""Each process shards the tiny model with accelerate's FSDP2 (`Accelerator.prepare`, gate opened) and computes
-`token_weights` on its own rows of one batch; it compares them with the same rows on an unsharded copy made before
-sharding. argv: methods (name or name@leaf), out.json (one file per process: out.json.RANK)."""
-import copy, json, sys
+"""Each process shards the tiny model with accelerate's engine of the launch config (`Accelerator.prepare`: FSDP2
+with the gate opened, or DeepSpeed) and computes `token_weights` on its own rows of one batch; it compares them with
+the same rows on an unsharded copy made before sharding. argv: methods (name or name@leaf), out.json (one file per
+process: out.json.RANK)."""
+import copy, json, os, sys
 from types import SimpleNamespace
 
 import torch
@@ -145,9 +146,15 @@ from grail.tasks.arithmetic import TaskConfig
 from grail.tasks.synthetic import generate
 from grail.training.trainer import GRAILTrainer
 
-probes.token_entropies.__wrapped__.__kwdefaults__["chunk_positions"] = 8  # many output-layer calls, as many as rows need
-accelerator = Accelerator(cpu=True)
+probes.token_entropies.__wrapped__.__kwdefaults__["chunk_positions"] = 8  # output-layer calls: as many as rows need
+if os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true":  # as GRAILConfig under a DeepSpeed launch on CPU
+    from accelerate.utils import InitProcessGroupKwargs
+    accelerator = Accelerator(kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")])
+    accelerator.state.deepspeed_plugin.deepspeed_config.update(train_micro_batch_size_per_gpu=1)
+else:
+    accelerator = Accelerator(cpu=True)
 rank = accelerator.process_index
+assert accelerator.num_processes == 2, accelerator.num_processes
 any_process = lambda local: GRAILTrainer._any_process(SimpleNamespace(accelerator=accelerator), local)
 tokenizer = build_tokenizer()
 model = build_tiny_model(tokenizer, seed=0)
@@ -156,9 +163,11 @@ with torch.no_grad():  # sharper distributions than a fresh init
 model.eval()
 alone = copy.deepcopy(model)
 model, _ = accelerator.prepare(model, torch.optim.AdamW(model.parameters()))  # FSDP2 takes both
+model = accelerator.unwrap_model(model)  # DeepSpeed's engine → its module; FSDP2 shards in place
 params = list(model.parameters())
-shards = {"dtensor": all(type(p).__name__ == "DTensor" for p in params),
-          "local": sum(p.to_local().numel() for p in params), "full": sum(p.numel() for p in params)}
+local = lambda p: p.to_local() if hasattr(p, "to_local") else getattr(p, "ds_tensor", p)  # this process's part
+shards = {"engine": accelerator.distributed_type.name, "local": sum(local(p).numel() for p in params),
+          "full": sum(int(torch.Size(p.ds_shape).numel()) if hasattr(p, "ds_shape") else p.numel() for p in params)}
 
 examples = generate(TaskConfig(), 8, "train", seed=3)
 completions = [e.solution if i % 3 else e.solution.replace("\\\\boxed{", "\\\\boxed{1") for i, e in enumerate(examples)]
@@ -198,30 +207,45 @@ dist.destroy_process_group()
 SHARDABLE = ["grail", "grail@middle", "oar_g", "entropy", "random", "eapo"]
 
 
-def test_per_process_weights_on_fsdp2_equal_one_process_on_the_same_rows(tmp_path):
-    """Under torch's FSDP2 (accelerate's prepare, 2 gloo processes, every parameter a DTensor shard), each method
-    that trains on a sharded model gives each process exactly the weights of an unsharded copy on the same rows:
-    the probes gather the root's parameters once (`probes.unsharded`) and each decoder layer gathers itself, so the
-    arithmetic is the unsharded model's (fp32 all-gathers are exact; measured difference 0). Includes a process with
-    nothing to probe while the other has rows (it runs the probe anyway: same collectives) and rows of unequal
-    length; entropy in chunks of 8 positions (a data-dependent number of output-layer calls)."""
-    script = tmp_path / "fsdp2_weights.py"
+def sharded_weights_reports(tmp_path, config, methods=SHARDABLE) -> list[dict]:
+    """WEIGHTS_SCRIPT launched on 2 processes with an accelerate config; each process's report."""
+    script = tmp_path / "sharded_weights.py"
     script.write_text(WEIGHTS_SCRIPT)
-    out = tmp_path / "weights.json"
-    _launch(tmp_path, str(script), ",".join(SHARDABLE), str(out), config=FSDP2_CONFIG)
-    reports = [json.loads((tmp_path / f"weights.json.{rank}").read_text()) for rank in (0, 1)]
+    _launch(tmp_path, str(script), ",".join(methods), str(tmp_path / "weights.json"), config=config)
+    return [json.loads((tmp_path / f"weights.json.{rank}").read_text()) for rank in (0, 1)]
+
+
+def check_sharded_weights(reports: list[dict], engine: str, tolerance: dict[str, float], sharded: bool = True,
+                          methods=SHARDABLE) -> dict[str, float]:
+    """Every process's weights equal the unsharded copy's on its rows, to `tolerance[method]` (default 1e-6); a
+    process with nothing to probe runs the probe while the other has rows. Returns the largest difference per method."""
+    worst = {}
     for rank, report in enumerate(reports):
         shards = report["shards"]
-        assert shards["dtensor"] and shards["local"] * 2 == shards["full"], shards
-        for name in SHARDABLE:
+        assert shards["engine"] == engine, shards
+        assert shards["local"] * 2 == shards["full"] if sharded else shards["local"] == shards["full"], shards
+        for name in methods:
             for case in ("both", "only_rank0", "only_rank1"):
                 entry = report[f"{name}/{case}"]
-                assert entry["max_diff"] <= 1e-6, (rank, name, case, entry)
+                worst[name] = max(worst.get(name, 0.0), entry["max_diff"])
+                assert entry["max_diff"] <= tolerance.get(name.split("@")[0], 1e-6), (rank, name, case, entry)
                 busy = (case == "both") or (case == f"only_rank{rank}")
                 assert entry["alone_path"] == ("separate" if busy else "skipped"), (rank, name, case, entry)
                 assert entry["path"] == "separate", (rank, name, case, entry)  # runs when the other process does
                 assert (entry["probed"] > 0) == busy, (rank, name, case, entry)
             assert report[f"{name}/both"]["reweighted"] > 0, (rank, name)
+    return worst
+
+
+def test_per_process_weights_on_fsdp2_equal_one_process_on_the_same_rows(tmp_path):
+    """Under torch's FSDP2 (accelerate's prepare, 2 gloo processes, every parameter a DTensor half), each method
+    that trains on a sharded model gives each process exactly the weights of an unsharded copy on the same rows:
+    the probes run the model's own forward (FSDP gathers its units in the root's hooks) and gather the output layer
+    once (`probes.unsharded`); fp32 all-gathers are exact, and the measured difference is 0. Includes a process with
+    nothing to probe while the other has rows (it runs the probe anyway: same collectives) and rows of unequal
+    length; entropy in chunks of 8 positions (a data-dependent number of output-layer calls)."""
+    worst = check_sharded_weights(sharded_weights_reports(tmp_path, FSDP2_CONFIG), "FSDP", tolerance={})
+    assert max(worst.values()) == 0.0, worst
 
 
 @pytest.mark.parametrize("env, distributed_type, warned", [

@@ -3,9 +3,10 @@ visible, which starts 2 CPU processes over gloo (accelerate's MULTI_CPU), each w
 model. (`accelerate launch --cpu --num_processes 2` would start ONE process: with --cpu, accelerate 1.15 takes its
 simple launcher, which runs several processes only through mpirun.) Every run here checks that both ranks ran.
 
-What is checked here, and what is not: two CPU processes over gloo (DDP); FSDP2 is in tests/test_fsdp_cpu.py. NCCL
-and DeepSpeed are not installed here; ZeRO-3-like sharding is imitated in `WEIGHTS_SCRIPT` by a collective operation
-in every backbone forward (a process that runs one forward more or less than the others hangs, as under ZeRO-3).
+What is checked here, and what is not: two CPU processes over gloo (DDP); FSDP2 is in tests/test_fsdp_cpu.py and
+DeepSpeed ZeRO-2/3 in tests/test_deepspeed_cpu.py. NCCL is not installed here. `WEIGHTS_SCRIPT` also imitates
+ZeRO-3-like sharding by a collective operation in every backbone forward and counts them (a process that runs one
+forward more or less than the others hangs, as under ZeRO-3).
 """
 
 import json

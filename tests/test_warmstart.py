@@ -174,3 +174,20 @@ def test_a_real_warm_start_is_a_checkpoint_loadable_by_path(tmp_path, monkeypatc
     monkeypatch.setattr(grail.models.warmstart, "train_warm_start", fail)
     assert warm_start(SMALL, tmp_path, log=lambda s: None) == path
     assert {p.name: os.stat(p).st_mtime_ns for p in path.iterdir()} == mtimes  # nothing rewritten
+
+
+def test_a_process_other_than_rank_0_writes_a_complete_cache_entry(tmp_path, monkeypatch):
+    """In a launch of several processes each warm-starts into its own staging folder and the first to finish
+    publishes it; transformers 5 writes `save_pretrained`'s files on rank 0 only, so the entry of another rank
+    must not depend on it (seen: a cache entry with a tokenizer and no weights, 'Unrecognized model')."""
+    from transformers import PreTrainedModel
+
+    reference = tmp_path / "reference"
+    grail.models.warmstart.build_tiny_model(grail.models.warmstart.build_tokenizer()).save_pretrained(reference)
+    monkeypatch.setattr(PreTrainedModel, "should_save_on_this_rank", lambda self, is_main_process: False)
+    path = warm_start(SMALL, tmp_path, log=lambda _: None)
+    saved, expected = (json.loads((p / "config.json").read_text()) for p in (path, reference))
+    assert saved.keys() == expected.keys() and saved["architectures"] == ["Qwen3ForCausalLM"]  # TRL loads by it
+    model = AutoModelForCausalLM.from_pretrained(path)
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in path.iterdir()}
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # ties survive the save

@@ -273,37 +273,37 @@ def _full(tensor: torch.Tensor | None) -> torch.Tensor | None:
 
 @contextmanager
 def unsharded(model: nn.Module) -> Iterator[None]:
-    """While active, the output layer's weight, which the probes read without calling the layer (`output_logits`),
-    is whole on every process; a no-op for a model that is not sharded. Every probe enters it once, around all its
-    forwards (re-entrant: an inner entry does nothing), so each process runs the same collectives however many rows
-    or chunks it has.
+    """While active, `output_logits` uses a whole copy of the output layer, gathered once on entry; a no-op for a
+    model that is not sharded. The probes read the output layer's weight without calling the layer, so an engine
+    that gathers parameters in hooks around each module's forward never gathers it for them. Every probe enters
+    this once, around all its forwards (re-entrant: an inner entry does nothing), so each process runs the same
+    collectives however many rows or chunks it has. The copy (V × D, the model's dtype) lives until exit.
 
-    - torch FSDP2 (`fully_shard`, accelerate's FSDP v2): the output layer's DTensor shards are all-gathered here
-      (`full_tensor`, outside FSDP's own bookkeeping) and kept until exit. The forwards go through the model's own
-      forward (`hidden_states_BLD`), in which FSDP gathers and releases its units as in training.
-    - DeepSpeed ZeRO-3: every module gathers in its own hooks, so the backbone runs alone; the output layer's
-      parameters are gathered here (`deepspeed.zero.GatheredParameters`).
+    - torch FSDP2 (`fully_shard`, accelerate's FSDP v2): the output layer's DTensor shards are all-gathered
+      (`full_tensor`, outside FSDP's own bookkeeping). The forwards go through the model's own forward
+      (`hidden_states_BLD`), in which FSDP gathers and releases its units as in training.
+    - DeepSpeed ZeRO-3: the output layer's parameters are gathered (`deepspeed.zero.GatheredParameters`) and copied.
+      A copy, not the gathered parameter itself: with tied embeddings the input embedding module shares the weight
+      and releases it again after its own forward. The backbone runs alone (every module gathers in its own hooks).
     """
     if id(model) in _OPEN:
         yield
         return
     _OPEN.add(id(model))
     try:
-        if _fsdp2_units(model):
-            head = _output_layer(model)
-            _GATHERED[id(model)] = (_full(head.weight), _full(getattr(head, "bias", None)))
-            try:
-                yield
-            finally:
-                _GATHERED.pop(id(model), None)
-        elif zero3 := _zero3_output_params(model):
-            import deepspeed
+        head = _output_layer(model) if _fsdp2_units(model) or _zero3_output_params(model) else None
+        if head is not None:
+            bias = getattr(head, "bias", None)
+            if zero3 := _zero3_output_params(model):
+                import deepspeed
 
-            with deepspeed.zero.GatheredParameters(zero3, modifier_rank=None):
-                yield
-        else:
-            yield
+                with deepspeed.zero.GatheredParameters(zero3, modifier_rank=None):
+                    _GATHERED[id(model)] = tuple(None if t is None else t.detach().clone() for t in (head.weight, bias))
+            else:
+                _GATHERED[id(model)] = (_full(head.weight), _full(bias))
+        yield
     finally:
+        _GATHERED.pop(id(model), None)
         _OPEN.discard(id(model))
 
 

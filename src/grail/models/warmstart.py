@@ -26,7 +26,8 @@ from grail.options.choices import WarmStartConfig
 from grail.options.fields import TINY_MODEL
 from grail.tasks.synthetic import generate
 
-__all__ = ["default_cache_dir", "load_inference_model", "resolve_model", "train_warm_start", "warm_start"]
+__all__ = ["default_cache_dir", "load_inference_model", "resolve_model", "save_on_this_process", "train_warm_start",
+           "warm_start"]
 
 
 def _batches(tokenizer, examples, batch_size: int, generator: torch.Generator):
@@ -82,9 +83,22 @@ def train_warm_start(config: WarmStartConfig, out_dir: Path, log: Callable[[str]
             optimizer.zero_grad(set_to_none=True)
             if (step + 1) % 50 == 0 or step + 1 == config.steps:
                 log(f"warm start: step {step + 1}/{config.steps}  loss {loss.item():.3f}")
-    model.save_pretrained(out_dir)
+    save_on_this_process(model, out_dir)
     tokenizer.save_pretrained(out_dir)
     return out_dir
+
+
+def save_on_this_process(model, out_dir: Path) -> None:
+    """`save_pretrained`'s files (config, generation config, safetensors weights) written by THIS process. Under an
+    initialised process group (any `accelerate launch` of several processes, where each process warm-starts into
+    its own staging folder) transformers 5 writes them on rank 0 only (`PreTrainedModel.should_save_on_this_rank`),
+    so another rank's folder would hold no weights, and published first it would poison the cache."""
+    from safetensors.torch import save_model
+
+    model.config.architectures = [type(model).__name__]  # as save_pretrained records it (TRL loads by it)
+    model.config.save_pretrained(out_dir)
+    model.generation_config.save_pretrained(out_dir)
+    save_model(model, str(Path(out_dir) / "model.safetensors"), metadata={"format": "pt"})
 
 
 def warm_start(

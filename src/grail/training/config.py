@@ -1,7 +1,8 @@
 """`GRAILConfig`: TRL's `GRPOConfig` plus the fields grail-rl adds. Each field's help is its only documentation.
 
 Device-dependent defaults are resolved in `__post_init__`, never guessed elsewhere:
-  * no CUDA device (or `use_cpu=True`)  → `use_cpu=True`, `bf16=False` (bf16 is ~1.7x slower on CPU);
+  * no CUDA device (or `use_cpu=True`)  → `use_cpu=True`, `bf16=False` (bf16 is ~1.7x slower on CPU); under a
+    DeepSpeed launch on CPU processes, `use_cpu` stays False and `ddp_backend` defaults to gloo (`_cpu_engine`);
   * `activation_checkpointing` (transformers 5's name for `gradient_checkpointing`) left unset → on for GPU
     training of real models, off on CPU and for the embedded tiny model (recomputation doubles the step time
     of a model that fits anyway).
@@ -11,6 +12,7 @@ An explicit value from the user always wins.
 from __future__ import annotations
 
 import functools
+import os
 import typing
 from dataclasses import dataclass, field, fields
 from typing import Literal
@@ -66,12 +68,25 @@ class GRAILConfig(GRPOConfig, GRAILFields):
             parse_size(self.eval_size)
         on_gpu = torch.cuda.is_available() and not self.use_cpu
         if not on_gpu:
-            self.use_cpu = True
+            self._cpu_engine()
             if self.bf16 is None:
                 self.bf16 = False
         if self.gradient_checkpointing is None and self.activation_checkpointing is None:
             self.activation_checkpointing = on_gpu and self.model_name_or_path != TINY_MODEL
         super().__post_init__()
+
+    def _cpu_engine(self) -> None:
+        """CPU processes: `use_cpu=True`, except under a DeepSpeed launch (`accelerate launch` with a DeepSpeed config
+        sets ACCELERATE_USE_DEEPSPEED=true). accelerate 1.15 takes DeepSpeed only when not told `cpu=True`
+        (accelerate/state.py, `AcceleratorState.__init__`: `elif ... ACCELERATE_USE_DEEPSPEED ... and not cpu`); and
+        without a backend named it initialises DeepSpeed's process group but counts one process
+        (`PartialState.__init__`: `if self.backend is None: self.num_processes = 1`), so every process would think
+        itself alone. There `ddp_backend` defaults to gloo, which DeepSpeed's CPU accelerator runs on."""
+        if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("true", "1") and not self.use_cpu:
+            if self.ddp_backend is None:
+                self.ddp_backend = "gloo"
+            return
+        self.use_cpu = True
 
     def _apply_method_config(self) -> None:
         """token_weighting names a method of the table; the config values it comes with (`MethodSpec.config`) are set

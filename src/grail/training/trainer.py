@@ -71,11 +71,17 @@ def sharded_by(trainer) -> str | None:
 def dropped_engine(environ, distributed_type: str) -> str | None:
     """Why the launch asked for a sharded engine that accelerate did not start, or None. accelerate 1.15 takes its
     FSDP branch only for accelerator devices (accelerate/state.py: `MULTI_CPU` is not in the list that becomes
-    `FSDP`), so an FSDP config on CPU processes runs as plain DDP without a word (tests/test_fsdp_cpu.py)."""
+    `FSDP`), so an FSDP config on CPU processes runs as plain DDP without a word (tests/test_fsdp_cpu.py); and it
+    takes DeepSpeed only without cpu=True (`GRAILConfig._cpu_engine` arranges that; tests/test_deepspeed_cpu.py)."""
     if environ.get("ACCELERATE_USE_FSDP", "").lower() in ("true", "1") and distributed_type == "MULTI_CPU":
         return ("the launch asked for FSDP (ACCELERATE_USE_FSDP=true), but accelerate runs FSDP configs on CPU "
                 "processes as DDP (its FSDP branch covers accelerator devices only): every process holds the whole "
-                "model. This run trains correctly, unsharded; use a GPU launch for FSDP")
+                "model. This run trains correctly, unsharded; use a GPU launch for FSDP, or DeepSpeed "
+                "(examples/accelerate_zero3_cpu.yaml)")
+    if environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("true", "1") and distributed_type != "DEEPSPEED":
+        return ("the launch asked for DeepSpeed (ACCELERATE_USE_DEEPSPEED=true), but accelerate takes DeepSpeed only "
+                "when not told cpu=True, and use_cpu=True was given: this run trains without DeepSpeed. Leave "
+                "use_cpu unset (grail then runs DeepSpeed on CPU processes over gloo)")
     return None
 
 
@@ -155,6 +161,10 @@ class GRAILTrainer(GRPOTrainer):
         sharded = sharded_by(self)
         if sharded:
             return f"{sharded} (parameters are gathered and released around each module)"
+        if getattr(self, "is_deepspeed_enabled", False):
+            return ("DeepSpeed (its engine hooks the model's outputs and takes any backward through them for the "
+                    "training backward: the fused saliency's gradient query puts ZeRO-1/2's gradient buckets out of "
+                    "step, an IndexError in reduce_ipg_grads with deepspeed 0.19.8)")
         if self.reentrant_checkpointing():
             return ("reentrant activation checkpointing (use_reentrant=True: its segments answer only .backward(), "
                     "not a gradient query; non-reentrant checkpointing, transformers' default, fuses)")

@@ -1,0 +1,128 @@
+"""DeepSpeed ZeRO-2 and ZeRO-3 for real on 2 gloo CPU processes (examples/accelerate_zero3_cpu.yaml; deepspeed is in
+the `dev` extra): DeepSpeed's CPU accelerator, accelerate's DeepSpeed plugin and engine, parameters partitioned by
+ZeRO-3. Per-process weights equal an unsharded copy's (the script of tests/test_fsdp_cpu.py), and `grail train` trains
+GRAIL and OAR-G under ZeRO-3 and saves a model that loads in one process. Launched as in tests/test_multiprocess.py."""
+
+import json
+
+import pytest
+import yaml
+
+from launching import FAST, REPO, _launch, _records
+from test_fsdp_cpu import check_sharded_weights, sharded_weights_reports
+
+pytest.importorskip("deepspeed", reason="deepspeed is not installed: pip install -c constraints.txt -e '.[deepspeed]'")
+
+ZERO3_CONFIG = REPO / "examples" / "accelerate_zero3_cpu.yaml"
+# ZeRO-3 wraps every linear layer's forward in its own autograd function (deepspeed.runtime.zero.linear, installed as
+# torch.nn.functional.linear process-wide) over parameters gathered into its own buffers: forward hidden states are
+# bit-identical to the unsharded copy's (measured 0), gradients to the leaf differ by rounding, which OAR-G's KL under
+# σ = 1e-3 noise amplifies (measured ≤ 6.4e-6 on weights of order 1; GRAIL ≤ 3e-7).
+ZERO3_TOLERANCE = {"oar_g": 1e-5}
+
+
+def zero_config(tmp_path, stage: int):
+    config = yaml.safe_load(ZERO3_CONFIG.read_text())
+    config["deepspeed_config"]["zero_stage"] = stage
+    path = tmp_path / f"zero{stage}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_per_process_weights_on_zero3_equal_one_process_on_the_same_rows(tmp_path):
+    """Each process holds half of every parameter (ZeRO-3 partitions); every method that trains sharded gives each
+    process the weights of an unsharded copy on its rows, including a process with nothing to probe."""
+    reports = sharded_weights_reports(tmp_path, ZERO3_CONFIG)
+    worst = check_sharded_weights(reports, "DEEPSPEED", ZERO3_TOLERANCE)
+    assert worst["entropy"] == 0.0, worst  # no gradient: the forward is bit-identical
+
+
+def test_per_process_weights_on_zero2_equal_one_process_on_the_same_rows(tmp_path):
+    """ZeRO-2 shards optimizer states and gradients only: whole parameters, the same weights exactly."""
+    reports = sharded_weights_reports(tmp_path, zero_config(tmp_path, 2), methods=["grail", "oar_g"])
+    worst = check_sharded_weights(reports, "DEEPSPEED", {}, sharded=False, methods=["grail", "oar_g"])
+    assert max(worst.values()) == 0.0, worst
+
+
+RECORD_SCRIPT = '''
+"""`grail train` recording, per process and step, the engine and how much of the model it holds."""
+import json, os, sys
+
+from grail.cli import main
+from grail.training.trainer import GRAILTrainer, sharded_by
+
+original_step = GRAILTrainer.training_step
+
+
+def training_step(self, model, inputs, *args, **kwargs):
+    loss = original_step(self, model, inputs, *args, **kwargs)
+    params = list(self.accelerator.unwrap_model(self.model).parameters())
+    record = {"step": self.state.global_step + 1, "engine": self.accelerator.distributed_type.name,
+              "processes": self.accelerator.num_processes, "sharded_by": sharded_by(self),
+              "local": sum(getattr(p, "ds_tensor", p).numel() for p in params),
+              "full": sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in params),
+              "path": getattr(self.last_token_weights, "path", None)}
+    with open(f"{os.environ['GRAIL_RECORD']}.{self.accelerator.process_index}", "a") as f:
+        f.write(json.dumps(record) + "\\n")
+    return loss
+
+
+GRAILTrainer.training_step = training_step
+sys.exit(main(sys.argv[1:]))
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage, method", [(3, "none"), (3, "grail"), (3, "oar_g"), (2, "grail")])
+def test_grail_train_under_deepspeed_on_two_cpu_processes(tmp_path, warm_cache, stage, method):
+    """2 steps of `grail train` under DeepSpeed on 2 CPU processes: accelerate counts 2 processes (GRAILConfig names
+    the gloo backend), ZeRO-3 holds half of the model per process, the probe runs, and final/ loads in one process."""
+    from transformers import AutoModelForCausalLM
+
+    cache, _ = warm_cache
+    script = tmp_path / "record_train.py"
+    script.write_text(RECORD_SCRIPT)
+    run = tmp_path / "run"
+    _launch(tmp_path, str(script), "train", *FAST, "--token_weighting", method, "--cache_dir", str(cache),
+            "--output_dir", str(run), config=zero_config(tmp_path, stage),
+            env={"GRAIL_RECORD": str(tmp_path / "record")})
+    assert [x["step"] for x in _records(run / "metrics.jsonl") if "loss" in x] == [1, 2]
+    for rank in (0, 1):
+        steps = _records(tmp_path / f"record.{rank}")
+        assert [s["step"] for s in steps] == [1, 2], steps
+        for step in steps:
+            assert step["engine"] == "DEEPSPEED" and step["processes"] == 2, step
+            assert step["sharded_by"] == ("DeepSpeed ZeRO-3" if stage == 3 else None), step
+            assert (step["local"] * 2 == step["full"]) if stage == 3 else (step["local"] == step["full"]), step
+        if method != "none":
+            assert any(s["path"] == "separate" for s in steps), steps
+    model = AutoModelForCausalLM.from_pretrained(run / "final")  # whole weights (zero3_save_16bit_model)
+    assert sum(p.numel() for p in model.parameters()) == steps[0]["full"]
+    resolved = json.loads((run / "resolved_config.json").read_text())
+    assert resolved["use_cpu"] is False and resolved["ddp_backend"] == "gloo", resolved
+
+
+def test_a_deepspeed_launch_on_cpu_keeps_accelerate_off_cpu_mode(monkeypatch):
+    """accelerate takes DeepSpeed only without cpu=True and counts one process without a backend
+    (GRAILConfig._cpu_engine; the launched test above checks resolved_config.json); outside a DeepSpeed launch, CPU
+    training keeps use_cpu=True; an explicit use_cpu=True under a DeepSpeed launch is kept, and named by the
+    trainer's dropped-engine warning."""
+    from types import SimpleNamespace
+
+    from grail.training.config import GRAILConfig
+    from grail.training.trainer import dropped_engine
+
+    def resolved(**fields):
+        cfg = SimpleNamespace(use_cpu=False, ddp_backend=None, **fields)
+        GRAILConfig._cpu_engine(cfg)
+        return cfg.use_cpu, cfg.ddp_backend
+
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    assert resolved() == (False, "gloo")
+    cfg = SimpleNamespace(use_cpu=True, ddp_backend=None)
+    GRAILConfig._cpu_engine(cfg)
+    assert (cfg.use_cpu, cfg.ddp_backend) == (True, None)
+    assert "use_cpu=True was given" in dropped_engine({"ACCELERATE_USE_DEEPSPEED": "true"}, "MULTI_CPU")
+    assert dropped_engine({"ACCELERATE_USE_DEEPSPEED": "true"}, "DEEPSPEED") is None
+    monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED")
+    assert resolved() == (True, None)
