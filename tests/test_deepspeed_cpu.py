@@ -1,7 +1,7 @@
 """DeepSpeed ZeRO-2 and ZeRO-3 for real on 2 gloo CPU processes (examples/accelerate_zero3_cpu.yaml; deepspeed is in
 the `dev` extra): DeepSpeed's CPU accelerator, accelerate's DeepSpeed plugin and engine, parameters partitioned by
 ZeRO-3. Per-process weights equal an unsharded copy's (the script of tests/test_fsdp_cpu.py), and `grail train` trains
-GRAIL and OAR-G under ZeRO-3 and saves a model that loads in one process. Launched as in tests/test_multiprocess.py."""
+GRAIL, OAR-G and OAR-P under ZeRO-3 and saves a model that loads in one process. Launched as in tests/test_multiprocess.py."""
 
 import json
 
@@ -73,7 +73,7 @@ sys.exit(main(sys.argv[1:]))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage, method", [(3, "none"), (3, "grail"), (3, "oar_g"), (2, "grail")])
+@pytest.mark.parametrize("stage, method", [(3, "none"), (3, "grail"), (3, "oar_g"), (3, "oar_p"), (2, "grail")])
 def test_grail_train_under_deepspeed_on_two_cpu_processes(tmp_path, warm_cache, stage, method):
     """2 steps of `grail train` under DeepSpeed on 2 CPU processes: accelerate counts 2 processes (GRAILConfig names
     the gloo backend), ZeRO-3 holds half of the model per process, the probe runs, and final/ loads in one process."""

@@ -1,7 +1,7 @@
 """FSDP2 on 2 gloo CPU processes (examples/accelerate_fsdp2_cpu.yaml): accelerate 1.15 drops an FSDP config on CPU
 processes (it runs DDP), grail says so; with accelerate's gate opened in the launched script, torch's own fully_shard
-gives each process exactly the weights of an unsharded copy for every method that trains sharded, and trains `none`,
-`grail`, `oar_g` and `entropy`. Launched as in tests/test_multiprocess.py (tests/launching.py)."""
+gives each process exactly the weights of an unsharded copy for every method (OAR-P and span masking in lockstep:
+the same number of forwards on every process), and trains `none`, `grail`, `oar_g`, `oar_p` and `entropy`. Launched as in tests/test_multiprocess.py (tests/launching.py)."""
 
 import json
 
@@ -100,7 +100,7 @@ def test_accelerate_drops_the_fsdp2_config_on_cpu_processes(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["none", "grail", "oar_g", "entropy"])
+@pytest.mark.parametrize("method", ["none", "grail", "oar_g", "oar_p", "entropy"])
 def test_fsdp2_trains_on_two_cpu_processes(tmp_path, warm_cache, method):
     """2 steps under FSDP2 (torch's fully_shard over gloo) on 2 CPU processes: each process holds half of every
     parameter (DTensor shards), grail takes its separate path (the fused one is refused under sharding), the run
@@ -185,11 +185,16 @@ CASES = {  # advantages of the whole batch; process 0 takes rows 0-3, process 1 
     "only_rank0": torch.tensor([1.0, -1.0, 0.5, -0.5, 0.0, 0.0, 0.0, 0.0]),  # process 1: nothing to probe
     "only_rank1": torch.tensor([0.0, 0.0, 0.0, 0.0, 0.75, -0.25, -1.0, 1.0]),
 }
+forwards = {"sharded": 0, "alone": 0}  # backbone forwards of each model (the lockstep's rounds)
+probes.backbone(model).register_forward_pre_hook(lambda *_: forwards.__setitem__("sharded", forwards["sharded"] + 1))
+probes.backbone(alone).register_forward_pre_hook(lambda *_: forwards.__setitem__("alone", forwards["alone"] + 1))
 report = {"shards": shards}
 for name in sys.argv[1].split(","):
     method, _, leaf = name.partition("@")
-    options = WeightingOptions(token_weighting=method, rollout_symmetry="both", saliency_leaf=leaf or "embeddings")
+    options = WeightingOptions(token_weighting=method, rollout_symmetry="both", saliency_leaf=leaf or "embeddings",
+                               perturbation_chunk_tokens=64)  # OAR-P: many chunks, as many as each row needs
     for case, adv_B in CASES.items():
+        forwards.update(sharded=0, alone=0)
         mine = token_weights(model, tokenizer, ids_BL[rows], attn_BL[rows], mask_BT[rows], adv_B[rows], options,
                              generator=torch.Generator().manual_seed(100 + rank), any_process=any_process)
         ref = token_weights(alone, tokenizer, ids_BL[rows], attn_BL[rows], mask_BT[rows], adv_B[rows], options,
@@ -197,14 +202,14 @@ for name in sys.argv[1].split(","):
         report[f"{name}/{case}"] = {
             "max_diff": float((mine.weights_BT - ref.weights_BT).abs().max()), "path": mine.path,
             "alone_path": ref.path, "probed": int(ref.probed_B.sum()),
-            "reweighted": int(((ref.weights_BT != 1) & mask_BT[rows]).sum())}
+            "reweighted": int(((ref.weights_BT != 1) & mask_BT[rows]).sum()), **forwards}
 with open(f"{sys.argv[2]}.{rank}", "w") as f:
     json.dump(report, f, indent=1)
 accelerator.wait_for_everyone()
 dist.destroy_process_group()
 '''
 
-SHARDABLE = ["grail", "grail@middle", "oar_g", "entropy", "random", "eapo"]
+SHARDABLE = ["grail", "grail@middle", "oar_g", "oar_p", "entropy", "random", "eapo", "span_mask"]
 
 
 def sharded_weights_reports(tmp_path, config, methods=SHARDABLE) -> list[dict]:
@@ -234,6 +239,12 @@ def check_sharded_weights(reports: list[dict], engine: str, tolerance: dict[str,
                 assert entry["path"] == "separate", (rank, name, case, entry)  # runs when the other process does
                 assert (entry["probed"] > 0) == busy, (rank, name, case, entry)
             assert report[f"{name}/both"]["reweighted"] > 0, (rank, name)
+    for name in methods:  # every process ran the same number of forwards, whatever its own rows needed
+        counts = [[report[f"{name}/{case}"]["sharded"] for report in reports] for case in ("both", "only_rank0")]
+        assert all(a == b for a, b in counts), (name, counts)
+    if "oar_p" in methods:  # ... which differ for OAR-P: the lockstep (probes.in_lockstep) padded them
+        needs = [[report[f"oar_p/{case}"]["alone"] for report in reports] for case in ("both", "only_rank0")]
+        assert any(a != b for a, b in needs), needs
     return worst
 
 

@@ -318,25 +318,29 @@ def _fake_trainer(zero_stage=None, fsdp=False):
                            is_fsdp_enabled=fsdp)
 
 
-@pytest.mark.parametrize("sharding", [{"zero_stage": 3}, {"fsdp": True}])
-def test_oar_p_on_a_sharded_model_is_refused_before_training(sharding):
-    """OAR-P runs a data-dependent number of forwards per process; OAR-G and GRAIL train on sharded models
-    (tests/test_fsdp_cpu.py)."""
+def _unshardable(name="oar_p"):
+    """A method like a built-in, but whose spec says its probe cannot run sharded (a plug-in may say so)."""
+    from dataclasses import replace
+
     from grail.methods.table import method_spec
+
+    return replace(method_spec(name), name=f"{name}_unshardable", unshardable="its probe reads every shard itself")
+
+
+@pytest.mark.parametrize("sharding", [{"zero_stage": 3}, {"fsdp": True}])
+def test_a_method_that_says_it_cannot_run_sharded_is_refused_before_training(sharding):
+    """Every built-in method trains sharded (tests/test_fsdp_cpu.py, tests/test_deepspeed_cpu.py); a method whose
+    spec names why it cannot (`MethodSpec.unshardable`) is refused on ZeRO-3/FSDP with that reason."""
+    from grail.methods.table import METHODS
     from grail.training.trainer import refuse_if_unshardable, sharded_by
 
-    def check(name, trainer):  # what GRAILTrainer runs when it is built
-        refuse_if_unshardable(method_spec(name), sharded_by(trainer))
-
     trainer = _fake_trainer(**sharding)
-    with pytest.raises(ValueError, match=f"token_weighting='oar_p' cannot train a model sharded by "
-                                         f"{sharded_by(trainer)}: its probe runs a data-dependent number of forwards"
-                                         f".*ZeRO-2 or DDP"):
-        check("oar_p", trainer)
-    check("oar_p", _fake_trainer(zero_stage=2))  # ZeRO-2 and DDP keep whole parameters: fine
-    check("oar_p", _fake_trainer())
-    check("grail", trainer)
-    check("oar_g", trainer)
+    with pytest.raises(ValueError, match=f"token_weighting='oar_p_unshardable' cannot train a model sharded by "
+                                         f"{sharded_by(trainer)}: its probe reads every shard itself.*ZeRO-2 or DDP"):
+        refuse_if_unshardable(_unshardable(), sharded_by(trainer))
+    refuse_if_unshardable(_unshardable(), sharded_by(_fake_trainer(zero_stage=2)))  # whole parameters: fine
+    refuse_if_unshardable(_unshardable(), sharded_by(_fake_trainer()))
+    assert not [name for name, spec in METHODS.items() if spec.unshardable]  # none of grail's own
 
 
 def test_checkpoint_evaluation_on_a_sharded_model_is_refused_before_training():
@@ -378,10 +382,11 @@ def test_the_zero2_accelerate_config_is_valid_and_shown_in_the_docs():
     assert args.gradient_accumulation_steps is None  # left to grail's config (the paper preset's 8)
 
 
-def test_grail_train_refuses_oar_p_on_a_sharded_model_before_the_first_step(tmp_path, warm_cache, monkeypatch,
-                                                                            capsys):
+def test_grail_train_refuses_an_unshardable_method_on_a_sharded_model_before_the_first_step(tmp_path, warm_cache,
+                                                                                          monkeypatch, capsys):
     """Through the CLI: the refusal comes after the trainer is built (it knows the sharding) and before training."""
     import grail.training.trainer
+    from grail import register_method, unregister_method
     from grail.cli import main
     from grail.training.trainer import GRAILTrainer
 
@@ -389,6 +394,10 @@ def test_grail_train_refuses_oar_p_on_a_sharded_model_before_the_first_step(tmp_
     # GRAILTrainer refuses it when built
     monkeypatch.setattr(grail.training.trainer, "sharded_by", lambda trainer: "FSDP")
     monkeypatch.setattr(GRAILTrainer, "train", lambda self, *a, **k: pytest.fail("training started"))
-    assert main(["train", *FAST, "--token_weighting", "oar_p", "--cache_dir", str(cache),
-                 "--output_dir", str(tmp_path / "run")]) == 2
-    assert "token_weighting='oar_p' cannot train a model sharded by FSDP" in capsys.readouterr().err
+    register_method(_unshardable("grail"))
+    try:
+        assert main(["train", *FAST, "--token_weighting", "grail_unshardable", "--cache_dir", str(cache),
+                     "--output_dir", str(tmp_path / "run")]) == 2
+    finally:
+        unregister_method("grail_unshardable")
+    assert "token_weighting='grail_unshardable' cannot train a model sharded by FSDP" in capsys.readouterr().err

@@ -157,9 +157,6 @@ BUILTIN: tuple[MethodSpec, ...] = (
                example="oar_variant='grail_release' (GRAIL's OAR-G baseline, exactly)",
                cost="two forwards and one backward to the embeddings", reference=_OAR_PAPER),
     MethodSpec("oar_p", "OAR-P", _oar_p_probe, bilevel_pipeline, rows="bilevel", min_importance=oar_p_floor,
-               unshardable="its probe runs a data-dependent number of forwards per process (one per row and one per "
-                           "chunk of perturbed copies), so the processes' parameter gathers would not match and the "
-                           "run would hang",
                check=_oar_p_check, auroc=False,
                title="OAR-P (answer-distribution KL when each scored token is replaced by the pad token)",
                summary="One perturbed copy of the row per scored token, batched with a shared KV-cache prefix; the "

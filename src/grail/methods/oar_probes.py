@@ -34,10 +34,11 @@ from torch import nn
 from grail.methods.core import kl_divergence
 from grail.methods.probes import (
     at_least_float32,
-    backbone,
+    backbone_output,
     check_batch,
     completion_mask_BT,
     hidden_states_BLD,
+    in_lockstep,
     leaf_gradient,
     output_is_linear,
     output_logits,
@@ -279,7 +280,6 @@ def _oar_p_prefix_shared(model, input_ids_BL, attention_mask_BL, scored_BT, answ
     T = scored_BT.shape[1]
     importance_BT = zeros_BT(input_ids_BL, T)
     S = input_ids_BL.shape[1] - T
-    decoder = backbone(model)
     if not output_is_linear(model) or (model.training and any(getattr(module, "gradient_checkpointing", False)
                                                                   for module in model.modules())):
         # soft-capped logits are pooled per position (`_pooled_logits`), not from a pooled hidden state; and
@@ -291,7 +291,7 @@ def _oar_p_prefix_shared(model, input_ids_BL, attention_mask_BL, scored_BT, answ
                                                           distribution):
             n = ids_n.shape[0]
             ones_1N = torch.ones(1, n, dtype=attention_mask_BL.dtype, device=ids_n.device)
-            out = decoder(input_ids=ids_n[None], attention_mask=ones_1N, use_cache=True)
+            out = backbone_output(model, ones_1N, use_cache=True, input_ids=ids_n[None])
             cache = out.past_key_values
             if not _plain_dynamic_cache(cache, n):  # sliding-window layers, or the cache was dropped: no sharing
                 return _oar_p_batched(model, input_ids_BL, attention_mask_BL, scored_BT, answer_BT,
@@ -310,8 +310,8 @@ def _oar_p_prefix_shared(model, input_ids_BL, attention_mask_BL, scored_BT, answ
                     prefix = DynamicCache(ddp_cache_data=[(k[:, :, :p0].expand(C, -1, -1, -1),
                                                            v[:, :, :p0].expand(C, -1, -1, -1)) for k, v in kv],
                                           config=model.config)
-                hidden_CSD = decoder(input_ids=ids_CS, attention_mask=ones_1N.expand(C, n), past_key_values=prefix,
-                                      use_cache=prefix is not None).last_hidden_state
+                hidden_CSD = backbone_output(model, ones_1N.expand(C, n), use_cache=prefix is not None,
+                                             input_ids=ids_CS, past_key_values=prefix).last_hidden_state
                 # Σ_l pool_l h_l = (clean prefix part, shared) + (suffix part, per copy)
                 dtype = at_least_float32(hidden_CSD)
                 pooled_CD = (pool_n[:p0, None].to(dtype) * clean_hidden_ND[:p0].to(dtype)).sum(0) + torch.einsum(
@@ -337,11 +337,10 @@ def oar_p_importance(model: nn.Module, input_ids_BL: torch.Tensor, attention_mas
     P_final reads (after the answer, for "answer_mean") get no copy: by causality their importance is exactly 0.
     Exact: equals one full forward per copy up to rounding (tested against that loop in float64).
 
-    Several processes: the number of forwards depends on the rows (one per row, one per chunk of copies), so the
-    processes of a model whose parameters are sharded (ZeRO-3, FSDP: a parameter gather per forward) would fall out
-    of step and hang; `output_logits` also reads the whole output weight outside the model's forward. GRAILTrainer
-    refuses OAR-P on such a model when it is built (`grail.methods.table.MethodSpec.unshardable`); DDP and ZeRO-1/2 are
-    fine.
+    Several processes: the number of forwards depends on the rows (one per row, one per chunk of copies). On a model
+    sharded over processes (ZeRO-3, FSDP2: a parameter gather per forward) the processes run in lockstep
+    (`probes.in_lockstep`): a process whose rows need fewer forwards runs one-token forwards while another still
+    runs its own, so every process runs as many as the busiest (tests/test_fsdp_cpu.py, tests/test_deepspeed_cpu.py).
 
     Memory per chunk, roughly: the chunk's KV cache, chunk_tokens × num_layers × 2 × num_kv_heads × head_dim entries
     (Qwen3-4B in bf16: ~147 KB per token, ~4.8 GB at chunk_tokens = 32768; transiently up to twice one layer's share
@@ -367,7 +366,7 @@ def oar_p_importance(model: nn.Module, input_ids_BL: torch.Tensor, attention_mas
     check_batch("oar_p_importance", input_ids_BL, attention_mask_BL, temperature, scored_BT, answer_BT)
     if chunk_tokens < 1:
         raise ValueError(f"oar_p_importance: chunk_tokens must be >= 1, got {chunk_tokens}")
-    with unsharded(model):
+    with unsharded(model), in_lockstep(model):  # a data-dependent number of forwards, in step on sharded models
         return _oar_p_prefix_shared(model, input_ids_BL, attention_mask_BL, scored_BT, answer_BT,
                                     distribution=distribution, pad_token_id=pad_token_id, temperature=temperature,
                                     chunk_tokens=chunk_tokens)

@@ -41,9 +41,10 @@ from grail.methods.spans import align_to_completion
 from grail.options.choices import Leaf
 
 __all__ = [
-    "answer_nll_saliency", "at_least_float32", "backbone", "check_batch", "completion_mask_BT", "decoder_layers",
-    "hidden_states_BLD", "leaf_gradient", "leaf_module", "leaf_output_tensor", "LEAVES", "logit_transform",
-    "output_is_linear", "output_logits", "output_of", "token_entropies", "unsharded", "zeros_BT"
+    "answer_nll_saliency", "at_least_float32", "backbone", "backbone_output", "check_batch", "completion_mask_BT",
+    "decoder_layers", "hidden_states_BLD", "in_lockstep", "leaf_gradient", "leaf_module", "leaf_output_tensor",
+    "LEAVES", "logit_transform", "output_is_linear", "output_logits", "output_of", "token_entropies", "unsharded",
+    "zeros_BT",
 ]
 
 LEAVES: tuple[Leaf, ...] = get_args(Leaf)
@@ -162,30 +163,37 @@ def backbone(model: nn.Module) -> nn.Module:
     return decoder
 
 
-def hidden_states_BLD(model: nn.Module, attention_mask_BL: torch.Tensor, **inputs) -> torch.Tensor:
-    """Final hidden states (after the last norm) of the backbone, (B, L, D).
+def backbone_output(model: nn.Module, attention_mask_BL: torch.Tensor, use_cache: bool = False, **inputs):
+    """The backbone's output (`.last_hidden_state` (B, L, D), `.past_key_values` with `use_cache`).
 
     The backbone runs alone, except on a model sharded by torch's FSDP2: there the model's own forward runs (with
     `logits_to_keep=1`: one position's logits per row) and the backbone's output is taken from it, because FSDP2
     gathers and releases its units in hooks around the ROOT's forward and a backbone called alone leaves units it
-    groups with the output layer half-run (`unsharded`)."""
+    groups with the output layer half-run. Inside `in_lockstep`, each call first tells the other processes that
+    this one runs a forward."""
     decoder = backbone(model)
+    if _LOCKSTEP.get(id(model)):
+        _any_process_busy(model, True)
     if _fsdp2_units(model):
         captured: list = []
         handle = decoder.register_forward_hook(lambda _module, _args, out: captured.append(out))
         try:
-            model(attention_mask=attention_mask_BL, use_cache=False, logits_to_keep=1, **inputs)
+            model(attention_mask=attention_mask_BL, use_cache=use_cache, logits_to_keep=1, **inputs)
         finally:
             handle.remove()
         output = captured[-1] if captured else None
     else:
-        output = decoder(attention_mask=attention_mask_BL, use_cache=False, **inputs)
-    hidden_BLD = getattr(output, "last_hidden_state", None)
-    if not isinstance(hidden_BLD, torch.Tensor):
+        output = decoder(attention_mask=attention_mask_BL, use_cache=use_cache, **inputs)
+    if not isinstance(getattr(output, "last_hidden_state", None), torch.Tensor):
         raise ValueError(f"hidden_states_BLD: the backbone of {type(model).__name__} ({type(decoder).__name__}, from "
                          f"get_decoder()) returned {type(output).__name__} without a `last_hidden_state` tensor. "
                          f"{_FIX}get_decoder() returning a module whose output has `.last_hidden_state` (B, L, D).")
-    return hidden_BLD
+    return output
+
+
+def hidden_states_BLD(model: nn.Module, attention_mask_BL: torch.Tensor, **inputs) -> torch.Tensor:
+    """Final hidden states (after the last norm) of the backbone, (B, L, D) (`backbone_output`)."""
+    return backbone_output(model, attention_mask_BL, **inputs).last_hidden_state
 
 
 @contextmanager
@@ -305,6 +313,50 @@ def unsharded(model: nn.Module) -> Iterator[None]:
     finally:
         _GATHERED.pop(id(model), None)
         _OPEN.discard(id(model))
+
+
+_LOCKSTEP: dict[int, bool] = {}  # id(model) → inside `in_lockstep`, still running its own forwards
+
+
+def _is_sharded(model: nn.Module) -> bool:
+    return _fsdp2_units(model) or bool(_zero3_output_params(model))
+
+
+def _any_process_busy(model: nn.Module, busy: bool) -> bool:
+    """One round of `in_lockstep`: whether any process runs a forward in this round (an all-reduce)."""
+    device = next(model.parameters()).device
+    flag = torch.tensor([int(busy)], device=device)
+    torch.distributed.all_reduce(flag)
+    return bool(flag.item())
+
+
+@contextmanager
+def in_lockstep(model: nn.Module) -> Iterator[None]:
+    """While active, every process runs the same number of model forwards, however many its own rows need: for a
+    probe whose number of forwards depends on the data (OAR-P: one per row and one per chunk of perturbed copies)
+    on a model sharded over processes (FSDP2, ZeRO-3), where every forward gathers parameters from all processes.
+
+    Forwards go in rounds: before each of its forwards (`backbone_output`) a process all-reduces "busy"; a process
+    whose own forwards are done keeps all-reducing "idle" and runs a one-token forward (output unused) in every round
+    where another process is busy, until a round where none is. A no-op (re-entrant) unless the model is sharded
+    over several processes. Cost: one all-reduce of one number per forward, and the idle processes' one-token
+    forwards."""
+    dist = torch.distributed
+    if id(model) in _LOCKSTEP or not (_is_sharded(model) and dist.is_available() and dist.is_initialized()
+                                      and dist.get_world_size() > 1):
+        yield
+        return
+    _LOCKSTEP[id(model)] = True
+    try:
+        yield
+    finally:
+        _LOCKSTEP[id(model)] = False
+        device = next(model.parameters()).device
+        one = torch.ones(1, 1, dtype=torch.long, device=device)
+        with torch.no_grad():
+            while _any_process_busy(model, False):
+                backbone_output(model, one, input_ids=one)  # in step with a busy process
+        del _LOCKSTEP[id(model)]
 
 
 def _whole(tensor: torch.Tensor | None, model: nn.Module) -> torch.Tensor | None:

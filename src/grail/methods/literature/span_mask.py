@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from grail.methods import core
 from grail.methods.builtin import pad_token_id
-from grail.methods.probes import hidden_states_BLD, output_logits, unsharded
+from grail.methods.probes import hidden_states_BLD, in_lockstep, output_logits, unsharded
 from grail.methods.spans import token_char_offsets
 from grail.methods.spec import MethodOption, MethodSpec, TokenWeights
 from grail.tasks.boxed import char_span_to_token_positions
@@ -84,7 +84,7 @@ def _probe(model, rows, options, generator) -> torch.Tensor:
     """(rows, T) importance in [0.5, 1] on reasoning tokens with spans (0.5 when a row has none), 0 elsewhere."""
     T, own, pad = rows.answer_BT.shape[1], options.method_options, pad_token_id(model)
     importance_BT = torch.zeros(rows.answer_BT.shape, dtype=torch.float32, device=rows.answer_BT.device)
-    with torch.no_grad(), unsharded(model):
+    with torch.no_grad(), unsharded(model), in_lockstep(model):  # a data-dependent number of forwards
         for i in range(rows.input_ids_BL.shape[0]):
             real = rows.attention_mask_BL[i].bool()
             ids_n = rows.input_ids_BL[i][real]
@@ -130,8 +130,6 @@ def _pipeline(spec, signal_BT, adv_B, spans, mask_BT, rows_B, options, generator
 
 SPEC = MethodSpec(
     "span_mask", "span masking", _probe, _pipeline, rows="advantaged", auroc=False,
-    unshardable="its probe runs a data-dependent number of forwards per process (one per row with spans, in chunks), "
-                "so the processes' parameter gathers under ZeRO-3/FSDP would fall out of step and the run would hang",
     options=(MethodOption("span_mask_boost", 2.0, "weight of the most important reasoning token", minimum=0.0),
              MethodOption("span_mask_min_weight", 0.5, "weight of importance 0 (non-reasoning floor)", minimum=0.0),
              MethodOption("span_mask_answer_weight", 1.5, "weight of the answer box's tokens", minimum=0.0),
