@@ -1,7 +1,8 @@
 """DeepSpeed ZeRO-2 and ZeRO-3 for real on 2 gloo CPU processes (examples/accelerate_zero3_cpu.yaml; deepspeed is in
 the `dev` extra): DeepSpeed's CPU accelerator, accelerate's DeepSpeed plugin and engine, parameters partitioned by
 ZeRO-3. Per-process weights equal an unsharded copy's (the script of tests/test_fsdp_cpu.py), and `grail train` trains
-GRAIL, OAR-G and OAR-P under ZeRO-3 and saves a model that loads in one process. Launched as in tests/test_multiprocess.py."""
+GRAIL, OAR-G and OAR-P under ZeRO-3 and saves a model that loads in one process. Launched as in
+tests/test_multiprocess.py."""
 
 import json
 

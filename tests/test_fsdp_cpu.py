@@ -1,7 +1,8 @@
 """FSDP2 on 2 gloo CPU processes (examples/accelerate_fsdp2_cpu.yaml): accelerate 1.15 drops an FSDP config on CPU
 processes (it runs DDP), grail says so; with accelerate's gate opened in the launched script, torch's own fully_shard
 gives each process exactly the weights of an unsharded copy for every method (OAR-P and span masking in lockstep:
-the same number of forwards on every process), and trains `none`, `grail`, `oar_g`, `oar_p` and `entropy`. Launched as in tests/test_multiprocess.py (tests/launching.py)."""
+the same number of forwards on every process), and trains `none`, `grail`, `oar_g`, `oar_p` and `entropy`. Launched
+as in tests/test_multiprocess.py (tests/launching.py)."""
 
 import json
 
