@@ -36,7 +36,8 @@ from grail.training.trainer import GRAILTrainer, sharded_by
 
 __all__ = [
     "check_sharding", "CheckpointEval", "gradient_note", "Log", "MetricsJsonl", "Progress", "quiet_libraries",
-    "resolve_model_path", "resolve_prompt_fields", "reward_function", "train", "TrainResult", "write_run_config"
+    "resolve_model_path", "resolve_prompt_fields", "reward_function", "save_final", "train", "TrainResult",
+    "write_run_config"
 ]
 
 Log = Callable[[str], None]
@@ -251,6 +252,21 @@ def check_sharding(cfg: GRAILConfig, trainer) -> None:
                          f"RUN/checkpoint-N`, or use DeepSpeed ZeRO-2 or DDP.")
 
 
+def save_final(trainer, final_dir: Path) -> None:
+    """`trainer.save_model(final_dir)`: the whole model, loadable by `from_pretrained` in one plain process. Under FSDP
+    with SHARDED_STATE_DICT, transformers' `Trainer.save_model` writes nothing at all (transformers 5.23, trainer.py,
+    its `elif self.is_fsdp_enabled:` branch saves only when the type is FULL_STATE_DICT), which left no final/: here
+    the full model is gathered (every process takes part) and saved exactly as that branch does for FULL_STATE_DICT.
+    The checkpoints keep FSDP's sharded files, which resuming reads."""
+    plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)
+    if not getattr(trainer, "is_fsdp_enabled", False) or plugin is None \
+            or "FULL_STATE_DICT" in str(plugin.state_dict_type):
+        trainer.save_model(str(final_dir))  # writes on the main process only
+        return
+    state_dict = trainer.accelerator.get_state_dict(trainer.model)  # the whole model on the main process
+    trainer._save(str(final_dir), state_dict=state_dict)
+
+
 # TrainingArguments types these as floats (a value below 1 is a fraction of the run), so `--logging_steps 1` arrives
 # as 1.0; config.yaml writes a whole number of steps as the integer the user gave.
 _STEP_FIELDS = ("logging_steps", "save_steps", "eval_steps")
@@ -327,7 +343,7 @@ def train(cfg: GRAILConfig, overrides: dict | None = None, log: Log = print,
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from is not None else None)
     train_seconds = time.perf_counter() - start
     final_dir = run_dir / "final"
-    trainer.save_model(str(final_dir))  # writes on the main process only
+    save_final(trainer, final_dir)
     if main_process:
         fmt.save(final_dir)  # `grail eval` reads problems the way the model was trained
     later = sorted(progress.step_seconds[1:]) or progress.step_seconds or [float("nan")]
