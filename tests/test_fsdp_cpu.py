@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from grail.methods.table import METHODS, method_names
 from launching import FAST, REPO, _launch, _records
 
 # ------------------------------------------- FSDP2 on 2 gloo CPU processes (examples/accelerate_fsdp2_cpu.yaml)
@@ -211,7 +212,9 @@ accelerator.wait_for_everyone()
 dist.destroy_process_group()
 '''
 
-SHARDABLE = ["grail", "grail@middle", "oar_g", "oar_p", "entropy", "random", "eapo", "span_mask"]
+# every method with a signal (GRAIL at a layer leaf too), except those that read whole groups of rollouts (KTAE: token
+# statistics of a group, no model call; this batch has no groups)
+SHARDABLE = [*(m for m in method_names(probed=True) if not METHODS[m].groups), "grail@middle"]
 
 
 def sharded_weights_reports(tmp_path, config, methods=SHARDABLE) -> list[dict]:

@@ -183,7 +183,8 @@ def test_a_process_other_than_rank_0_writes_a_complete_cache_entry(tmp_path, mon
     from transformers import PreTrainedModel
 
     reference = tmp_path / "reference"
-    grail.models.warmstart.build_tiny_model(grail.models.warmstart.build_tokenizer()).save_pretrained(reference)
+    grail.models.warmstart.build_tiny_model(grail.models.warmstart.build_tokenizer(), hidden_size=SMALL.hidden_size,
+                                            num_layers=SMALL.num_layers).save_pretrained(reference)
     monkeypatch.setattr(PreTrainedModel, "should_save_on_this_rank", lambda self, is_main_process: False)
     path = warm_start(SMALL, tmp_path, log=lambda _: None)
     saved, expected = (json.loads((p / "config.json").read_text()) for p in (path, reference))
@@ -191,3 +192,7 @@ def test_a_process_other_than_rank_0_writes_a_complete_cache_entry(tmp_path, mon
     model = AutoModelForCausalLM.from_pretrained(path)
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in path.iterdir()}
     assert model.lm_head.weight is model.model.embed_tokens.weight  # ties survive the save
+    from safetensors import safe_open
+
+    keys = [set(safe_open(str(p / "model.safetensors"), "pt").keys()) for p in (path, reference)]
+    assert keys[0] == keys[1]  # the tensor names save_pretrained writes (a tied weight once, by its first name)

@@ -7,7 +7,11 @@ ids' device, 0 on padding and on unscored tokens. Gradients are taken only with 
 inputs=[leaf])` on a fresh leaf, so no parameter `.grad` is written; `requires_grad` of parameters and
 `model.training` are never changed. Logits are formed only at the positions a probe needs (the backbone
 `model.get_decoder()` runs, then the output layer on the selected hidden rows) and are divided by the sampling
-temperature wherever a distribution is formed.
+temperature wherever a distribution is formed. On a model sharded over processes (DeepSpeed ZeRO-3, torch FSDP2) a
+probe gathers the output layer once (`unsharded`), runs FSDP2 forwards through the model's own forward
+(`backbone_output`), and a probe with a data-dependent number of forwards keeps the processes in step
+(`in_lockstep`): every process gets the weights an unsharded model gives (tests/test_fsdp_cpu.py,
+tests/test_deepspeed_cpu.py).
 
 Position ids are not passed: the backbone numbers positions 0..L−1 whatever the padding, exactly as in TRL's own
 forward. With rotary position embeddings (Qwen3, Llama: every model of the GRAIL paper) attention depends only on

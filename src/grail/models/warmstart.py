@@ -93,12 +93,17 @@ def save_on_this_process(model, out_dir: Path) -> None:
     initialised process group (any `accelerate launch` of several processes, where each process warm-starts into
     its own staging folder) transformers 5 writes them on rank 0 only (`PreTrainedModel.should_save_on_this_rank`),
     so another rank's folder would hold no weights, and published first it would poison the cache."""
-    from safetensors.torch import save_model
+    from safetensors.torch import save_file
 
     model.config.architectures = [type(model).__name__]  # as save_pretrained records it (TRL loads by it)
     model.config.save_pretrained(out_dir)
     model.generation_config.save_pretrained(out_dir)
-    save_model(model, str(Path(out_dir) / "model.safetensors"), metadata={"format": "pt"})
+    state, seen = {}, set()
+    for name, tensor in model.state_dict().items():  # a tied tensor under its first name, as save_pretrained keeps it
+        if tensor.data_ptr() not in seen:
+            seen.add(tensor.data_ptr())
+            state[name] = tensor.contiguous()
+    save_file(state, str(Path(out_dir) / "model.safetensors"), metadata={"format": "pt"})
 
 
 def warm_start(
