@@ -7,6 +7,7 @@ tests/test_multiprocess.py."""
 import json
 
 import pytest
+import torch
 import yaml
 
 from launching import FAST, REPO, _launch, _records
@@ -129,3 +130,37 @@ def test_a_deepspeed_launch_on_cpu_keeps_accelerate_off_cpu_mode(monkeypatch):
     assert dropped_engine({"ACCELERATE_USE_DEEPSPEED": "true"}, "DEEPSPEED") is None
     monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED")
     assert resolved() == (True, None)
+
+
+@pytest.mark.slow
+def test_a_killed_zero3_run_resumes_from_its_checkpoint_to_the_uninterrupted_result(tmp_path, warm_cache):
+    """As tests/test_fsdp_resume.py under ZeRO-3: a 4-step `grail` run killed after step 3 resumes from checkpoint-2
+    (DeepSpeed's partitioned model and optimizer states, one file per process, plus the whole model that
+    zero3_save_16bit_model gathers) to the uninterrupted run's per-step metrics and final weights, exactly."""
+    from safetensors.torch import load_file
+
+    from test_fsdp_resume import KILL, KILL_AT, SAVE_EVERY, _metrics, _train
+
+    assert RECORD_SCRIPT.count("sys.exit(main(") == 1
+    (tmp_path / "resume.py").write_text(RECORD_SCRIPT.replace("sys.exit(main(", KILL + "sys.exit(main("))
+    cache, _ = warm_cache
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    _train(tmp_path, cache, whole, "whole", ZERO3_CONFIG)
+    _train(tmp_path, cache, killed, "killed", ZERO3_CONFIG, kill_at=KILL_AT)
+    assert [p.name for p in killed.glob("checkpoint-*")] == ["checkpoint-2"]
+    checkpoint = killed / "checkpoint-2"
+    partitions = sorted(p.name for p in (checkpoint / f"global_step{SAVE_EVERY}").iterdir())
+    assert len([name for name in partitions if "optim_states" in name]) == 2, partitions  # one per process
+    assert (checkpoint / "model.safetensors").is_file()
+    _train(tmp_path, cache, killed, "resumed", ZERO3_CONFIG, "--resume_from_checkpoint", "true")
+    for rank in (0, 1):
+        resumed = _records(tmp_path / f"resumed.{rank}")
+        assert [s["step"] for s in resumed] == [3, 4], resumed
+        assert all(s["sharded_by"] == "DeepSpeed ZeRO-3" and s["local"] * 2 == s["full"] for s in resumed), resumed
+    got, expected = _metrics(killed), _metrics(whole)
+    assert [m["step"] for m in got] == [m["step"] for m in expected] == [1, 2, 3, 4, 4]
+    for a, b in zip(got, expected, strict=True):
+        assert a == b, (a["step"], {k: (a.get(k), b.get(k)) for k in b if a.get(k) != b.get(k)})
+    final, reference = (load_file(str(run / "final" / "model.safetensors")) for run in (killed, whole))
+    assert final.keys() == reference.keys()
+    assert all(torch.equal(final[name], tensor) for name, tensor in reference.items())
