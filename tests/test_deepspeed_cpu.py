@@ -10,8 +10,9 @@ import pytest
 import torch
 import yaml
 
+from grail.methods.table import method_names
 from launching import FAST, REPO, _launch, _records
-from test_fsdp_cpu import check_sharded_weights, sharded_weights_reports
+from test_fsdp_cpu import _expected_path, check_sharded_weights, sharded_weights_reports
 
 pytest.importorskip("deepspeed", reason="deepspeed is not installed: pip install -c constraints.txt -e '.[deepspeed]'")
 
@@ -75,7 +76,7 @@ sys.exit(main(sys.argv[1:]))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage, method", [(3, "none"), (3, "grail"), (3, "oar_g"), (3, "oar_p"), (2, "grail")])
+@pytest.mark.parametrize("stage, method", [*((3, m) for m in method_names()), (2, "grail")])  # every method
 def test_grail_train_under_deepspeed_on_two_cpu_processes(tmp_path, warm_cache, stage, method):
     """2 steps of `grail train` under DeepSpeed on 2 CPU processes: accelerate counts 2 processes (GRAILConfig names
     the gloo backend), ZeRO-3 holds half of the model per process, the probe runs, and final/ loads in one process."""
@@ -97,7 +98,7 @@ def test_grail_train_under_deepspeed_on_two_cpu_processes(tmp_path, warm_cache, 
             assert step["sharded_by"] == ("DeepSpeed ZeRO-3" if stage == 3 else None), step
             assert (step["local"] * 2 == step["full"]) if stage == 3 else (step["local"] == step["full"]), step
         if method != "none":
-            assert any(s["path"] == "separate" for s in steps), steps
+            assert any(s["path"] == _expected_path(method) for s in steps), steps
         if method == "grail":  # no fused saliency under DeepSpeed: its engine takes the gradient query for a backward
             assert steps[0]["fused_unavailable"].startswith("DeepSpeed"), steps[0]
     model = AutoModelForCausalLM.from_pretrained(run / "final")  # whole weights (zero3_save_16bit_model)

@@ -89,6 +89,15 @@ sys.exit(main(sys.argv[1:]))
 '''
 
 
+def _expected_path(method: str) -> str | None:
+    """How a step's weights are made on a sharded model: entropy reads TRL's own entropies (fused), a method that
+    reads whole groups weights them at rollout time, a method without a signal has none, the others probe."""
+    spec = METHODS[method]
+    if spec.probe is None:
+        return "none"
+    return "fused" if spec.fuse == "entropy" else "rollout" if spec.groups else "separate"
+
+
 def test_accelerate_drops_the_fsdp2_config_on_cpu_processes(tmp_path):
     """Without the opener, accelerate 1.15 runs the FSDP config as DDP on CPU (MULTI_CPU, no FSDP plugin): the
     reason the FSDP2 run below opens accelerate's gate. When accelerate honours FSDP on CPU, this fails: drop the
@@ -102,7 +111,7 @@ def test_accelerate_drops_the_fsdp2_config_on_cpu_processes(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["none", "grail", "oar_g", "oar_p", "entropy"])
+@pytest.mark.parametrize("method", method_names())  # every method of the table
 def test_fsdp2_trains_on_two_cpu_processes(tmp_path, warm_cache, method):
     """2 steps under FSDP2 (torch's fully_shard over gloo) on 2 CPU processes: each process holds half of every
     parameter (DTensor shards), grail takes its separate path (the fused one is refused under sharding), the run
@@ -124,7 +133,7 @@ def test_fsdp2_trains_on_two_cpu_processes(tmp_path, warm_cache, method):
         if method == "grail":
             assert steps[0]["fused_unavailable"].startswith("FSDP"), steps[0]
         if method != "none":  # the probe ran on the sharded model (on this process's rows, or in step with the other)
-            expected = "fused" if method == "entropy" else "separate"  # entropy reads TRL's own entropies
+            expected = _expected_path(method)
             assert any(step["path"] == expected for step in steps), steps
 
 
