@@ -351,6 +351,14 @@ def test_checkpoint_evaluation_on_a_sharded_model_is_refused_before_training():
     with pytest.raises(ValueError, match="eval_benchmarks='synthetic' cannot run.*grail eval"):
         check_sharding(cfg, _fake_trainer(zero_stage=3))
     check_sharding(cfg, _fake_trainer(zero_stage=2))
+    from torch.distributed.fsdp import StateDictType
+
+    for kind, named in (("SHARDED_STATE_DICT", True), ("FULL_STATE_DICT", False)):  # are checkpoints loadable?
+        trainer = _fake_trainer(fsdp=True)
+        trainer.accelerator.state.fsdp_plugin = SimpleNamespace(state_dict_type=StateDictType[kind])
+        with pytest.raises(ValueError, match="grail eval") as refused:
+            check_sharding(cfg, trainer)
+        assert ("with fsdp_state_dict_type FULL_STATE_DICT" in str(refused.value)) == named
 
 
 # ------------------------------------------------ the DeepSpeed ZeRO-2 config of docs/getting-started/clusters.md

@@ -246,10 +246,14 @@ def check_sharding(cfg: GRAILConfig, trainer) -> None:
     (A method whose probe cannot run sharded is refused by GRAILTrainer itself, when it is built.)"""
     sharded = sharded_by(trainer)
     if sharded is not None and cfg.eval_benchmarks:
+        plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)
+        loadable = "" if plugin is None or "FULL_STATE_DICT" in str(plugin.state_dict_type) else (
+            " (with fsdp_state_dict_type FULL_STATE_DICT in the accelerate config: under SHARDED_STATE_DICT a "
+            "checkpoint holds only FSDP's shards, and only final/ a whole model)")
         raise ValueError(f"eval_benchmarks={cfg.eval_benchmarks!r} cannot run at checkpoints of a model sharded by "
                          f"{sharded} (each process's generate would run its own number of forwards and hang): leave "
                          f"eval_benchmarks empty and evaluate the saved checkpoints with `grail eval --model "
-                         f"RUN/checkpoint-N`, or use DeepSpeed ZeRO-2 or DDP.")
+                         f"RUN/checkpoint-N`{loadable}, or use DeepSpeed ZeRO-2 or DDP.")
 
 
 def save_final(trainer, final_dir: Path) -> None:
