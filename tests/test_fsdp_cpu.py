@@ -85,7 +85,8 @@ def training_step(self, model, inputs, *args, **kwargs):
 
 
 GRAILTrainer.training_step = training_step
-sys.exit(main(sys.argv[1:]))
+if __name__ == "__main__":  # grading workers start by importing this file again (spawn)
+    sys.exit(main(sys.argv[1:]))
 '''
 
 
@@ -260,6 +261,18 @@ def check_sharded_weights(reports: list[dict], engine: str, tolerance: dict[str,
         needs = [[report[f"oar_p/{case}"]["alone"] for report in reports] for case in ("both", "only_rank0")]
         assert any(a != b for a, b in needs), needs
     return worst
+
+
+@pytest.mark.slow
+def test_checkpoint_evaluation_under_fsdp2_matches_one_process(tmp_path, warm_cache):
+    """eval_benchmarks at a checkpoint of an FSDP2 model: generation runs synced over processes, each sampling its
+    share, and the samples equal a one-process evaluation of the saved checkpoint (tests/test_multiprocess.py)."""
+    from test_multiprocess import check_checkpoint_evaluation
+
+    script = tmp_path / "fsdp2_train.py"
+    script.write_text(FSDP2_SCRIPT)
+    check_checkpoint_evaluation(tmp_path, warm_cache[0], script=str(script), config=FSDP2_CONFIG, method="grail",
+                                size=24)
 
 
 def test_per_process_weights_on_fsdp2_equal_one_process_on_the_same_rows(tmp_path):

@@ -41,8 +41,8 @@ def init(self, *args, **kwargs):
 
 GRAILTrainer.__init__ = init
 '''
-assert FSDP2_SCRIPT.count("sys.exit(main(") == 1, "FSDP2_SCRIPT changed: put KILL before its call of grail's main"
-RESUME_SCRIPT = FSDP2_SCRIPT.replace("sys.exit(main(", KILL + "sys.exit(main(")
+assert FSDP2_SCRIPT.count('if __name__ == "__main__":') == 1, "FSDP2_SCRIPT changed: put KILL before grail's main"
+RESUME_SCRIPT = FSDP2_SCRIPT.replace('if __name__ == "__main__":', KILL + 'if __name__ == "__main__":')
 
 # Every per-step figure is compared; these differ between any two runs (wall clock) or are the end-of-run summary
 # that transformers averages over the steps this process trained (as in tests/test_resume.py).

@@ -268,33 +268,36 @@ def test_per_process_weights_of_the_controls(tmp_path):
 
 # ---------------------------------------------------------------- checkpoint evaluation, sharded
 
-def test_checkpoint_evaluation_is_sharded_over_processes_and_matches_one_process(tmp_path, warm_cache):
-    """eval_benchmarks with 2 processes: each samples its share of the batches (the log says which), rank 0
-    grades and writes; the samples are those a one-process evaluation of the saved checkpoint draws."""
+def check_checkpoint_evaluation(tmp_path, cache, *, script: str = "-m", launched: str = "grail", config=None,
+                                method: str = "none", size: int = 16) -> None:
+    """`grail train` with eval_benchmarks on 2 processes: each samples its share of the batches of 8 problems (the
+    log says which), rank 0 grades and writes; the samples are those a one-process evaluation of the saved checkpoint
+    draws. `size` 24: 3 batches, so process 1 has one fewer (on a sharded model it generates once more, unused)."""
+    flags = [*FAST, "--max_steps", "1", "--save_steps", "1", "--eval_benchmarks", "synthetic", "--eval_size",
+             str(size), "--eval_samples", "2", "--eval_max_new_tokens", "24"]
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from grail.evaluation.harness import run_evaluation
     from grail.options.sampling import HFSampler
     from grail.training.config import GRAILConfig
+    from grail.training.overrides import build_config, merge, parse_flags
     from grail.training.run import CheckpointEval
 
-    cache, _ = warm_cache
     run = tmp_path / "run"
-    flags = [*FAST, "--max_steps", "1", "--save_steps", "1", "--eval_benchmarks", "synthetic", "--eval_size", "16",
-             "--eval_samples", "2", "--eval_max_new_tokens", "24"]
-    done = _launch(tmp_path, "-m", "grail", "train", *flags, "--token_weighting", "none", "--cache_dir", str(cache),
-                   "--output_dir", str(run))
-    assert "process 0 of 2 sampled evaluation batches [0]" in done.stdout, done.stdout
-    assert "process 1 of 2 sampled evaluation batches [1]" in done.stdout, done.stdout
+    args = [script, launched] if script == "-m" else [script]
+    done = _launch(tmp_path, *args, "train", *flags, "--token_weighting", method, "--cache_dir", str(cache),
+                   "--output_dir", str(run), config=config, env={"GRAIL_RECORD": str(tmp_path / "record")})
+    batches = -(-size // 8)
+    for rank in (0, 1):
+        mine = [b for b in range(batches) if b % 2 == rank]
+        assert f"process {rank} of 2 sampled evaluation batches {mine}" in done.stdout, done.stdout
     evaluated = run / "eval" / "checkpoint-1"
     results = json.loads((evaluated / "results.json").read_text())
-    assert results["benchmarks"][0]["num_problems"] == 16
+    assert results["benchmarks"][0]["num_problems"] == size
     assert [x["step"] for x in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
             if "eval/synthetic/acc@2" in x] == [1]
 
     # the same evaluation in this one process, on the checkpoint the training saved at that step
-    from grail.training.overrides import build_config, merge, parse_flags
-
     cfg = build_config(merge(None, parse_flags([*flags, "--output_dir", str(tmp_path / "unused")])))
     assert isinstance(cfg, GRAILConfig)
     callback = CheckpointEval(cfg, tmp_path / "unused", log=lambda s: None)
@@ -310,7 +313,11 @@ def test_checkpoint_evaluation_is_sharded_over_processes_and_matches_one_process
     assert samples(evaluated) == samples(tmp_path / "alone")
 
 
-# ---------------------------------------------------------------- sharded models: refused before training
+def test_checkpoint_evaluation_is_sharded_over_processes_and_matches_one_process(tmp_path, warm_cache):
+    check_checkpoint_evaluation(tmp_path, warm_cache[0])
+
+
+# ---------------------------------------------------------------- sharded models: a method may refuse them
 
 def _fake_trainer(zero_stage=None, fsdp=False):
     plugin = SimpleNamespace(zero_stage=zero_stage) if zero_stage is not None else None
@@ -341,24 +348,6 @@ def test_a_method_that_says_it_cannot_run_sharded_is_refused_before_training(sha
     refuse_if_unshardable(_unshardable(), sharded_by(_fake_trainer(zero_stage=2)))  # whole parameters: fine
     refuse_if_unshardable(_unshardable(), sharded_by(_fake_trainer()))
     assert not [name for name, spec in METHODS.items() if spec.unshardable]  # none of grail's own
-
-
-def test_checkpoint_evaluation_on_a_sharded_model_is_refused_before_training():
-    from grail.training.config import GRAILConfig
-    from grail.training.run import check_sharding
-
-    cfg = GRAILConfig(output_dir="unused", token_weighting="grail", eval_benchmarks="synthetic")
-    with pytest.raises(ValueError, match="eval_benchmarks='synthetic' cannot run.*grail eval"):
-        check_sharding(cfg, _fake_trainer(zero_stage=3))
-    check_sharding(cfg, _fake_trainer(zero_stage=2))
-    from torch.distributed.fsdp import StateDictType
-
-    for kind, named in (("SHARDED_STATE_DICT", True), ("FULL_STATE_DICT", False)):  # are checkpoints loadable?
-        trainer = _fake_trainer(fsdp=True)
-        trainer.accelerator.state.fsdp_plugin = SimpleNamespace(state_dict_type=StateDictType[kind])
-        with pytest.raises(ValueError, match="grail eval") as refused:
-            check_sharding(cfg, trainer)
-        assert ("with fsdp_state_dict_type FULL_STATE_DICT" in str(refused.value)) == named
 
 
 # ------------------------------------------------ the DeepSpeed ZeRO-2 config of docs/getting-started/clusters.md

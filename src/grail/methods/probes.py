@@ -46,9 +46,9 @@ from grail.options.choices import Leaf
 
 __all__ = [
     "answer_nll_saliency", "at_least_float32", "backbone", "backbone_output", "check_batch", "completion_mask_BT",
-    "decoder_layers", "hidden_states_BLD", "in_lockstep", "leaf_gradient", "leaf_module", "leaf_output_tensor",
-    "LEAVES", "logit_transform", "output_is_linear", "output_logits", "output_of", "token_entropies", "unsharded",
-    "zeros_BT",
+    "decoder_layers", "hidden_states_BLD", "in_lockstep", "is_sharded", "leaf_gradient", "leaf_module",
+    "leaf_output_tensor", "LEAVES", "logit_transform", "output_is_linear", "output_logits", "output_of",
+    "token_entropies", "unsharded", "zeros_BT",
 ]
 
 LEAVES: tuple[Leaf, ...] = get_args(Leaf)
@@ -322,7 +322,8 @@ def unsharded(model: nn.Module) -> Iterator[None]:
 _LOCKSTEP: dict[int, bool] = {}  # id(model) → inside `in_lockstep`, still running its own forwards
 
 
-def _is_sharded(model: nn.Module) -> bool:
+def is_sharded(model: nn.Module) -> bool:
+    """Whether the model's parameters are sharded over processes (torch FSDP2, DeepSpeed ZeRO-3)."""
     return _fsdp2_units(model) or bool(_zero3_output_params(model))
 
 
@@ -346,7 +347,7 @@ def in_lockstep(model: nn.Module) -> Iterator[None]:
     over several processes. Cost: one all-reduce of one number per forward, and the idle processes' one-token
     forwards."""
     dist = torch.distributed
-    if id(model) in _LOCKSTEP or not (_is_sharded(model) and dist.is_available() and dist.is_initialized()
+    if id(model) in _LOCKSTEP or not (is_sharded(model) and dist.is_available() and dist.is_initialized()
                                       and dist.get_world_size() > 1):
         yield
         return

@@ -140,7 +140,7 @@ class GRAILFields:
                   "saliency (or entropy) from the training step's own forward pass: the answer NLL is a sum of "
                   "the log-probs TRL computes, and the gradient to the leaf comes from that graph (saves a "
                   "forward). `separate`: a second forward and backward, as the release does. `auto`: fused "
-                  "unless it cannot work (frozen embeddings, PEFT/LoRA, DeepSpeed ZeRO-3, FSDP, activation "
+                  "unless it cannot work (frozen embeddings, PEFT/LoRA, DeepSpeed, FSDP, reentrant activation "
                   "checkpointing), then separate; the metric weights/fused says which ran."},
     )
     answer_box: AnswerBox = field(

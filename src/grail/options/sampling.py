@@ -117,12 +117,14 @@ def _eos_ids(model, tokenizer) -> list[int]:
 
 class HFSampler:
     """`model.generate` in batches of `batch_size` prompts (each with its n samples); the model is put in eval
-    mode for the call and restored after."""
+    mode for the call and restored after. `synced`: every process keeps running forwards until all processes'
+    sequences are done (transformers' `synced_gpus`), for a model sharded over processes (FSDP2, ZeRO-3), where each
+    forward gathers parameters from all of them; the callers make as many `generate` calls on every process."""
 
     name = "hf"
 
-    def __init__(self, model, tokenizer, batch_size: int = 16):
-        self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
+    def __init__(self, model, tokenizer, batch_size: int = 16, synced: bool = False):
+        self.model, self.tokenizer, self.batch_size, self.synced = model, tokenizer, batch_size, synced
 
     def generate(self, prompts: Sequence[str], params: SamplingParams, seed: int) -> list[list[Sample]]:
         import torch
@@ -130,7 +132,7 @@ class HFSampler:
         was_training = self.model.training
         self.model.eval()
         out: list[list[Sample]] = []
-        kwargs = hf_generation_kwargs(self.tokenizer, params)
+        kwargs = hf_generation_kwargs(self.tokenizer, params) | ({"synced_gpus": True} if self.synced else {})
         try:
             with torch.random.fork_rng(devices=_cuda_devices(self.model)):
                 torch.manual_seed(seed)

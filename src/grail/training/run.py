@@ -25,6 +25,7 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from grail.evaluation.rewards import reward_named
+from grail.methods.probes import is_sharded
 from grail.models.checks import check_tokenizer
 from grail.models.warmstart import resolve_model
 from grail.options.fields import SYNTHETIC_DATASET
@@ -32,10 +33,10 @@ from grail.options.prompts import PromptFormat, empty_completions_warning, has_c
 from grail.training.config import GRAILConfig
 from grail.training.data import format_prompts, load_prompts, prompts_are_messages
 from grail.training.resume import CheckpointMarker, prepare_run_dir, resolve_resume
-from grail.training.trainer import GRAILTrainer, sharded_by
+from grail.training.trainer import GRAILTrainer
 
 __all__ = [
-    "check_sharding", "CheckpointEval", "gradient_note", "Log", "MetricsJsonl", "Progress", "quiet_libraries",
+    "CheckpointEval", "gradient_note", "Log", "MetricsJsonl", "Progress", "quiet_libraries",
     "resolve_model_path", "resolve_prompt_fields", "reward_function", "save_final", "train", "TrainResult",
     "write_run_config"
 ]
@@ -153,9 +154,10 @@ class CheckpointEval(TrainerCallback):
     With several processes the sampling is sharded: process r samples batches b ≡ r (mod processes) of
     `grail.evaluation.harness.sampling_batches`, each with seed `seed + b` as a single process would; the samples are
     gathered to the main process, which grades them and writes the files; then every process goes on together.
-    (Sampling on the main process only left the others waiting at their next collective operation.) Sharded
-    models (ZeRO-3, FSDP) are refused before training (`check_sharding`): their `generate` would need every
-    process to run the same number of forwards."""
+    (Sampling on the main process only left the others waiting at their next collective operation.) On a model
+    sharded over processes (ZeRO-3, FSDP2), where every forward gathers parameters from all processes, each
+    process makes the same number of `generate` calls (a process with fewer batches samples its first one again,
+    unused) and generation runs synced (`HFSampler(synced=True)`: transformers' `synced_gpus`)."""
 
     def __init__(self, cfg: GRAILConfig, run_dir: Path, log: Log, prompt: PromptFormat | None = None,
                  loaded=None):
@@ -172,8 +174,9 @@ class CheckpointEval(TrainerCallback):
         from grail.options.sampling import HFSampler
 
         tokenizer = getattr(processing_class, "tokenizer", processing_class)
-        sampler = HFSampler(model, tokenizer, batch_size=self.spec.batch_size)
         processes = PartialState()
+        synced = processes.num_processes > 1 and is_sharded(model)
+        sampler = HFSampler(model, tokenizer, batch_size=self.spec.batch_size, synced=synced)
         if processes.num_processes > 1:
             sampler = self._sharded_samples(sampler, tokenizer, processes, state.global_step)
         if state.is_world_process_zero:
@@ -187,12 +190,16 @@ class CheckpointEval(TrainerCallback):
         from grail.evaluation.harness import sampling_batches
 
         rank, world = processes.process_index, processes.num_processes
+        batches = list(sampling_batches(self.spec, self.loaded))
         mine = []
-        for b, batch in enumerate(sampling_batches(self.spec, self.loaded)):
+        for b, batch in enumerate(batches):
             if b % world == rank:
                 prompts = [self.spec.prompt.render(tokenizer, p.problem) for p in batch]
                 mine.append((self.spec.seed + b, prompts, sampler.generate(prompts, self.spec.sampling,
                                                                           seed=self.spec.seed + b)))
+        if sampler.synced and len(mine) < -(-len(batches) // world):  # as many generate calls as the busiest
+            prompts = [self.spec.prompt.render(tokenizer, p.problem) for p in batches[0]]
+            sampler.generate(prompts, self.spec.sampling, seed=self.spec.seed)  # in step with it, unused
         self.log(f"checkpoint {step}: process {rank} of {world} sampled evaluation batches "
                  f"{[seed - self.spec.seed for seed, _, _ in mine]}")
         return _Replay({seed: (prompts, samples) for seed, prompts, samples in gather_object(mine)})
@@ -239,21 +246,6 @@ def resolve_prompt_fields(cfg: GRAILConfig, tokenizer, rows) -> PromptFormat:
     cfg.conversational, cfg.prompt_suffix = fmt.chat, fmt.suffix
     cfg.chat_template_kwargs = dict(fmt.chat_template_kwargs)
     return fmt
-
-
-def check_sharding(cfg: GRAILConfig, trainer) -> None:
-    """Refuse, before training, checkpoint evaluation on a sharded model (ZeRO-3, FSDP); ZeRO-1/2 and DDP are fine.
-    (A method whose probe cannot run sharded is refused by GRAILTrainer itself, when it is built.)"""
-    sharded = sharded_by(trainer)
-    if sharded is not None and cfg.eval_benchmarks:
-        plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)
-        loadable = "" if plugin is None or "FULL_STATE_DICT" in str(plugin.state_dict_type) else (
-            " (with fsdp_state_dict_type FULL_STATE_DICT in the accelerate config: under SHARDED_STATE_DICT a "
-            "checkpoint holds only FSDP's shards, and only final/ a whole model)")
-        raise ValueError(f"eval_benchmarks={cfg.eval_benchmarks!r} cannot run at checkpoints of a model sharded by "
-                         f"{sharded} (each process's generate would run its own number of forwards and hang): leave "
-                         f"eval_benchmarks empty and evaluate the saved checkpoints with `grail eval --model "
-                         f"RUN/checkpoint-N`{loadable}, or use DeepSpeed ZeRO-2 or DDP.")
 
 
 def save_final(trainer, final_dir: Path) -> None:
@@ -336,7 +328,6 @@ def train(cfg: GRAILConfig, overrides: dict | None = None, log: Log = print,
     callbacks.append(CheckpointMarker())
     trainer = GRAILTrainer(model=model_path, reward_funcs=[reward_function(cfg)], args=cfg,
                            train_dataset=dataset, callbacks=callbacks)
-    check_sharding(cfg, trainer)
     if main_process and resume_from is None:  # the run's first file, once every check has passed (a resumed run
         write_run_config(cfg, overrides or {}, run_dir)  # keeps its config files; resumed.jsonl records the resume)
     for noisy in (PrinterCallback, ProgressCallback):  # our Progress line replaces both
