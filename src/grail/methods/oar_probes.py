@@ -43,9 +43,9 @@ from grail.methods.probes import (
     output_is_linear,
     output_logits,
     output_of,
-    unsharded,
     zeros_BT,
 )
+from grail.methods.sharding import unsharded
 from grail.methods.spans import align_to_completion
 from grail.options.choices import Distribution
 

@@ -8,8 +8,8 @@ inputs=[leaf])` on a fresh leaf, so no parameter `.grad` is written; `requires_g
 `model.training` are never changed. Logits are formed only at the positions a probe needs (the backbone
 `model.get_decoder()` runs, then the output layer on the selected hidden rows) and are divided by the sampling
 temperature wherever a distribution is formed. On a model sharded over processes (DeepSpeed ZeRO-3, torch FSDP2) a
-probe gathers the output layer once (`unsharded`), runs FSDP2 forwards through the model's own forward
-(`backbone_output`), and a probe with a data-dependent number of forwards keeps the processes in step
+probe gathers the output layer once (`grail.methods.sharding.unsharded`), runs FSDP2 forwards through the model's own
+forward (`backbone_output`), and a probe with a data-dependent number of forwards keeps the processes in step
 (`in_lockstep`): every process gets the weights an unsharded model gives (tests/test_fsdp_cpu.py,
 tests/test_deepspeed_cpu.py).
 
@@ -41,14 +41,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from grail.methods.core import entropy_from_logits, gradient_activation_saliency
+from grail.methods.sharding import announce_forward, is_fsdp2, lockstep, output_layer_weights, unsharded
 from grail.methods.spans import align_to_completion
 from grail.options.choices import Leaf
 
 __all__ = [
     "answer_nll_saliency", "at_least_float32", "backbone", "backbone_output", "check_batch", "completion_mask_BT",
-    "decoder_layers", "hidden_states_BLD", "in_lockstep", "is_sharded", "leaf_gradient", "leaf_module",
-    "leaf_output_tensor", "LEAVES", "logit_transform", "output_is_linear", "output_logits", "output_of",
-    "token_entropies", "unsharded", "zeros_BT",
+    "decoder_layers", "hidden_states_BLD", "in_lockstep", "leaf_gradient", "leaf_module", "leaf_output_tensor",
+    "LEAVES", "logit_transform", "output_is_linear", "output_logits", "output_of", "token_entropies", "zeros_BT",
 ]
 
 LEAVES: tuple[Leaf, ...] = get_args(Leaf)
@@ -176,9 +176,8 @@ def backbone_output(model: nn.Module, attention_mask_BL: torch.Tensor, use_cache
     groups with the output layer half-run. Inside `in_lockstep`, each call first tells the other processes that
     this one runs a forward."""
     decoder = backbone(model)
-    if _LOCKSTEP.get(id(model)):
-        _any_process_busy(model, True)
-    if _fsdp2_units(model):
+    announce_forward(model)
+    if is_fsdp2(model):
         captured: list = []
         handle = decoder.register_forward_hook(lambda _module, _args, out: captured.append(out))
         try:
@@ -257,124 +256,13 @@ def _output_layer(model: nn.Module) -> nn.Module:
     return head
 
 
-_GATHERED: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}  # id(model) → its whole output layer, in scope
-_OPEN: set[int] = set()  # ids of the models inside `unsharded` (it is re-entrant)
-
-
-def _fsdp2_units(model: nn.Module) -> bool:
-    """Whether the model is the root of torch's FSDP2 (`fully_shard`, accelerate's FSDP v2)."""
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # a torch without FSDP2
-        return False
-    return isinstance(model, FSDPModule)
-
-
-def _zero3_output_params(model: nn.Module) -> list[nn.Parameter]:
-    get = getattr(model, "get_output_embeddings", None)
-    head = get() if callable(get) else None
-    return [p for p in head.parameters(recurse=False) if hasattr(p, "ds_id")] if isinstance(head, nn.Module) else []
-
-
-def _full(tensor: torch.Tensor | None) -> torch.Tensor | None:
-    if tensor is None:
-        return None
-    tensor = tensor.detach()
-    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor  # a DTensor shard: all-gathered
-
-
-@contextmanager
-def unsharded(model: nn.Module) -> Iterator[None]:
-    """While active, `output_logits` uses a whole copy of the output layer, gathered once on entry; a no-op for a
-    model that is not sharded. The probes read the output layer's weight without calling the layer, so an engine
-    that gathers parameters in hooks around each module's forward never gathers it for them. Every probe enters
-    this once, around all its forwards (re-entrant: an inner entry does nothing), so each process runs the same
-    collectives however many rows or chunks it has. The copy (V × D, the model's dtype) lives until exit.
-
-    - torch FSDP2 (`fully_shard`, accelerate's FSDP v2): the output layer's DTensor shards are all-gathered
-      (`full_tensor`, outside FSDP's own bookkeeping). The forwards go through the model's own forward
-      (`hidden_states_BLD`), in which FSDP gathers and releases its units as in training.
-    - DeepSpeed ZeRO-3: the output layer's parameters are gathered (`deepspeed.zero.GatheredParameters`) and copied.
-      A copy, not the gathered parameter itself: with tied embeddings the input embedding module shares the weight
-      and releases it again after its own forward. The backbone runs alone (every module gathers in its own hooks).
-    """
-    if id(model) in _OPEN:
-        yield
-        return
-    _OPEN.add(id(model))
-    try:
-        head = _output_layer(model) if _fsdp2_units(model) or _zero3_output_params(model) else None
-        if head is not None:
-            bias = getattr(head, "bias", None)
-            if zero3 := _zero3_output_params(model):
-                import deepspeed
-
-                with deepspeed.zero.GatheredParameters(zero3, modifier_rank=None):
-                    _GATHERED[id(model)] = tuple(None if t is None else t.detach().clone() for t in (head.weight, bias))
-            else:
-                _GATHERED[id(model)] = (_full(head.weight), _full(bias))
-        yield
-    finally:
-        _GATHERED.pop(id(model), None)
-        _OPEN.discard(id(model))
-
-
-_LOCKSTEP: dict[int, bool] = {}  # id(model) → inside `in_lockstep`, still running its own forwards
-
-
-def is_sharded(model: nn.Module) -> bool:
-    """Whether the model's parameters are sharded over processes (torch FSDP2, DeepSpeed ZeRO-3)."""
-    return _fsdp2_units(model) or bool(_zero3_output_params(model))
-
-
-def _any_process_busy(model: nn.Module, busy: bool) -> bool:
-    """One round of `in_lockstep`: whether any process runs a forward in this round (an all-reduce)."""
-    device = next(model.parameters()).device
-    flag = torch.tensor([int(busy)], device=device)
-    torch.distributed.all_reduce(flag)
-    return bool(flag.item())
-
-
 @contextmanager
 def in_lockstep(model: nn.Module) -> Iterator[None]:
-    """While active, every process runs the same number of model forwards, however many its own rows need: for a
-    probe whose number of forwards depends on the data (OAR-P: one per row and one per chunk of perturbed copies)
-    on a model sharded over processes (FSDP2, ZeRO-3), where every forward gathers parameters from all processes.
-
-    Forwards go in rounds: before each of its forwards (`backbone_output`) a process all-reduces "busy"; a process
-    whose own forwards are done keeps all-reducing "idle" and runs a one-token forward (output unused) in every round
-    where another process is busy, until a round where none is. A no-op (re-entrant) unless the model is sharded
-    over several processes. Cost: one all-reduce of one number per forward, and the idle processes' one-token
-    forwards."""
-    dist = torch.distributed
-    if id(model) in _LOCKSTEP or not (is_sharded(model) and dist.is_available() and dist.is_initialized()
-                                      and dist.get_world_size() > 1):
+    """`grail.methods.sharding.lockstep` for the probes' forwards (`backbone_output`): every process runs as many as
+    the busiest, the idle ones a one-token forward through the same path."""
+    one = torch.ones(1, 1, dtype=torch.long, device=next(model.parameters()).device)
+    with lockstep(model, idle_forward=lambda: backbone_output(model, one, input_ids=one)):
         yield
-        return
-    _LOCKSTEP[id(model)] = True
-    try:
-        yield
-    finally:
-        _LOCKSTEP[id(model)] = False
-        device = next(model.parameters()).device
-        one = torch.ones(1, 1, dtype=torch.long, device=device)
-        with torch.no_grad():
-            while _any_process_busy(model, False):
-                backbone_output(model, one, input_ids=one)  # in step with a busy process
-        del _LOCKSTEP[id(model)]
-
-
-def _whole(tensor: torch.Tensor | None, model: nn.Module) -> torch.Tensor | None:
-    """`tensor` detached, or an error naming the fix if it is a shard (read outside `unsharded`)."""
-    if tensor is None:
-        return None
-    shard = hasattr(tensor, "full_tensor") or tuple(getattr(tensor, "ds_shape", tensor.shape)) != tuple(tensor.shape)
-    if shard:
-        raise RuntimeError(f"output_logits: the output layer of {type(model).__name__} is sharded on this process "
-                           f"(FSDP2 / ZeRO-3) and was read outside `grail.methods.probes.unsharded(model)`; call the "
-                           f"probe inside `with unsharded(model):` (every built-in probe does), on every process "
-                           f"alike.")
-    return tensor.detach()
 
 
 def output_logits(model: nn.Module, hidden_ND: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -383,7 +271,7 @@ def output_logits(model: nn.Module, hidden_ND: torch.Tensor, temperature: float)
     under σ = 1e-3 noise needs its precision). Equals the model's own logits / temperature (tested per architecture,
     tests/test_architectures.py). On a sharded model, only inside `unsharded(model)`."""
     head = _output_layer(model)
-    weight, bias = _GATHERED.get(id(model)) or (_whole(head.weight, model), _whole(getattr(head, "bias", None), model))
+    weight, bias = output_layer_weights(model, head)
     logits = F.linear(hidden_ND.to(weight.dtype), weight, bias)
     logits = logits.to(at_least_float32(logits))  # (N, V)
     scale, softcap = logit_transform(model)

@@ -25,7 +25,7 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from grail.evaluation.rewards import reward_named
-from grail.methods.probes import is_sharded
+from grail.methods.sharding import is_sharded
 from grail.models.checks import check_tokenizer
 from grail.models.warmstart import resolve_model
 from grail.options.fields import SYNTHETIC_DATASET
