@@ -49,3 +49,44 @@ def _launch(tmp_path: Path, *args: str, env: dict | None = None,
 
 def _records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+# `grail train` with each process recording, per training step, its engine and how much of the model it holds (one
+# JSON line per step in $GRAIL_RECORD.RANK). `local`: this process's part of the parameters (an FSDP2 DTensor's
+# shard, a ZeRO-3 partition, else the whole); `full`: the whole. The main call is guarded: the grading workers of
+# checkpoint evaluation start by importing this file again (spawn).
+RECORD_STEPS = """
+import json, os, sys, time
+
+from grail.cli import main
+from grail.training.trainer import GRAILTrainer, sharded_by
+
+original_step = GRAILTrainer.training_step
+
+
+def _local(p):
+    return p.to_local() if hasattr(p, "to_local") else getattr(p, "ds_tensor", p)
+
+
+def training_step(self, model, inputs, *args, **kwargs):
+    start = time.perf_counter()
+    loss = original_step(self, model, inputs, *args, **kwargs)
+    unwrapped = self.accelerator.unwrap_model(self.model)
+    params = list(unwrapped.parameters())
+    record = {"step": self.state.global_step + 1, "seconds": time.perf_counter() - start,
+              "engine": self.accelerator.distributed_type.name, "processes": self.accelerator.num_processes,
+              "fsdp2": self.accelerator.is_fsdp2, "model": type(unwrapped).__name__,
+              "dtensor": all(type(p).__name__ == "DTensor" for p in params),
+              "local": sum(_local(p).numel() for p in params),
+              "full": sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in params),
+              "sharded_by": sharded_by(self), "fused_unavailable": self.fused_unavailable,
+              "path": getattr(self.last_token_weights, "path", None)}
+    with open(f"{os.environ['GRAIL_RECORD']}.{self.accelerator.process_index}", "a") as f:
+        f.write(json.dumps(record) + "\\n")
+    return loss
+
+
+GRAILTrainer.training_step = training_step
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
+"""

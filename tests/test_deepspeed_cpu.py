@@ -11,7 +11,7 @@ import torch
 import yaml
 
 from grail.methods.table import method_names
-from launching import FAST, REPO, _launch, _records
+from launching import FAST, RECORD_STEPS, REPO, _launch, _records
 from test_fsdp_cpu import _expected_path, check_sharded_weights, sharded_weights_reports
 
 pytest.importorskip("deepspeed", reason="deepspeed is not installed: pip install -c constraints.txt -e '.[deepspeed]'")
@@ -47,35 +47,6 @@ def test_per_process_weights_on_zero2_equal_one_process_on_the_same_rows(tmp_pat
     assert max(worst.values()) == 0.0, worst
 
 
-RECORD_SCRIPT = '''
-"""`grail train` recording, per process and step, the engine and how much of the model it holds."""
-import json, os, sys
-
-from grail.cli import main
-from grail.training.trainer import GRAILTrainer, sharded_by
-
-original_step = GRAILTrainer.training_step
-
-
-def training_step(self, model, inputs, *args, **kwargs):
-    loss = original_step(self, model, inputs, *args, **kwargs)
-    params = list(self.accelerator.unwrap_model(self.model).parameters())
-    record = {"step": self.state.global_step + 1, "engine": self.accelerator.distributed_type.name,
-              "processes": self.accelerator.num_processes, "sharded_by": sharded_by(self),
-              "local": sum(getattr(p, "ds_tensor", p).numel() for p in params),
-              "full": sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in params),
-              "path": getattr(self.last_token_weights, "path", None), "fused_unavailable": self.fused_unavailable}
-    with open(f"{os.environ['GRAIL_RECORD']}.{self.accelerator.process_index}", "a") as f:
-        f.write(json.dumps(record) + "\\n")
-    return loss
-
-
-GRAILTrainer.training_step = training_step
-if __name__ == "__main__":  # grading workers start by importing this file again (spawn)
-    sys.exit(main(sys.argv[1:]))
-'''
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("stage, method", [*((3, m) for m in method_names()), (2, "grail")])  # every method
 def test_grail_train_under_deepspeed_on_two_cpu_processes(tmp_path, warm_cache, stage, method):
@@ -85,7 +56,7 @@ def test_grail_train_under_deepspeed_on_two_cpu_processes(tmp_path, warm_cache, 
 
     cache, _ = warm_cache
     script = tmp_path / "record_train.py"
-    script.write_text(RECORD_SCRIPT)
+    script.write_text(RECORD_STEPS)
     run = tmp_path / "run"
     _launch(tmp_path, str(script), "train", *FAST, "--token_weighting", method, "--cache_dir", str(cache),
             "--output_dir", str(run), config=zero_config(tmp_path, stage),
@@ -143,8 +114,8 @@ def test_a_killed_zero3_run_resumes_from_its_checkpoint_to_the_uninterrupted_res
 
     from test_fsdp_resume import KILL, KILL_AT, SAVE_EVERY, _metrics, _train
 
-    assert RECORD_SCRIPT.count('if __name__ == "__main__":') == 1
-    (tmp_path / "resume.py").write_text(RECORD_SCRIPT.replace('if __name__ == "__main__":',
+    assert RECORD_STEPS.count('if __name__ == "__main__":') == 1
+    (tmp_path / "resume.py").write_text(RECORD_STEPS.replace('if __name__ == "__main__":',
                                                               KILL + 'if __name__ == "__main__":'))
     cache, _ = warm_cache
     whole, killed = tmp_path / "whole", tmp_path / "killed"

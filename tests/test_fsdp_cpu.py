@@ -9,7 +9,7 @@ import json
 import pytest
 
 from grail.methods.table import METHODS, method_names
-from launching import FAST, REPO, _launch, _records
+from launching import FAST, RECORD_STEPS, REPO, _launch, _records
 
 # ------------------------------------------- FSDP2 on 2 gloo CPU processes (examples/accelerate_fsdp2_cpu.yaml)
 
@@ -56,38 +56,8 @@ def state_init(self, *args, fsdp_plugin=None, **kwargs):
 st.AcceleratorState.__init__ = state_init
 """
 
-FSDP2_SCRIPT = '''
-"""`grail train` under FSDP2 on CPU processes, accelerate's MULTI_CPU gate opened; each process records its model."""
-import json, os, sys, time
-
-import torch
-''' + OPEN_GATE + '''
-from grail.cli import main
-from grail.training.trainer import GRAILTrainer, sharded_by
-
-original_step = GRAILTrainer.training_step
-
-
-def training_step(self, model, inputs, *args, **kwargs):
-    start = time.perf_counter()
-    loss = original_step(self, model, inputs, *args, **kwargs)
-    params = list(self.model.parameters())
-    record = {"step": self.state.global_step + 1, "seconds": time.perf_counter() - start,
-              "fsdp2": self.accelerator.is_fsdp2, "model": type(self.model).__name__,
-              "dtensor": all(type(p).__name__ == "DTensor" for p in params),
-              "local": sum(getattr(p, "to_local", lambda: p)().numel() for p in params),
-              "full": sum(p.numel() for p in params), "sharded_by": sharded_by(self),
-              "fused_unavailable": self.fused_unavailable,
-              "path": getattr(self.last_token_weights, "path", None)}
-    with open(f"{os.environ['GRAIL_RECORD']}.{self.accelerator.process_index}", "a") as f:
-        f.write(json.dumps(record) + "\\n")
-    return loss
-
-
-GRAILTrainer.training_step = training_step
-if __name__ == "__main__":  # grading workers start by importing this file again (spawn)
-    sys.exit(main(sys.argv[1:]))
-'''
+# `grail train` under FSDP2 on CPU processes, accelerate's MULTI_CPU gate opened; each process records its model
+FSDP2_SCRIPT = OPEN_GATE + RECORD_STEPS
 
 
 def _expected_path(method: str) -> str | None:
@@ -279,7 +249,7 @@ def test_per_process_weights_on_fsdp2_equal_one_process_on_the_same_rows(tmp_pat
     """Under torch's FSDP2 (accelerate's prepare, 2 gloo processes, every parameter a DTensor half), each method
     that trains on a sharded model gives each process exactly the weights of an unsharded copy on the same rows:
     the probes run the model's own forward (FSDP gathers its units in the root's hooks) and gather the output layer
-    once (`probes.unsharded`); fp32 all-gathers are exact, and the measured difference is 0. Includes a process with
+    once (`sharding.unsharded`); fp32 all-gathers are exact, and the measured difference is 0. Includes a process with
     nothing to probe while the other has rows (it runs the probe anyway: same collectives) and rows of unequal
     length; entropy in chunks of 8 positions (a data-dependent number of output-layer calls)."""
     worst = check_sharded_weights(sharded_weights_reports(tmp_path, FSDP2_CONFIG), "FSDP", tolerance={})
