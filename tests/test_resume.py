@@ -96,7 +96,9 @@ def test_a_run_killed_after_its_first_checkpoint_resumes_to_the_uninterrupted_re
     while time.time() < deadline and process.poll() is None:
         metrics = killed / "metrics.jsonl"
         lines = metrics.read_text().splitlines() if metrics.exists() else []
-        steps = [json.loads(x)["step"] for x in lines[:-1]]  # the last line may be half written
+        steps = [json.loads(x)["step"] for x in lines[:-1]]  # the last line may be half written ...
+        if lines and lines[-1].endswith("}"):  # ... or whole: waiting for the next line could let the run reach
+            steps.append(json.loads(lines[-1])["step"])  # final/ before the kill (seen with kill_after = STEPS - 1)
         if steps and max(steps) >= kill_after and complete_checkpoints(killed):
             process.send_signal(signal.SIGKILL)
             break
