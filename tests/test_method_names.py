@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from grail.methods.builtin import BUILTIN
-from grail.methods.table import METHODS
+from grail.methods.spec import MethodSpec
+from grail.methods.table import BUILTIN_SOURCE, METHODS
 
 ROOT = Path(__file__).resolve().parents[1]
 REGISTRATION = ("src/grail/methods/table.py", "src/grail/methods/builtin.py", "src/grail/methods/literature/",
@@ -73,6 +74,21 @@ def test_the_check_would_catch_a_hand_written_list():
 
 
 def test_the_readme_method_table_has_every_shipped_method():
+    """Every method grail-rl ships (built in, or an entry point of grail-rl's own package) is in the README's table;
+    a plug-in installed from elsewhere (the example, a user's) is not grail-rl's to list."""
     rows = [line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| `")]
     named = {line.split("`")[1] for line in rows}
-    assert {name for name, spec in METHODS.items() if spec.reference != "examples/position_decay in grail-rl"} <= named
+    shipped = {name for name in METHODS if METHODS.source[name] in (BUILTIN_SOURCE, "grail-rl")}
+    assert shipped >= {"grail", "ktae"} and shipped <= named
+
+
+def test_a_plugin_from_another_package_is_not_counted_as_shipped():
+    from grail import register_method, unregister_method
+    from grail.methods import builtin
+
+    register_method(MethodSpec("outside", "outside", lambda m, r, o, g: r.reasoning_BT.float(),
+                               builtin.bilevel_pipeline, calls_model=False))
+    try:
+        assert METHODS.source["outside"] == "register_method"
+    finally:
+        unregister_method("outside")

@@ -10,7 +10,6 @@ forward more or less than the others hangs, as under ZeRO-3).
 """
 
 import json
-from collections import defaultdict
 from types import SimpleNamespace
 
 import pytest
@@ -47,7 +46,7 @@ original_reduce = GRAILTrainer.reduce_weight_metrics
 
 def recording_reduce(self, mode):
     """This process's own sums, as they go into the trainer's one gather per logging step."""
-    sums, peak = self._weight_sums.get(mode, (None, None))
+    sums, peak = self.weight_sums.pending(mode) or (None, None)
     record = {"step": self.state.global_step, "mode": mode, "sums": None if sums is None else sums.tolist(),
               "peak": None if peak is None else float(peak)}
     with open(f"{os.environ['GRAIL_RECORD']}.sums.{self.accelerator.process_index}", "a") as f:
@@ -74,19 +73,15 @@ def _train_two_processes(tmp_path, cache, method) -> tuple[list[dict], list[list
 
 
 def _pooled(sums_per_rank: list[dict]) -> dict[str, float]:
-    """The trainer's own reduction (GRAILTrainer.reduce_weight_metrics) of both processes' recorded sums: what the
-    main process must log if its gather brought in every process's sums."""
+    """The trainer's own reduction (grail.methods.weight_metrics.pooled_metrics) of both processes' recorded sums:
+    what the main process must log if its gather brought in every process's sums."""
     import torch
 
-    from grail.training.trainer import GRAILTrainer
+    from grail.methods.weight_metrics import pooled_metrics
 
     size = len(next(x["sums"] for x in sums_per_rank if x["sums"] is not None))
     local = torch.stack([torch.tensor([*(x["sums"] or [0.0] * size), x["peak"] or 0.0]) for x in sums_per_rank])
-    lists = {}
-    fake = SimpleNamespace(_weight_sums={}, _metric_lists=lambda mode: lists.setdefault(mode, defaultdict(list)),
-                           accelerator=SimpleNamespace(device="cpu", num_processes=len(sums_per_rank),
-                                                       gather=lambda tensor: local))
-    return GRAILTrainer.reduce_weight_metrics(fake, "train")
+    return pooled_metrics(local)
 
 
 @pytest.mark.parametrize("method", [

@@ -49,6 +49,9 @@ def test_the_installed_example_plugin_trains_two_steps_and_is_listed(installed, 
     cache, _ = warm_cache
     listed = _grail(installed, "methods", "position_decay")
     assert listed.returncode == 0 and "--position_decay_rate (default 0.9)" in listed.stdout, listed.stderr
+    checked = _grail(installed, "methods", "check", "position_decay")  # the public checker, as its author runs it
+    assert checked.returncode == 0 and "position_decay: passed" in checked.stdout, checked.stdout + checked.stderr
+    assert "ok   model_free" in checked.stdout and "ok   mass" in checked.stdout
     out = tmp_path / "run"
     run = _grail(installed, "train", "--preset", "tiny-cpu", "--token_weighting", "position_decay",
                  "--position_decay_rate", "0.8", "--max_steps", "2", "--warmstart_steps", str(WARM_STEPS),
@@ -104,9 +107,12 @@ def test_registration_refuses_collisions_and_malformed_specs(spec, named):
 
 
 def test_options_of_another_method_and_unknown_names_are_refused_with_the_fix(tmp_path):
-    with pytest.raises(ConfigError, match="not an option of token_weighting='grail'.*set token_weighting"):
+    with pytest.raises(ConfigError, match="ktae_top is an option of token_weighting='ktae'; token_weighting='grail' "
+                                          "does not read it.*set token_weighting=ktae"):
         build_config(merge(None, parse_flags(["--token_weighting", "grail", "--ktae_top", "0.5",
                                               "--output_dir", str(tmp_path)])))
+    with pytest.raises(ConfigError, match="method_options nope: not an option of token_weighting='grail'"):
+        build_config({"token_weighting": "grail", "method_options": {"nope": 1}, "output_dir": str(tmp_path)})
     with pytest.raises(ConfigError, match="'nope' is not a method; choose one of none, grail"):
         build_config({"token_weighting": "nope", "output_dir": str(tmp_path)})
     # a method that reads whole groups gets rollout-time weights; TRL's arm gets its quantile; both recorded

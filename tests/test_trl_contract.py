@@ -185,3 +185,15 @@ def test_s4_metric_lists_are_averaged_and_cleared_by_log(warm_cache, tmp_path):
     assert {"weights/mean", "weights/probed_rows", "weights/fused", "reward"} <= set(record)
     assert record["weights/fused"] == 1.0
     assert not trainer._metrics["train"]
+
+
+def test_the_pinned_trl_field_names_are_trls():
+    """grail.options.trl_fields lists GRPOConfig's fields so that registration can refuse a shadowing method option
+    without importing TRL; a TRL upgrade that adds or renames a field must update it."""
+    from dataclasses import fields
+
+    from trl import GRPOConfig
+
+    from grail.options.trl_fields import TRL_CONFIG_FIELDS
+
+    assert TRL_CONFIG_FIELDS == {f.name for f in fields(GRPOConfig)}

@@ -1,7 +1,8 @@
 """A token-weighting method in one file: later tokens of the reasoning get more of the advantage, by a geometric
-ramp, mass-preserving per row. Install this folder (`pip install ./examples/position_decay`) and
-`grail train --token_weighting position_decay --position_decay_rate 0.9` works, as do compare arms,
-`grail explain --method position_decay` and `grail.weights_for("position_decay", ...)`."""
+ramp, mass-preserving per row. Its signal needs no model call (`calls_model=False`). Install this folder
+(`pip install ./examples/position_decay`) and `grail train --token_weighting position_decay --position_decay_rate 0.9`
+works, as do compare arms, `grail explain --method position_decay`, `grail.weights_for("position_decay", ...)` and
+`grail methods check position_decay`."""
 
 import torch
 
@@ -9,7 +10,7 @@ from grail import MethodOption, MethodSpec, TokenWeights
 
 
 def _signal(model, rows, options, generator):
-    """(rows, T) rate^(distance to the end of the reasoning): no model call."""
+    """(rows, T) rate^(reasoning tokens after this one) on reasoning tokens, 0 elsewhere; `model` is None."""
     rate = options.method_options["position_decay_rate"]
     reasoning_BT = rows.reasoning_BT.float()
     to_end_BT = reasoning_BT.flip(1).cumsum(1).flip(1) - 1  # reasoning tokens after each one
@@ -17,7 +18,8 @@ def _signal(model, rows, options, generator):
 
 
 def _weights(spec, signal_BT, adv_B, spans, mask_BT, rows_B, options, generator, min_importance):
-    """Reasoning tokens ∝ the signal, rescaled so that each row's weights average 1; other tokens 1."""
+    """Selected rows: reasoning tokens ∝ the signal, other real tokens 1, then divided by the row's mean weight
+    (so it averages 1); other rows 1. 0 on padding."""
     real_BT = mask_BT.bool()
     raw_BT = torch.where(spans.reasoning_BT, signal_BT, torch.ones_like(signal_BT)) * real_BT
     mean_B = raw_BT.sum(1) / real_BT.sum(1).clamp(min=1)
@@ -26,7 +28,7 @@ def _weights(spec, signal_BT, adv_B, spans, mask_BT, rows_B, options, generator,
 
 
 SPEC = MethodSpec(
-    "position_decay", "position decay", _signal, _weights, rows="advantaged",
+    "position_decay", "position decay", _signal, _weights, rows="advantaged", calls_model=False,
     options=(MethodOption("position_decay_rate", 0.9, "ratio of a token's weight to the next one's", minimum=0.0,
                           maximum=1.0),),
     title="Position decay (example plug-in): the advantage ramps up towards the end of the reasoning",

@@ -63,7 +63,9 @@ def _parser(methods_epilog: str = "") -> argparse.ArgumentParser:
     models_cli.add_parser(sub)
     methods = sub.add_parser("methods", help="the token-weighting methods (built-in and plug-ins): what each "
                              "computes, its cost, its own options, its reference")
-    methods.add_argument("name", nargs="*", help="only these methods")
+    methods.add_argument("name", nargs="*", help="only these methods; `grail methods check [NAME ...]` runs the method "
+                         "checks (grail.check_method: padding, sign, mass, detach, seeding, option scope, fused = "
+                         "separate) on the embedded tiny model, for the named methods or all")
     presets = sub.add_parser("presets", help="print the presets (or one) as YAML")
     presets.add_argument("name", nargs="?", choices=sorted(PRESETS))
     return parser
@@ -102,7 +104,7 @@ def _close_process_group() -> None:
 
 
 def _demo(args, rest: list[str]) -> int:
-    from grail.methods.table import parse_methods
+    from grail.methods.table import METHODS, parse_methods, read_by_any, scoped_values
     from grail.training.demo import run_demo
     from grail.training.overrides import build_config, merge, parse_flags
     from grail.training.run import quiet_libraries
@@ -113,8 +115,28 @@ def _demo(args, rest: list[str]) -> int:
     values = merge(None, parse_flags(rest), base=TINY_CPU)
     values.setdefault("output_dir", _default_run_dir("demo"))
     values.setdefault("disable_tqdm", True)
-    run_demo(build_config(values), values, methods=methods)
+    specs = [METHODS[m] for m in methods]
+    unread = [key for key in values if not read_by_any(key, specs)]
+    if unread:  # each method gets the options it reads; one that none of them reads would do nothing
+        raise ValueError(f"--{unread[0]} is read by none of the demo's methods ({', '.join(methods)}); remove it, or "
+                         f"add a method that reads it to --method (`grail methods` lists each method's options).")
+    shared = {k: v for k, v in values.items() if k != "token_weighting"}
+    run_demo(build_config(scoped_values(shared, METHODS["none"])), shared, methods=methods)
     return 0
+
+
+def _check_methods(names: list[str]) -> int:
+    """`grail methods check [NAME ...]`: each method's `check_method` report; exit 1 if any check failed."""
+    from grail.methods.checks import check_method
+    from grail.methods.table import METHODS, parse_methods
+
+    failed = 0
+    for name in parse_methods(",".join(names), example="grail,ktae") if names else tuple(METHODS):
+        report = check_method(name, raise_on_failure=False)
+        print(report.text(), flush=True)
+        failed += not report.ok
+    print(f"{failed} method(s) failed" if failed else "every method passed")
+    return 1 if failed else 0
 
 
 def _methods_epilog(argv: list[str]) -> str:
@@ -134,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
             from grail.methods.table import describe, parse_methods
 
             eval_cli.check_no_extra(args.command, rest)
+            if args.name[:1] == ["check"]:
+                return _check_methods(args.name[1:])
             names = parse_methods(",".join(args.name), example="grail,ktae") if args.name else None
             print("token_weighting methods (`--token_weighting NAME`, compare arms `NAME@option=value`):")
             print(describe(names))

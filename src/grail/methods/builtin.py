@@ -13,8 +13,15 @@ from grail.methods.spans import AnswerSpans
 from grail.methods.spec import MethodSpec, ProbeBatch, TokenWeights
 from grail.options.choices import WeightingOptions
 
-__all__ = ["BUILTIN", "OAR_P_FLOOR", "bilevel_pipeline", "oar_p_floor", "saliency_pipeline", "scored_tokens",
-           "entropy_probe", "pad_token_id", "uniform_pipeline", "zscore_tokens"]
+__all__ = ["BILEVEL_READS", "BUILTIN", "OAR_P_FLOOR", "SALIENCY_READS", "bilevel_pipeline", "oar_p_floor",
+           "saliency_pipeline", "scored_tokens", "entropy_probe", "pad_token_id", "uniform_pipeline", "zscore_tokens"]
+
+# The option fields each reusable piece reads (`MethodSpec.reads`): a plug-in that reuses a pipeline or a row
+# selection adds these to its own.
+SALIENCY_READS = ("rollout_symmetry", "weight_mean", "weight_std", "weight_min", "weight_max", "zscore_scope",
+                  "answer_nll_span")  # saliency_pipeline (answer_nll_span: zscore_scope="to_answer"); rows="saliency"
+BILEVEL_READS = ("oar_variant", "oar_scope", "oar_distribution", "oar_quantile", "oar_beta", "oar_floor")
+GRAIL_PROBE_READS = ("saliency_leaf", "saliency_path")  # _saliency_probe and its fused path
 
 
 def scored_tokens(spans: AnswerSpans, mask_BT: torch.Tensor, options: WeightingOptions) -> torch.Tensor:
@@ -142,6 +149,7 @@ BUILTIN: tuple[MethodSpec, ...] = (
                summary="The baseline every method is compared with: TRL's GRPO loss, unchanged.",
                cost="nothing", reference="Shao et al. 2024, arXiv 2402.03300 (GRPO)"),
     MethodSpec("grail", "GRAIL", _saliency_probe, saliency_pipeline, rows="saliency", fuse="saliency",
+               reads=SALIENCY_READS + GRAIL_PROBE_READS, preserves_mass=False,
                title="GRAIL (gradient × activation saliency of the answer's NLL)",
                summary="The saliency of each token's activation for the negative log-likelihood of the answer box, "
                        "through a per-row z-score, an affine map and a clip, with fixed weights on the answer span "
@@ -150,6 +158,7 @@ BUILTIN: tuple[MethodSpec, ...] = (
                cost="one forward and one backward to the leaf on the rows it reweights (none when fused with TRL's "
                     "forward)", reference=_GRAIL_PAPER),
     MethodSpec("oar_g", "OAR-G", _oar_g_probe, bilevel_pipeline, rows="bilevel", check=_oar_check,
+               reads=BILEVEL_READS + ("answer_nll_span", "oar_noise_std"),
                title="OAR-G (gradient proxy of the answer distribution's KL under embedding noise)",
                summary="The gradient of the KL between the clean and a noised answer distribution with respect to "
                        "each token's embedding noise, bi-level reshaped with a mass-preserving rescale "
@@ -157,6 +166,7 @@ BUILTIN: tuple[MethodSpec, ...] = (
                example="oar_variant='grail_release' (GRAIL's OAR-G baseline, exactly)",
                cost="two forwards and one backward to the embeddings", reference=_OAR_PAPER),
     MethodSpec("oar_p", "OAR-P", _oar_p_probe, bilevel_pipeline, rows="bilevel", min_importance=oar_p_floor,
+               reads=BILEVEL_READS + ("answer_nll_span", "oar_min_importance", "perturbation_chunk_tokens"),
                check=_oar_p_check, auroc=False,
                title="OAR-P (answer-distribution KL when each scored token is replaced by the pad token)",
                summary="One perturbed copy of the row per scored token, batched with a shared KV-cache prefix; the "
@@ -166,13 +176,14 @@ BUILTIN: tuple[MethodSpec, ...] = (
                cost="one no-grad forward per scored token, batched in chunks that share the clean prefix",
                reference=_OAR_PAPER),
     MethodSpec("random", "random", _saliency_probe, saliency_pipeline, rows="saliency", fuse="saliency",
-               permutes=True,
+               permutes=True, reads=SALIENCY_READS + GRAIL_PROBE_READS, preserves_mass=False,
                title="Random control (GRAIL's weights for a row, permuted over its reasoning tokens)",
                summary="Same weight distribution as GRAIL's on every row, no saliency information: what GRAIL "
                        "gains over it is the information (docs/methods/random.md).",
                example="rollout_symmetry='both'",
                cost="as GRAIL's; same weight distribution, no saliency information", reference=_GRAIL_PAPER),
     MethodSpec("entropy", "entropy", entropy_probe, saliency_pipeline, rows="saliency", fuse="entropy",
+               reads=SALIENCY_READS + ("saliency_path",), preserves_mass=False,
                title="Entropy control (token entropy through GRAIL's normalisation)",
                summary="The sampling distribution's entropy at each token instead of the saliency, through GRAIL's "
                        "pipeline: a cheap, gradient-free signal (docs/methods/entropy.md).",

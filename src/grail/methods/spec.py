@@ -10,14 +10,15 @@ them, and nothing above the table branches on a method's name.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal, NamedTuple
 
 import torch
 
 from grail.options.choices import WeightingOptions
 
-__all__ = ["MethodOption", "MethodSpec", "ProbeBatch", "Rows", "TokenWeights"]
+__all__ = ["MethodOption", "MethodSpec", "PIPELINE_ARGUMENTS", "PROBE_ARGUMENTS", "PROBE_BATCH_FIELDS", "ProbeBatch",
+           "REASONING", "ROW_SELECTIONS", "Rows", "SCOPED_OPTIONS", "TokenWeights", "UNIVERSAL_OPTIONS"]
 
 
 @dataclass
@@ -80,7 +81,8 @@ class TokenWeights:
 
 
 class ProbeBatch(NamedTuple):
-    """The probed rows of a batch, in TRL's layout (prompt left-padded, completion the last T columns)."""
+    """The probed rows of a batch, in TRL's layout (prompt left-padded, completion the last T columns); the fields
+    are described in `PROBE_BATCH_FIELDS`."""
 
     input_ids_BL: torch.Tensor
     attention_mask_BL: torch.Tensor
@@ -94,9 +96,66 @@ class ProbeBatch(NamedTuple):
 Probe = Callable[[torch.nn.Module, ProbeBatch, WeightingOptions, "torch.Generator | None"], torch.Tensor]
 # (spec, signal_BT, adv_B, spans, mask_BT, rows_B, options, generator, min_importance) → TokenWeights
 ToWeights = Callable[..., TokenWeights]
-# Which rows a probe runs on (`table.probed_rows`): none; GRAIL's (A ≠ 0, inside rollout_symmetry, with a box); OAR's
-# (A ≠ 0 with a scored token, and a box for the answer_mean distribution); or every row with A ≠ 0.
 Rows = Literal["none", "saliency", "bilevel", "advantaged"]
+
+# ---- the contract, in words: docs/guides/plugins.md's tables are generated from these ----------------------------
+# Which rows the probe runs on and the pipeline may reweight (`table.probed_rows`). A row with A = 0 never is: its
+# Â = 0 whatever its weights.
+ROW_SELECTIONS: dict[str, str] = {
+    "advantaged": "every row with A ≠ 0 and a real token (the usual choice for a new method)",
+    "saliency": "GRAIL's: A ≠ 0, the sign chosen by `rollout_symmetry`, and a complete answer box",
+    "bilevel": "OAR's: A ≠ 0 with a scored token (`oar_scope`), and a box when `oar_distribution='answer_mean'`",
+    "none": "no row: the weights are w = 1 everywhere (GRPO, `top_entropy`); only for methods without a probe, whose "
+            "pipeline is `builtin.uniform_pipeline` (anything else would silently train as GRPO, and is refused)",
+}
+PROBE_ARGUMENTS: dict[str, str] = {
+    "model": "the unwrapped Hugging Face causal LM (not the DDP wrapper); None when `calls_model=False`",
+    "rows": "a `ProbeBatch` holding only the selected rows (`rows`), see its fields below",
+    "options": "the run's `WeightingOptions`; `options.method_options` holds every one of the method's own options, "
+               "resolved (defaults filled in)",
+    "generator": "a seeded `torch.Generator` for any randomness (the trainer seeds one per process); may be None (the "
+                 "functional API): then use torch's global RNG",
+    "returns": "a (rows, T) float tensor: the per-token signal (importance). Only real tokens are read; NaN or inf on "
+               "a real token sends the row to uniform weights (`TokenWeights.finite_signal`). It must not require "
+               "grad or write any parameter's `.grad`",
+}
+PROBE_BATCH_FIELDS: dict[str, str] = {
+    "input_ids_BL": "(rows, L) prompt ⊕ completion ids, the prompt left-padded, the completion the last T columns",
+    "attention_mask_BL": "(rows, L) 1 on real tokens",
+    "answer_BT": "(rows, T) bool: the answer tokens the probe explains: the whole box or its content "
+                 "(`answer_nll_span`)",
+    "scored_BT": "(rows, T) bool: OAR's scored tokens: the reasoning or every real token (`oar_scope`)",
+    "adv_B": "(rows,) the rows' sequence advantages A (methods that read the group's outcomes)",
+    "reasoning_BT": "(rows, T) bool: the reasoning tokens (see `reasoning` below)",
+    "tokenizer": "the tokenizer of the ids (methods that read the text)",
+}
+PIPELINE_ARGUMENTS: dict[str, str] = {
+    "spec": "the method's own `MethodSpec` (one pipeline can serve several methods, e.g. `permutes`)",
+    "signal_BT": "(B, T) float32: the probe's signal on the selected rows and exactly 1.0 on every other row (the "
+                 "signal of a row with no information); for a method without a probe, 1.0 everywhere",
+    "adv_B": "(B,) the sequence advantages A",
+    "spans": "an `AnswerSpans`: (B, T) bool masks `answer_BT` (inside the box's braces), `after_BT` (the box's "
+             "marker, closing brace and anything after it), `reasoning_BT` (see below), `box_BT` (the whole box), "
+             "and (B,) `has_box_B`, `decoded_B`; answer, after and reasoning split the real tokens",
+    "mask_BT": "(B, T) bool: the real completion tokens that enter the loss",
+    "rows_B": "(B,) bool: the selected rows (`rows`): the only rows whose weights the pipeline should change; the "
+              "others should get the weights of a row with no information (w = 1 for most methods)",
+    "options": "as the probe's",
+    "generator": "as the probe's (may be None)",
+    "min_importance": "the signal's rounding floor from `min_importance` (0.0 when the spec has none)",
+    "returns": "`TokenWeights` with (B, T) float32 `weights_BT`, detached, 0 on padding (`TokenWeights.simple` fills "
+               "the diagnostics only GRAIL's pipeline has). With `weight_rescale='row_mean'`, grail-rl divides the "
+               "weights by their row mean afterwards, whatever the method",
+}
+REASONING = ("A row's reasoning tokens are its real tokens before the chosen answer box (`answer_box`: the first "
+             "complete `\\boxed{...}` with at least one answer token). A row with no such box has no answer: every "
+             "real token is reasoning.")
+# The WeightingOptions fields every method reads or may meet: the method itself, the answer box that the spans and
+# diagnostics use, the opt-in row-mean rescale (applied after any pipeline) and TRL's sampling temperature.
+UNIVERSAL_OPTIONS = ("token_weighting", "answer_box", "weight_rescale", "temperature", "method_options")
+# The option fields whose owners are declared by `MethodSpec.reads` (the config field saliency_path included).
+SCOPED_OPTIONS = tuple(f for f in WeightingOptions.__dataclass_fields__ if f not in UNIVERSAL_OPTIONS) + (
+    "saliency_path",)
 Scalar = bool | int | float | str
 
 
@@ -148,36 +207,71 @@ class MethodOption:
         return value
 
 
+def _doc(default: Any = MISSING, help: str = "", **kwargs: Any):
+    """A `MethodSpec` field with its documentation (`help`), from which docs/guides/plugins.md's table is generated."""
+    if default is MISSING and "default_factory" not in kwargs:
+        return field(metadata={"help": help})
+    return field(default=default, metadata={"help": help}, **kwargs)
+
+
 @dataclass(frozen=True)
 class MethodSpec:
-    """One token-weighting method: see the module docstring; `weighting.token_weights` runs it.
+    """One token-weighting method: see the module docstring; `weighting.token_weights` runs it. `check_method`
+    (grail.methods.checks) runs the checks every method of the table passes.
 
     The documentation fields (`title`, `summary`, `cost`, `reference`, `open_choices`) are the method's docs
     page (docs/methods/table.md is generated from them) and the functional API's docstring."""
 
-    name: str
-    label: str  # its name in tables (`grail demo`)
-    probe: Probe | None  # (model, rows, options, generator) → (rows, T) signal; None: no probe
-    pipeline: ToWeights  # signal → weights (pure tensor code), e.g. `builtin.saliency_pipeline`
-    rows: Rows = "advantaged"  # the rows its probe runs on (see `Rows`)
-    fuse: Literal["saliency", "entropy"] | None = None  # what the fused path reads from TRL's forward (None: nothing)
-    permutes: bool = False  # the weights are randomly permuted over each row's reasoning tokens (the random control)
-    groups: bool = False  # reads every rollout of a group: weights at rollout time, on the whole batch at once
-    min_importance: Callable[..., float] | None = None  # (model, options) → the signal's rounding floor (OAR-P)
-    unshardable: str = ""  # why its probe cannot run on a sharded model (ZeRO-3, FSDP); "" = it can
-    options: tuple[MethodOption, ...] = ()  # options of its own (see `MethodOption`)
-    check: Callable[[WeightingOptions, Any], str | None] | None = None  # (options, config or None) → error or None
-    config: Mapping[str, Scalar] = field(default_factory=dict)  # config fields it needs, set where left at default
-    preserves_mass: bool = True  # a probed row's weights average 1 over its real tokens (Σ Â = Σ A per row)
-    preserves_sign: bool = True  # every weight is >= 0, so Â has A's sign on every token
-    auroc: bool = True  # scored by default in `grail compare`'s AUROC (False: too slow for the default; OAR-P)
-    importance: Callable[[torch.Tensor], torch.Tensor] | None = None  # signal → importance for the AUROC (None: as is)
-    title: str = ""  # one line: what it computes
-    summary: str = ""  # a paragraph: how, in the project's words
-    example: str = ""  # an example override (the functional API's docstring)
-    cost: str = ""  # what it costs per step
-    reference: str = ""  # the paper (and code) it follows
-    open_choices: tuple[str, ...] = ()  # the choices the paper leaves open, and what this implementation does
+    name: str = _doc(help="`token_weighting` value: a lower-case Python identifier")
+    label: str = _doc(help="its name in tables (`grail demo`, reports)")
+    probe: Probe | None = _doc(help="`(model, rows, options, generator) → (rows, T)` per-token signal on the rows it "
+                                    "is given (`PROBE_ARGUMENTS`); `None`: the method has no signal and its weights "
+                                    "are w = 1 (GRPO, `top_entropy`), which requires `rows='none'`")
+    pipeline: ToWeights = _doc(help="signal → `TokenWeights` (`PIPELINE_ARGUMENTS`), pure tensor code, e.g. "
+                                    "`builtin.saliency_pipeline` (GRAIL's normalisation) or `builtin.bilevel_pipeline`")
+    rows: Rows = _doc("advantaged", help="the rows the probe runs on and the pipeline may reweight (`ROW_SELECTIONS`)")
+    calls_model: bool = _doc(True, help="the probe calls the model. False: it reads only the batch (ids, masks, "
+                                        "spans, advantages, tokenizer), e.g. a position rule or KTAE's counting; it "
+                                        "then runs with `model=None`, without the collective that keeps sharded "
+                                        "processes in step, and `grail.<name>_weights` accepts `model=None`")
+    reads: tuple[str, ...] = _doc((), help="the `WeightingOptions` fields (and `saliency_path`) its probe, rows and "
+                                           "pipeline read beyond those every method reads (`UNIVERSAL_OPTIONS`); "
+                                           "another method's field set with this method is refused, and "
+                                           "`check_method` verifies that undeclared fields leave the weights "
+                                           "unchanged. Built-in pieces come with theirs: `builtin.SALIENCY_READS`, "
+                                           "`builtin.BILEVEL_READS`")
+    fuse: Literal["saliency", "entropy"] | None = _doc(None, help="what the fused path reads from TRL's training "
+                                                                  "forward instead of running the probe: GRAIL's "
+                                                                  "saliency or TRL's token entropies (None: nothing)")
+    permutes: bool = _doc(False, help="the pipeline permutes each row's weights over its reasoning tokens (the random "
+                                      "control): the saliency AUROC scores its weights, not its signal")
+    groups: bool = _doc(False, help="reads every rollout of a group (e.g. KTAE): weights are computed at rollout time "
+                                    "on the whole batch (`weights_from='rollout_policy'` is set for it)")
+    min_importance: Callable[..., float] | None = _doc(None, help="`(model, options) → float`: the signal's rounding "
+                                                                  "floor handed to the pipeline (OAR-P); None: 0")
+    unshardable: str = _doc("", help="why its probe cannot run on a model sharded over processes (ZeRO-3, FSDP); "
+                                     "'' = it can. Training such a model with it is refused with this text")
+    options: tuple[MethodOption, ...] = _doc((), help="options of its own (`MethodOption`), each a config field "
+                                                      "named `<name>_...`")
+    check: Callable[[WeightingOptions, Any], str | None] | None = _doc(
+        None, help="`(options, config or None) → error or None`: refuses a bad combination of options")
+    config: Mapping[str, Scalar] = _doc(default_factory=dict, help="config fields it needs, set where the user left "
+                                                                   "them at their default (`top_entropy`)")
+    preserves_mass: bool = _doc(True, help="a reweighted row's weights average 1 over its real tokens (Σ Â = Σ A per "
+                                           "row, up to GRAIL's clipping); checked by `check_method`")
+    preserves_sign: bool = _doc(True, help="every weight is > 0, so Â has A's sign on every token; checked by "
+                                           "`check_method`")
+    auroc: bool = _doc(True, help="scored by default by `grail compare`'s saliency AUROC (False: too slow for the "
+                                  "default, e.g. OAR-P)")
+    importance: Callable[[torch.Tensor], torch.Tensor] | None = _doc(None, help="signal → importance for the AUROC "
+                                                                                "(None: the signal as is)")
+    title: str = _doc("", help="one line: what it computes (`grail methods`, the method table)")
+    summary: str = _doc("", help="a paragraph: how, in the project's words (the method table)")
+    example: str = _doc("", help="an example override, shown in `grail.<name>_weights`' docstring")
+    cost: str = _doc("", help="what it costs per step")
+    reference: str = _doc("", help="the paper (and code) it follows")
+    open_choices: tuple[str, ...] = _doc((), help="the choices the paper leaves open, and what this implementation "
+                                                  "does")
 
     def __post_init__(self):
         if not self.name.isidentifier() or not self.name.islower():
@@ -188,8 +282,22 @@ class MethodSpec:
         if self.rows not in ("none", "saliency", "bilevel", "advantaged"):
             raise ValueError(f"method {self.name}: rows={self.rows!r} is not one of none, saliency, bilevel, "
                              f"advantaged.")
-        if (self.probe is None) != (self.rows == "none"):
-            raise ValueError(f"method {self.name}: a method without a probe has rows='none', and only such a method.")
+        if self.probe is None and self.rows != "none":
+            raise ValueError(f"method {self.name}: probe=None with rows={self.rows!r}: without a probe every selected "
+                             f"row would get the signal of a row with no information. A method whose weights need no "
+                             f"model call (a position rule, a count over the group) gives a probe that computes its "
+                             f"signal from the batch and declares calls_model=False.")
+        if self.probe is not None and self.rows == "none":
+            raise ValueError(f"method {self.name}: rows='none' selects no row, so its probe would never run and every "
+                             f"row would get w = 1 (GRPO); use rows='advantaged' (every row with A ≠ 0).")
+        if self.fuse is not None and not self.calls_model:
+            raise ValueError(f"method {self.name}: fuse={self.fuse!r} reads the training forward, which only a method "
+                             f"whose probe calls the model has; set calls_model=True or fuse=None.")
+        unknown = [name for name in self.reads if name not in SCOPED_OPTIONS]
+        if unknown:
+            raise ValueError(f"method {self.name}: reads={unknown!r}: not an option field a method can own; choose "
+                             f"from {', '.join(SCOPED_OPTIONS)} (every method reads {', '.join(UNIVERSAL_OPTIONS)}; "
+                             f"options of its own go in `options`).")
         names = [o.name for o in self.options]
         bad = [n for n in names if not n.startswith(self.name + "_")]
         if bad:

@@ -20,17 +20,29 @@ from dataclasses import replace
 import torch
 
 from grail.methods import core
-from grail.methods.builtin import BUILTIN, OAR_P_FLOOR, oar_p_floor, scored_tokens, zscore_tokens
+from grail.methods.builtin import BUILTIN, OAR_P_FLOOR, oar_p_floor, scored_tokens, uniform_pipeline, zscore_tokens
 from grail.methods.spans import AnswerSpans
-from grail.methods.spec import MethodOption, MethodSpec, ProbeBatch, TokenWeights
+from grail.methods.spec import SCOPED_OPTIONS, MethodOption, MethodSpec, ProbeBatch, TokenWeights
 from grail.options.choices import WeightingOptions
 
 __all__ = ["ENTRY_POINT_GROUP", "METHODS", "OAR_P_FLOOR", "MethodOption", "MethodSpec", "ProbeBatch", "TokenWeights",
            "checked", "describe", "method_names", "method_option", "method_spec", "oar_p_floor", "options_for",
-           "parse_methods", "probed_rows", "register_method", "scored_tokens", "unregister_method", "zscore_tokens"]
+           "parse_methods", "probed_rows", "read_by_any", "register_method", "scored_tokens", "scoped_values",
+           "unread_options", "unregister_method", "zscore_tokens"]
 
 ENTRY_POINT_GROUP = "grail.methods"  # a package's `[project.entry-points."grail.methods"]`: name = "module:SPEC"
-_RESERVED = {f for f in WeightingOptions.__dataclass_fields__}  # option names a method may not take
+BUILTIN_SOURCE = "built-in"
+
+
+def _config_fields() -> frozenset[str]:
+    """Every config field name (grail-rl's and TRL's): a method option must not shadow one."""
+    from dataclasses import fields
+
+    from grail.options.fields import GRAILFields
+    from grail.options.trl_fields import TRL_CONFIG_FIELDS
+
+    return frozenset({f.name for f in fields(GRAILFields)} | set(WeightingOptions.__dataclass_fields__)
+                     | TRL_CONFIG_FIELDS)
 
 
 class _Table(Mapping):
@@ -39,6 +51,7 @@ class _Table(Mapping):
 
     def __init__(self):
         self._specs: dict[str, MethodSpec] = {spec.name: spec for spec in BUILTIN}
+        self.source: dict[str, str] = {spec.name: BUILTIN_SOURCE for spec in BUILTIN}  # name → where it came from
         self._loaded = False
         self.failed: dict[str, str] = {}  # entry point → why it did not load
 
@@ -59,6 +72,7 @@ class _Table(Mapping):
                     raise ValueError(f"its spec is named {spec.name!r}, not {point.name!r}")
                 if self._specs.get(spec.name) is not spec:
                     _add(self._specs, spec, replace=False)
+                self.source[spec.name] = point.dist.name if point.dist else f"entry point {point.value}"
             except Exception as err:  # a broken plug-in must not stop grail; its method is reported as missing
                 self.failed[point.name] = f"{where}: {type(err).__name__}: {err}"
                 warnings.warn(f"grail: the method plug-in {where} did not load ({err}); its method is unavailable.",
@@ -81,15 +95,22 @@ METHODS = _Table()
 
 
 def _add(specs: dict[str, MethodSpec], spec: MethodSpec, replace: bool) -> None:
+    """Registration's checks (each refusal names the fix), then `spec` joins `specs`."""
     if not isinstance(spec, MethodSpec):
         raise TypeError(f"register_method: expected a grail MethodSpec, got {type(spec).__name__}.")
     if spec.name in specs and not replace:
         raise ValueError(f"register_method: a method named {spec.name!r} is already registered; choose another name "
                          f"(or pass replace=True to replace it on purpose).")
+    if spec.rows == "none" and spec.pipeline is not uniform_pipeline:
+        raise ValueError(f"register_method: {spec.name} has rows='none', so no row is ever selected: its pipeline "
+                         f"would see rows_B all False on every batch and the method would train as GRPO. Give it a "
+                         f"probe (calls_model=False when the signal needs no model call) and rows='advantaged'.")
     taken = {o.name: name for name, other in specs.items() if name != spec.name for o in other.options}
+    reserved = _config_fields()
     for option in spec.options:
-        if option.name in _RESERVED:
-            raise ValueError(f"register_method: option {option.name!r} of {spec.name} is a WeightingOptions field.")
+        if option.name in reserved:
+            raise ValueError(f"register_method: option {option.name!r} of {spec.name} is the name of a config field "
+                             f"(grail-rl's or TRL's), which it would shadow; rename it.")
         if option.name in taken:
             raise ValueError(f"register_method: option {option.name!r} of {spec.name} is already an option of "
                              f"{taken[option.name]}.")
@@ -101,6 +122,7 @@ def register_method(spec: MethodSpec, *, replace: bool = False) -> MethodSpec:
     is taken (unless `replace`) or an option collides with another method's or a `WeightingOptions` field."""
     METHODS._load()
     _add(METHODS._specs, spec, replace)
+    METHODS.source[spec.name] = "register_method"
     return spec
 
 
@@ -110,6 +132,7 @@ def unregister_method(name: str) -> None:
         raise ValueError(f"unregister_method: {name!r} is a built-in method.")
     METHODS._load()
     METHODS._specs.pop(name, None)
+    METHODS.source.pop(name, None)
 
 
 def method_spec(name: str) -> MethodSpec:
@@ -152,15 +175,61 @@ def parse_methods(text: str | None, example: str = "none,grail") -> tuple[str, .
     return methods
 
 
-def checked(options: WeightingOptions, config=None) -> tuple[MethodSpec, WeightingOptions]:
+def checked(options: WeightingOptions, config=None, spec: MethodSpec | None = None
+            ) -> tuple[MethodSpec, WeightingOptions]:
     """The method of `options` and the options with its own options resolved; ValueError when the method is unknown,
-    an option of its own is bad, or its `check` refuses the combination (`config`: the run's GRAILConfig, if any)."""
-    spec = method_spec(options.token_weighting)
-    options = replace(options, method_options=spec.resolve_options(options.method_options))
+    an option of its own is bad or belongs to another method, or its `check` refuses the combination (`config`: the
+    run's GRAILConfig, if any; `spec`: the method's entry when the caller has looked it up)."""
+    spec = method_spec(options.token_weighting) if spec is None else spec
+    try:
+        own = spec.resolve_options(options.method_options)
+    except ValueError as err:
+        owners = {name: found[0].name for name in (options.method_options or {})
+                  if name not in {o.name for o in spec.options} and (found := method_option(name)) is not None}
+        if owners:
+            name, owner = next(iter(owners.items()))
+            raise ValueError(f"{name} is an option of token_weighting={owner!r}; token_weighting={spec.name!r} does "
+                             f"not read it, so it would do nothing. Remove it, or set token_weighting={owner}."
+                             ) from None
+        raise err
+    options = replace(options, method_options=own)
     problem = spec.check(options, config) if spec.check is not None else None
     if problem:
         raise ValueError(f"{problem}.")
     return spec, options
+
+
+def unread_options(spec: MethodSpec, values: Mapping, defaults: Mapping) -> str | None:
+    """Why a config that sets an option field `spec` does not read (`MethodSpec.reads`) is refused, naming the methods
+    that read it and the fix; None when every field in `values` (`SCOPED_OPTIONS` names) that differs from `defaults`
+    is one it reads. (Multi-arm commands drop such values per arm instead: `scoped_values`.)"""
+    unread = [name for name, value in values.items()
+              if name in SCOPED_OPTIONS and name not in spec.reads and value != defaults.get(name)]
+    if not unread:
+        return None
+    name = unread[0]
+    readers = [other.name for other in METHODS.values() if name in other.reads]
+    return (f"{name}={values[name]!r} is an option of {', '.join(readers) or 'no method'}; token_weighting="
+            f"{spec.name!r} does not read it, so it would do nothing. Remove it"
+            + (f", or set token_weighting to {' or '.join(readers)}." if readers else "."))
+
+
+def scoped_values(values: Mapping, spec: MethodSpec) -> dict:
+    """`values` (config keys) without the option fields and method options that `spec` does not read: what a
+    multi-arm command (`grail compare`, `grail demo`) hands each arm of a shared configuration."""
+    own = {o.name for o in spec.options}
+    return {key: value for key, value in values.items()
+            if not (key in SCOPED_OPTIONS and key not in spec.reads)
+            and not (key not in own and method_option(key) is not None)}
+
+
+def read_by_any(key: str, specs) -> bool:
+    """Whether any of `specs` reads config key `key` (every key that is not an option field or method option)."""
+    if key in SCOPED_OPTIONS:
+        return any(key in spec.reads for spec in specs)
+    if method_option(key) is not None:
+        return any(key in {o.name for o in spec.options} for spec in specs)
+    return True
 
 
 def options_for(spec: MethodSpec, options: WeightingOptions) -> WeightingOptions:

@@ -22,13 +22,13 @@ from dataclasses import replace
 
 import torch
 
-from grail.methods import core
-from grail.methods.spans import AnswerSpans, answer_spans
+from grail.methods import core, probes
+from grail.methods.spans import AnswerSpans, align_to_completion, answer_spans
 from grail.methods.spec import MethodSpec, ProbeBatch, TokenWeights
 from grail.methods.table import METHODS, checked, method_spec, probed_rows, scored_tokens
 from grail.options.choices import WeightingOptions
 
-__all__ = ["batch_spans", "method_function", "probe_rows", "run_probe", "token_weights", "weights_for",
+__all__ = ["batch_spans", "fused_signal", "method_function", "probe_rows", "run_probe", "token_weights", "weights_for",
            "weights_from_signal"]  # and `<method>_weights` for every method with a probe (`method_function`)
 
 def batch_spans(tokenizer, completion_ids_BT: torch.Tensor, mask_BT: torch.Tensor,
@@ -71,6 +71,9 @@ def run_probe(model, input_ids_BL: torch.Tensor, attention_mask_BL: torch.Tensor
     options = _resolved(spec, options)
     if spec.probe is None:
         raise ValueError(f"token_weighting={spec.name!r} has no probe")
+    if model is None and spec.calls_model:
+        raise ValueError(f"token_weighting={spec.name!r}: its probe calls the model, and model is None; pass the "
+                         f"model (only a method declaring calls_model=False runs without one).")
     index = rows_B.nonzero().squeeze(1)
     rows = ProbeBatch(input_ids_BL[index], attention_mask_BL[index], spans.probe_span(options.answer_nll_span)[index],
                       scored_tokens(spans, mask_BT, options)[index], None if adv_B is None else adv_B[index],
@@ -135,7 +138,12 @@ def token_weights(model, tokenizer, input_ids_BL: torch.Tensor, attention_mask_B
     path = "none"
     if spec.probe is not None and signal_BT is None:
         local_any = bool(rows_B.any())
-        if any_process(local_any):
+        if not spec.calls_model:  # no model call: no collective to keep in step, so no other process's rows matter
+            if local_any:
+                signal_BT = run_probe(None, input_ids_BL, attention_mask_BL, spans, mask_BT, rows_B, options,
+                                      generator, spec, adv_B=adv_B, tokenizer=tokenizer)
+            path = "separate" if local_any else "skipped"
+        elif any_process(local_any):
             run_rows = rows_B if local_any else mask_BT.any(1)
             run_spans = spans if local_any else spans._replace(answer_BT=mask_BT, box_BT=mask_BT)  # something to probe
             signal_BT = run_probe(model, input_ids_BL, attention_mask_BL, run_spans, mask_BT, run_rows, options,
@@ -151,6 +159,34 @@ def token_weights(model, tokenizer, input_ids_BL: torch.Tensor, attention_mask_B
     result = weights_from_signal(signal_BT, adv_B, spans, mask_BT, rows_B, options, generator, floor, spec)
     result.path, result.seconds = path, time.perf_counter() - start
     return result
+
+
+def fused_signal(spec: MethodSpec, logps_BT: torch.Tensor, entropies_BT: torch.Tensor | None,
+                 hidden_BLD: torch.Tensor | None, answer_BT: torch.Tensor) -> torch.Tensor:
+    """The signal the fused path reads from a training forward instead of running the probe (`MethodSpec.fuse`):
+    TRL's token entropies (`"entropy"`), or GRAIL's saliency (`"saliency"`): the answer NLL is the sum of the
+    forward's log-probs over `answer_BT`, and its gradient with respect to the leaf's output `hidden_BLD` (captured
+    from the same forward) comes from that graph, which is kept for the loss's backward. The separate probe computes
+    the same signal from a forward of its own: `check_method` and tests/test_fused.py hold them equal.
+
+    Args:
+        logps_BT: (B, T) log-probs of the completion tokens, part of the autograd graph of the forward.
+        entropies_BT: (B, T) the sampling distribution's entropies (`"entropy"` only).
+        hidden_BLD: (B, L, D) the leaf's output in that forward (`"saliency"` only); None when no row is selected.
+        answer_BT: (B, T) bool, the answer tokens of the selected rows only (others all False).
+    Returns:
+        (B, T) float32 signal, detached.
+    """
+    if spec.fuse == "entropy":
+        return entropies_BT.detach().float()
+    if spec.fuse != "saliency":
+        raise ValueError(f"token_weighting={spec.name!r} has no signal to read from the training forward (fuse=None)")
+    if hidden_BLD is None or not answer_BT.any():
+        return torch.zeros(logps_BT.shape, dtype=torch.float32, device=logps_BT.device)
+    nll = -(logps_BT * answer_BT).sum()  # the answer NLL: a sum of the forward's own log-probs
+    grad_BLD = probes.leaf_gradient(nll, hidden_BLD, retain_graph=True)
+    saliency_BL = core.gradient_activation_saliency(grad_BLD, hidden_BLD)
+    return align_to_completion(saliency_BL, logps_BT.shape[1], at="predicting").float()
 
 
 # ---- the functional API: one function per method ---------------------------------------------------------
@@ -175,7 +211,8 @@ def weights_for(method: str, model, tokenizer, prompt_ids, prompt_mask, completi
 _API_DOC = """{title} token weights for a batch, without TRL. Returns (B, T) float32 weights (0 on padding).
 
     Args:
-        model: Hugging Face causal LM (e.g. `AutoModelForCausalLM.from_pretrained(...)`), not DDP-wrapped.
+        model: Hugging Face causal LM (e.g. `AutoModelForCausalLM.from_pretrained(...)`), not DDP-wrapped; None
+            for a method whose probe makes no model call (`MethodSpec.calls_model=False`).
         tokenizer: its tokenizer (the answer box is found in the decoded completion).
         prompt_ids, prompt_mask: (B, S) prompts, LEFT-padded (mask 1 = real token).
         completion_ids, completion_mask: (B, T) completions, RIGHT-padded.
@@ -203,7 +240,8 @@ def method_function(method: str) -> Callable[..., torch.Tensor]:
 
 
 def __getattr__(name: str):
-    """`<method>_weights` for every method of the table with a probe (`none` is w = 1)."""
+    """`<method>_weights` for every method of the table with a probe, model-free ones included (the methods without
+    one, `none` and `top_entropy`, have w = 1)."""
     method = name.removesuffix("_weights")
     if name.endswith("_weights") and method in METHODS and METHODS[method].probe is not None:
         return method_function(method)

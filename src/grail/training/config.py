@@ -20,8 +20,9 @@ from typing import Literal
 import torch
 from trl import GRPOConfig
 
-from grail.methods.table import checked, method_spec
-from grail.options.choices import OAR_VARIANT_DEFAULTS
+from grail.methods.spec import SCOPED_OPTIONS, MethodSpec
+from grail.methods.table import checked, method_spec, unread_options
+from grail.options.choices import OAR_VARIANT_DEFAULTS, WeightingOptions
 from grail.options.fields import TINY_MODEL, GRAILFields
 
 __all__ = ["GRAILConfig", "field_types", "literal_choices"]
@@ -54,12 +55,7 @@ class GRAILConfig(GRPOConfig, GRAILFields):
                              f"messages with worked examples); the tiny model is warm-started on the symbolic style "
                              f"only. Give a chat model, e.g. --model_name_or_path smollm2-135m, or use task_style "
                              f"symbolic.")
-        self._apply_method_config()
-        # the method's own options resolved (defaults filled, values checked) and its combination checks, once
-        _, options = checked(self.weighting_options(), self)
-        self.method_options = options.method_options
-        for name in OAR_VARIANT_DEFAULTS[self.oar_variant]:  # None → the variant's value, recorded in the run dir
-            setattr(self, name, getattr(options, name))
+        self._resolve_method()
         if self.eval_benchmarks:
             from grail.evaluation.benchmarks import parse_benchmark_list
             from grail.evaluation.harness import parse_size
@@ -88,10 +84,12 @@ class GRAILConfig(GRPOConfig, GRAILFields):
             return
         self.use_cpu = True
 
-    def _apply_method_config(self) -> None:
-        """token_weighting names a method of the table; the config values it comes with (`MethodSpec.config`) are set
-        where the field is at its default (an explicit other value stays, and the method's check judges it); a method
-        that reads whole groups gets rollout-time weights, and is refused with current-policy ones."""
+    def _resolve_method(self) -> None:
+        """The one place a config meets the method table: `token_weighting` is looked up once, the config values
+        it comes with (`MethodSpec.config`) are set where the field is at its default (an explicit other value stays,
+        and the method's check judges it), an option field it does not read is refused, its own options are parsed
+        once, and the `WeightingOptions` are built once. The trainer takes the spec and the options from here
+        (`method`, `weighting_options`); nothing downstream looks the method up or re-parses its options."""
         spec = method_spec(self.token_weighting)
         defaults = {f.name: f.default for f in fields(GRAILConfig)}
         for name, value in {**spec.config, **({"weights_from": "rollout_policy"} if spec.groups else {})}.items():
@@ -100,6 +98,50 @@ class GRAILConfig(GRPOConfig, GRAILFields):
         if spec.groups and self.weights_from != "rollout_policy":
             raise ValueError(f"token_weighting={spec.name!r} reads every rollout of a group, which only the rollout "
                              f"batch holds; set weights_from='rollout_policy' (or leave it unset).")
+        problem = unread_options(spec, {name: getattr(self, name) for name in SCOPED_OPTIONS},
+                                 {name: defaults[name] for name in SCOPED_OPTIONS})
+        if problem:
+            raise ValueError(problem)
+        _, options = checked(WeightingOptions.from_config(self), self, spec=spec)  # own options parsed here
+        self.method_options = options.method_options
+        for name in OAR_VARIANT_DEFAULTS[self.oar_variant]:  # None → the variant's value, recorded in the run dir
+            if name in spec.reads:
+                setattr(self, name, getattr(options, name))
+        self._method, self._weighting = spec, options
+
+    @property
+    def method(self) -> MethodSpec:
+        """The `token_weighting` method's table entry, looked up once when the config was built."""
+        spec = self.__dict__.get("_method")
+        if spec is None or spec.name != self.token_weighting:  # unpickled (the spec is not pickled), or changed
+            self._fresh()
+            spec = self.__dict__["_method"] = method_spec(self.token_weighting)
+        return spec
+
+    def weighting_options(self) -> WeightingOptions:
+        """The token-weighting options, built once when the config was built (its own options resolved)."""
+        self._fresh()
+        return self._weighting
+
+    def _fresh(self) -> None:
+        """A weighting field changed after the config was built: the options built then would be stale."""
+        options = self.__dict__.get("_weighting")
+        if options is None:
+            raise RuntimeError("GRAILConfig: the token-weighting options were not resolved (a config built without "
+                               "__post_init__); build it with GRAILConfig(...).")
+        changed = [name for name in WeightingOptions.__dataclass_fields__
+                   if getattr(options, name) != getattr(self, name) and getattr(self, name) is not None]
+        if changed:
+            raise ValueError(f"GRAILConfig.{changed[0]} was changed after the config was built "
+                             f"({getattr(self, changed[0])!r}; the config resolved {getattr(options, changed[0])!r}); "
+                             f"build a new config instead, e.g. dataclasses.replace(cfg, {changed[0]}=...).")
+
+    def __getstate__(self) -> dict:
+        """Pickled (TRL saves the config with every checkpoint) without the method's spec, whose functions need not
+        pickle (a plug-in registered from a script); `method` looks it up again after unpickling."""
+        state = dict(self.__dict__)
+        state.pop("_method", None)
+        return state
 
     def _check_choices(self) -> None:
         for f in fields(GRAILConfig):

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from grail.evaluation.scores import paired_difference
-from grail.methods.table import METHODS
+from grail.methods.table import METHODS, scoped_values
 from grail.options.fields import SYNTHETIC_DATASET
 from grail.training.config import GRAILConfig
 from grail.training.heldout import SAMPLES_PER_PROBLEM, eval_specs, heldout_accuracy
@@ -53,9 +53,9 @@ def run_demo(cfg: GRAILConfig, overrides: dict, log: Log = print, methods: tuple
     before = heldout_accuracy(base_path, specs, heldout, eval_dirs["before"], log)
     runs = {}
     for method in methods:
-        run_cfg = build_config({**overrides, "token_weighting": method,
-                                "output_dir": str(Path(cfg.output_dir) / method)})
-        result = train(run_cfg, {**overrides, "token_weighting": method}, log, model_path=base_path)
+        own = {**scoped_values(overrides, METHODS[method]), "token_weighting": method}  # options it reads
+        run_cfg = build_config({**own, "output_dir": str(Path(cfg.output_dir) / method)})
+        result = train(run_cfg, own, log, model_path=base_path)
         log(f"evaluating the {METHODS[method].label} model on the same held-out problems ...")
         runs[method] = {"result": result,
                         "after": heldout_accuracy(str(result.final_dir), specs, heldout, eval_dirs[method], log)}

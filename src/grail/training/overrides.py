@@ -5,7 +5,8 @@ Precedence: GRAILConfig defaults < preset < YAML file < flags. Every key must be
 is an error naming it and the closest field names. Strings are converted to the field's annotated type (so
 `--learning_rate 1e-6` and `learning_rate: 1e-6` in YAML, which PyYAML reads as a string, both become floats).
 `report_to` keeps Hugging Face's words: "none", "all", an integration, or several (a comma list or a YAML list).
-A registered method's own option (`grail methods`) is a key too: `--ktae_top 0.5` is folded into `method_options`.
+A registered method's own option (`grail methods`) is a key too: `--ktae_top 0.5` is folded into `method_options`, and
+parsed (once) when the config is built, which also refuses an option field the chosen method does not read.
 """
 
 from __future__ import annotations
@@ -100,13 +101,9 @@ def coerce(key: str, value, source: str):
     """`value` converted to the type of field `key`; ConfigError naming key, value and source if impossible."""
     hints = field_types()
     if key not in hints:
-        owner = method_option(key)
-        if owner is None:
+        if method_option(key) is None:
             raise _unknown_key(key, source)
-        try:
-            return owner[1].parse(value)
-        except ValueError as err:
-            raise ConfigError(f"{err} ({source}; an option of token_weighting={owner[0].name!r}).") from err
+        return value  # a method's own option: parsed once, by the config (`MethodSpec.resolve_options`)
     if key in _CONVERTERS:
         try:
             return _CONVERTERS[key](value)
@@ -192,9 +189,10 @@ def _without_aliases(values: dict, source: str) -> dict:
 
 
 def fold_method_options(values: dict) -> dict:
-    """`values` with each method option given as a key of its own (`ktae_top`) moved into `method_options`."""
+    """`values` with each key that is not a config field moved into `method_options`: the method options given as
+    keys of their own (`ktae_top`; `merge` let only those through). The config checks them against its method."""
     hints = field_types()
-    own = {k: v for k, v in values.items() if k not in hints and method_option(k) is not None}
+    own = {k: v for k, v in values.items() if k not in hints}
     if not own:
         return values
     given = dict(values.get("method_options") or {})

@@ -39,23 +39,15 @@ import torch
 from accelerate.utils import is_peft_model
 from trl import GRPOTrainer
 
-from grail.methods import core, diagnostics, probes
-from grail.methods.spans import AnswerSpans, align_to_completion
-from grail.methods.table import TokenWeights, method_spec
-from grail.methods.weighting import batch_spans, probe_rows, token_weights
+from grail.methods import core, probes
+from grail.methods.spans import AnswerSpans
+from grail.methods.spec import TokenWeights
+from grail.methods.weight_metrics import WeightSums, pooled_metrics
+from grail.methods.weighting import batch_spans, fused_signal, probe_rows, token_weights, weights_from_signal
 
 __all__ = ["GRAILTrainer", "refuse_if_unshardable", "sharded_by"]
 
 SPAN_KEYS = tuple(f"grail_spans_{name}" for name in AnswerSpans._fields)  # the spans in TRL's batch dict
-NUM_BINS = 10  # weights/position_0..9
-# Additive statistics accumulated per micro-batch (grail.methods.diagnostics.weight_sums plus row counts and the release
-# values' sums), in the order they are packed into one device tensor for the one gather per logging step.
-SUM_KEYS = ("tokens", "weight_sum", "normalised", "clip_low", "clip_high", "abs_token_adv", "abs_adv", "rows",
-            "ess_sum", "ess_rows", "top10_sum", "top10_rows", "reasoning_tokens", "reasoning_dev_sum",
-            "reasoning_dev_sq", "rows_without_box", "fallback_rows",
-            "probed_rows", "micro_batches",
-            *(f"release_{k}_{part}" for k in diagnostics.RELEASE_KEYS for part in ("sum", "count")))
-DIAGNOSTIC_KEYS = ("mean", "max", "clip_low_frac", "clip_high_frac", "adv_scale_ratio", "ess_ratio", "top10_mass")
 
 
 def sharded_by(trainer) -> str | None:
@@ -117,8 +109,7 @@ class GRAILTrainer(GRPOTrainer):
             raise TypeError(f"GRAILTrainer needs a grail.training.config.GRAILConfig as args (it carries the "
                             f"token-weighting fields), got {type(self.args).__name__}; build one with "
                             "GRAILConfig(...).")
-        self.weighting = self.args.weighting_options()
-        self.method = method_spec(self.weighting.token_weighting)
+        self.weighting, self.method = self.args.weighting_options(), self.args.method  # resolved once, by the config
         dropped = dropped_engine(os.environ, self.accelerator.distributed_type.name)
         if dropped and self.accelerator.is_main_process:
             warnings.warn(f"grail: {dropped}.", stacklevel=2)
@@ -126,7 +117,8 @@ class GRAILTrainer(GRPOTrainer):
         self._check_probe_reaches_the_model()
         device = self.accelerator.device
         self._generator = torch.Generator(device=device).manual_seed(self.args.seed + self.accelerator.process_index)
-        self._weight_sums: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # mode → (sums (K,), max ()) on device
+        self.weight_sums = WeightSums(self.weighting.weight_min, self.weighting.weight_max,
+                                      count_clips=self.weighting.weight_rescale != "none")
         self.fused_unavailable = self._fused_unavailable_reason()
         if self.args.saliency_path == "fused" and self.fused_unavailable:
             raise ValueError(f"saliency_path='fused' cannot work here: {self.fused_unavailable}. Use "
@@ -137,7 +129,7 @@ class GRAILTrainer(GRPOTrainer):
         """Before any step: a method with a probe needs the model's input embeddings (the saliency leaf by default,
         OAR-G's perturbation point) and, for saliency, the chosen leaf; a model without them is refused now, with
         the probes' message naming the accessor to add, instead of at the first probe."""
-        if self.method.probe is None:
+        if self.method.probe is None or not self.method.calls_model:
             return
         model = self.accelerator.unwrap_model(self.model)
         probes.leaf_module(model, "embeddings")
@@ -308,23 +300,14 @@ class GRAILTrainer(GRPOTrainer):
                                f"saliency_path='separate'.")
         logps_BT, entropies_BT, _ = result
         start = time.perf_counter()
-        if self.method.fuse == "entropy":
-            signal_BT = entropies_BT.detach().float()
-        elif need_grad:
-            if len(captured) != 1:
-                raise RuntimeError(f"fused saliency: the leaf module ran {len(captured)} times in one forward "
-                                   f"(expected 1); set saliency_path='separate'.")
-            hidden_BLD = captured[0]
-            answer_BT = spans.probe_span(options.answer_nll_span) & rows_B[:, None]
-            nll = -(logps_BT * answer_BT).sum()  # the answer NLL: a sum of the log-probs TRL computed
-            grad_BLD = probes.leaf_gradient(nll, hidden_BLD, retain_graph=True)
-            saliency_BL = core.gradient_activation_saliency(grad_BLD, hidden_BLD)
-            signal_BT = align_to_completion(saliency_BL, logits_to_keep, at="predicting")
-        else:
-            signal_BT = torch.zeros_like(logps_BT, dtype=torch.float32)
-        weights = token_weights(None, self.tokenizer, input_ids, attention_mask, mask_BT, adv_B, options,
-                                spans=spans, signal_BT=signal_BT, generator=self._generator, spec=self.method)
-        weights.seconds += time.perf_counter() - start
+        if need_grad and len(captured) != 1:
+            raise RuntimeError(f"fused saliency: the leaf module ran {len(captured)} times in one forward "
+                               f"(expected 1); set saliency_path='separate'.")
+        answer_BT = spans.probe_span(options.answer_nll_span) & rows_B[:, None]
+        signal_BT = fused_signal(self.method, logps_BT, entropies_BT, captured[0] if need_grad else None, answer_BT)
+        weights = weights_from_signal(signal_BT, adv_B, spans, mask_BT, rows_B, options, self._generator,
+                                      spec=self.method)  # no probe, so no min_importance floor
+        weights.path, weights.seconds = "fused", time.perf_counter() - start  # the signal and the pipeline, once
         call_inputs["advantages"] = self._token_advantages(adv_B, mask_BT, weights)
         call_inputs.written = True
         return result
@@ -366,28 +349,7 @@ class GRAILTrainer(GRPOTrainer):
 
     def _accumulate(self, adv_B, adv_BT, mask_BT, weights: TokenWeights) -> None:
         """Add this micro-batch's weight statistics to the mode's device sums (no host synchronisation)."""
-        options = self.weighting
-        rescaled = options.weight_rescale != "none"  # the weights left the clip bounds: count the clips themselves
-        stats = diagnostics.weight_sums(weights.weights_BT, adv_B, adv_BT, mask_BT, weights.reasoning_BT & mask_BT,
-                                        weights.normalised_BT, weight_min=options.weight_min,
-                                        weight_max=options.weight_max, num_bins=NUM_BINS,
-                                        clip_BT=weights.clip_BT if rescaled else None)
-        signal_B = mask_BT.any(1) & (adv_B != 0)  # the rows the diagnostics describe (weight_sums' "rows")
-        stats.update(rows_without_box=(signal_B & ~weights.has_box_B).sum(),
-                     fallback_rows=weights.fallback_B.sum(), probed_rows=(weights.probed_B & signal_B).sum(),
-                     micro_batches=torch.ones((), device=adv_BT.device))
-        release = diagnostics.release_diagnostics(adv_B, adv_BT, mask_BT, weights.clip_BT, weights.reweighted_BT)
-        for key, value in release.items():  # per micro-batch values, averaged as the release does (NaN: none)
-            stats[f"release_{key}_sum"] = torch.nan_to_num(value, nan=0.0)
-            stats[f"release_{key}_count"] = (~value.isnan()).float()
-        sums = torch.cat([*(stats[k].float().reshape(1) for k in SUM_KEYS), stats["position_sum"].float(),
-                          stats["position_count"].float()])
-        previous = self._weight_sums.get(self._mode())
-        if previous is not None:
-            sums, peak = previous[0] + sums, torch.maximum(previous[1], stats["max"].float())
-        else:
-            peak = stats["max"].float()
-        self._weight_sums[self._mode()] = (sums, peak)
+        self.weight_sums.add(self._mode(), adv_B, adv_BT, mask_BT, weights)
         metrics = self._metric_lists(self._mode())
         if weights.path != "rollout":  # rollout weights log their seconds once per rollout batch
             metrics["weights/seconds"].append(weights.seconds)
@@ -396,31 +358,8 @@ class GRAILTrainer(GRPOTrainer):
     def reduce_weight_metrics(self, mode: str) -> dict[str, float]:
         """Pool the mode's accumulated statistics over processes (one gather) and append the `weights/*` metrics
         (docs/reference/metrics.md) to TRL's lists; called by `log` once per logging step, on every process."""
-        K = len(SUM_KEYS) + 2 * NUM_BINS
-        device = self.accelerator.device
-        sums, peak = self._weight_sums.pop(mode, (torch.zeros(K, device=device), torch.zeros((), device=device)))
-        local = torch.cat([sums, peak.reshape(1)]).reshape(1, -1)
-        gathered = (self.accelerator.gather(local) if self.accelerator.num_processes > 1 else local).cpu()
-        total = dict(zip(SUM_KEYS, gathered[:, : len(SUM_KEYS)].sum(0), strict=True))
-        if total["micro_batches"] == 0:
-            return {}
-        bins = gathered[:, len(SUM_KEYS) : K].sum(0)
-        total.update(max=gathered[:, K].max(), position_sum=bins[:NUM_BINS], position_count=bins[NUM_BINS:])
-        out: dict[str, float] = {}
-        if total["rows"] > 0:  # micro-batches whose advantages are all 0 have nothing to describe
-            values = diagnostics.finish(total)
-            out.update({f"weights/{key}": float(values[key]) for key in DIAGNOSTIC_KEYS})
-            out.update({f"weights/position_{b}": float(values["position_profile"][b]) for b in range(NUM_BINS)
-                        if values["position_count"][b] > 0})
-            if total["reasoning_tokens"] > 0:
-                out["weights/reasoning_std"] = float(values["reasoning_std"])
-            out["weights/rows_without_box"] = float(total["rows_without_box"] / total["rows"])
-            out["weights/probed_rows"] = float(total["probed_rows"] / total["rows"])
-        for key in diagnostics.RELEASE_KEYS:
-            if total[f"release_{key}_count"] > 0:
-                out[f"weights/release/{key}"] = float(total[f"release_{key}_sum"] / total[f"release_{key}_count"])
-        micro = float(total["micro_batches"]) / gathered.shape[0]
-        out["weights/fallback_rows"] = float(total["fallback_rows"]) / micro  # per micro-batch, all processes
+        local = self.weight_sums.local(mode, self.accelerator.device)
+        out = pooled_metrics(self.accelerator.gather(local) if self.accelerator.num_processes > 1 else local)
         metrics = self._metric_lists(mode)
         for key, value in out.items():
             metrics[key].append(value)

@@ -49,7 +49,7 @@ def _pipeline(spec, signal_BT, adv_B, spans, mask_BT, rows_B, options, generator
 
 
 SPEC = MethodSpec(
-    "eapo", "EAPO", entropy_probe, _pipeline, rows="advantaged", fuse="entropy",
+    "eapo", "EAPO", entropy_probe, _pipeline, rows="advantaged", fuse="entropy", reads=("saliency_path",),
     options=(MethodOption("eapo_alpha", 1.0, "slope of the weight in the entropy ratio H_t / mean_row(H)",
                           minimum=0.0),
              MethodOption("eapo_phi", 0.5, "clip half-width of the weight before the row rescale (≤ 1 keeps "

@@ -117,7 +117,8 @@ def _pipeline(spec, signal_BT, adv_B, spans, mask_BT, rows_B, options, generator
 
 
 SPEC = MethodSpec(
-    "ktae", "KTAE", _probe, _pipeline, rows="advantaged", groups=True, preserves_mass=False, preserves_sign=False,
+    "ktae", "KTAE", _probe, _pipeline, rows="advantaged", groups=True, calls_model=False, preserves_mass=False,
+    preserves_sign=False,
     importance=torch.abs,
     options=(MethodOption("ktae_alpha", 1.0, "weight of the Fisher-test association F", minimum=0.0),
              MethodOption("ktae_beta_ig", 1.0, "weight of the information gain IG", minimum=0.0),

@@ -131,6 +131,7 @@ def _pipeline(spec, signal_BT, adv_B, spans, mask_BT, rows_B, options, generator
 
 SPEC = MethodSpec(
     "span_mask", "span masking", _probe, _pipeline, rows="advantaged", auroc=False,
+    reads=("answer_nll_span", "perturbation_chunk_tokens"),
     options=(MethodOption("span_mask_boost", 2.0, "weight of the most important reasoning token", minimum=0.0),
              MethodOption("span_mask_min_weight", 0.5, "weight of importance 0 (non-reasoning floor)", minimum=0.0),
              MethodOption("span_mask_answer_weight", 1.5, "weight of the answer box's tokens", minimum=0.0),

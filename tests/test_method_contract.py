@@ -1,0 +1,191 @@
+"""The method contract: `check_method` passes for every method of the table and fails, naming the check, for a spec
+that breaks each rule; registration refuses a spec that could never reweight or would shadow a config field; option
+fields are scoped to the methods that read them; a config resolves its method once; the fused `weights/seconds`
+counts the weight computation once."""
+
+import time
+
+import pytest
+import torch
+
+from batches import loss_and_grads, make_trainer, trl_batch
+from grail import MethodOption, MethodSpec, register_method, unregister_method
+from grail.cli import main
+from grail.methods import builtin, table
+from grail.methods.checks import MethodCheckError, check_method
+from grail.methods.spec import MethodSpec as Spec
+from grail.methods.spec import TokenWeights
+from grail.methods.table import method_names
+from grail.training.overrides import build_config, merge, parse_flags
+from grail.training.trainer import GRAILTrainer
+
+
+@pytest.mark.parametrize("name", method_names())
+def test_every_method_of_the_table_passes_the_public_checker(name):
+    report = check_method(name)
+    assert report.ok and {r.name for r in report.results} >= {"shape", "padding", "detached", "reweights", "seeded"}
+
+
+# ---- specs that break one rule each ------------------------------------------------------------------------------
+
+def _position_signal(model, rows, options, generator):
+    """(rows, T) a position rule: later reasoning tokens score higher (no model call)."""
+    return rows.reasoning_BT.float().cumsum(1) * rows.reasoning_BT
+
+
+def _scaled(pipeline_weights):
+    def pipeline(spec, signal_BT, adv_B, spans, mask_BT, rows_B, options, generator, min_importance):
+        out = builtin.saliency_pipeline(spec, signal_BT, adv_B, spans, mask_BT, rows_B, options, generator,
+                                        min_importance)
+        out.weights_BT = pipeline_weights(out.weights_BT, mask_BT, options)
+        return out
+    return pipeline
+
+
+def _spec(name="broken", **fields):
+    values = dict(probe=_position_signal, pipeline=builtin.saliency_pipeline, rows="saliency", calls_model=False,
+                  reads=builtin.SALIENCY_READS, preserves_mass=False)
+    return Spec(name, name, **{**values, **fields})
+
+
+def _noisy_probe(model, rows, options, generator):
+    return torch.rand(rows.answer_BT.shape)  # the global RNG, not `generator`
+
+
+def _grad_writing_probe(model, rows, options, generator):
+    model(input_ids=rows.input_ids_BL, attention_mask=rows.attention_mask_BL).logits.sum().backward()
+    return _position_signal(model, rows, options, generator)
+
+
+def _entropy_at_temperature_one(model, rows, options, generator):
+    return builtin.entropy_probe(model, rows, options.__class__(**{**options.__dict__, "temperature": 1.0}), None)
+
+
+BROKEN = {
+    "padding": lambda: _spec(pipeline=_scaled(lambda w, mask, o: w + 0.5 * ~mask)),
+    "sign": lambda: _spec(pipeline=_scaled(lambda w, mask, o: (w - 1.0) * mask)),
+    "mass": lambda: _spec(preserves_mass=True),
+    "detached": lambda: _spec(probe=_grad_writing_probe, calls_model=True),
+    "reweights": lambda: _spec(pipeline=builtin.uniform_pipeline),
+    "seeded": lambda: _spec(probe=_noisy_probe),
+    "options": lambda: _spec(reads=()),
+    "model_free": lambda: _spec(probe=_grad_writing_probe),
+    "fused": lambda: _spec(probe=_entropy_at_temperature_one, calls_model=True, fuse="entropy",
+                           reads=builtin.SALIENCY_READS + ("saliency_path",)),
+}
+
+
+@pytest.mark.parametrize("rule", sorted(BROKEN))
+def test_the_checker_fails_a_spec_that_breaks_one_rule_naming_it(rule):
+    from grail.options.choices import WeightingOptions
+
+    options = WeightingOptions(temperature=0.7) if rule == "fused" else None
+    report = check_method(BROKEN[rule](), raise_on_failure=False, options=options)
+    failed = {r.name for r in report.results if r.passed is False}
+    assert failed == {rule}, report.text()
+    with pytest.raises(MethodCheckError, match=rule):
+        check_method(BROKEN[rule](), options=options)
+
+
+def test_the_position_rule_itself_passes():
+    assert check_method(_spec()).ok
+
+
+def test_grail_methods_check_exits_1_for_a_failing_plugin(capsys):
+    register_method(BROKEN["reweights"]())
+    try:
+        assert main(["methods", "check", "broken"]) == 1
+        out = capsys.readouterr().out
+        assert "FAIL reweights" in out and "trains as GRPO" in out
+    finally:
+        unregister_method("broken")
+
+
+# ---- registration and option scope ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("spec, named", [
+    (lambda: Spec("silent", "silent", None, builtin.saliency_pipeline, rows="none"), "would train as GRPO"),
+    (lambda: Spec("max", "max", _position_signal, builtin.saliency_pipeline, calls_model=False,
+                  options=(MethodOption("max_steps", 1, "a TRL field's name"),)), "name of a config field"),
+    (lambda: Spec("task", "task", _position_signal, builtin.saliency_pipeline, calls_model=False,
+                  options=(MethodOption("task_seed", 1, "a grail field's name"),)), "name of a config field"),
+])
+def test_registration_refuses_a_spec_that_cannot_reweight_or_shadows_a_field(spec, named):
+    with pytest.raises(ValueError, match=named):
+        register_method(spec())
+
+
+def test_a_probe_less_spec_with_rows_is_refused_when_built_naming_calls_model():
+    with pytest.raises(ValueError, match="calls_model=False"):
+        MethodSpec("free", "free", None, builtin.saliency_pipeline, rows="advantaged")
+
+
+def test_an_option_of_another_method_exits_2_naming_the_fix(tmp_path, capsys):
+    assert main(["train", "--token_weighting", "grail", "--oar_quantile", "0.3", "--output_dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "oar_quantile=0.3 is an option of oar_g, oar_p" in err and "set token_weighting to oar_g or oar_p" in err
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_an_option_of_the_chosen_method_is_accepted_and_recorded(tmp_path):
+    cfg = build_config({"token_weighting": "oar_p", "oar_quantile": 0.3, "output_dir": str(tmp_path)})
+    assert cfg.weighting_options().oar_quantile == 0.3 and cfg.oar_scope == "reasoning"
+    grail = build_config({"token_weighting": "grail", "output_dir": str(tmp_path)})
+    assert grail.oar_scope is None  # a field GRAIL does not read is not filled in with OAR's variant value
+
+
+def test_a_config_resolves_its_method_once(tmp_path, monkeypatch):
+    """CLI flags → config: the table is looked up once, the method's own options parsed once; the trainer takes the
+    spec and the options from the config (no lookup)."""
+    calls = {"lookup": 0, "resolve": 0, "parse": 0}
+    real_lookup, real_resolve, real_parse = table.method_spec, Spec.resolve_options, MethodOption.parse
+    monkeypatch.setattr("grail.training.config.method_spec",
+                        lambda name: calls.__setitem__("lookup", calls["lookup"] + 1) or real_lookup(name))
+    monkeypatch.setattr(Spec, "resolve_options", lambda self, given: calls.__setitem__(
+        "resolve", calls["resolve"] + 1) or real_resolve(self, given))
+    monkeypatch.setattr(MethodOption, "parse",
+                        lambda self, value: calls.__setitem__("parse", calls["parse"] + 1) or real_parse(self, value))
+    cfg = build_config(merge(None, parse_flags(["--token_weighting", "ktae", "--ktae_top", "0.5",
+                                                "--output_dir", str(tmp_path)])))
+    assert calls == {"lookup": 1, "resolve": 1, "parse": 1}
+    assert cfg.method is cfg.method and cfg.method.name == "ktae" and cfg.method_options["ktae_top"] == 0.5
+    assert cfg.weighting_options() is cfg.weighting_options()
+    cfg.weight_std = 2.0  # changed after it was built: the resolved options would be stale
+    with pytest.raises(ValueError, match="weight_std was changed after the config was built"):
+        cfg.weighting_options()
+
+
+def test_the_trainer_takes_the_method_from_the_config(tiny_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(table, "method_spec", lambda name: pytest.fail("the trainer looked the method up again"))
+    trainer = make_trainer(GRAILTrainer, tiny_dir, tmp_path, token_weighting="grail")
+    assert trainer.method is trainer.args.method and trainer.method.name == "grail"
+    assert trainer.weighting is trainer.args.weighting_options()
+
+
+# ---- weights/seconds on the fused path -------------------------------------------------------------------------------
+
+PIPELINE_SECONDS = 0.3
+
+
+def _slow_pipeline(spec, signal_BT, adv_B, spans, mask_BT, rows_B, options, generator, min_importance):
+    time.sleep(PIPELINE_SECONDS)
+    return builtin.saliency_pipeline(spec, signal_BT, adv_B, spans, mask_BT, rows_B, options, generator,
+                                     min_importance)
+
+
+def test_fused_weights_seconds_count_the_pipeline_once(tiny_dir, tmp_path):
+    """The pipeline sleeps 0.3 s: the fused path's `weights/seconds` must be about that, not twice it (before the fix,
+    the trainer added the whole span, which already held `token_weights`' own timing)."""
+    spec = MethodSpec("slow_entropy", "slow", builtin.entropy_probe, _slow_pipeline, rows="saliency",
+                      fuse="entropy", reads=builtin.SALIENCY_READS + ("saliency_path",), preserves_mass=False)
+    register_method(spec)
+    try:
+        trainer = make_trainer(GRAILTrainer, tiny_dir, tmp_path, token_weighting="slow_entropy",
+                               rollout_symmetry="both")
+        loss_and_grads(trainer, trl_batch(trainer.processing_class))
+    finally:
+        unregister_method("slow_entropy")
+    weights: TokenWeights = trainer.last_token_weights
+    assert weights.path == "fused"
+    assert PIPELINE_SECONDS <= weights.seconds < 1.8 * PIPELINE_SECONDS
+    assert trainer._metrics["train"]["weights/seconds"] == [weights.seconds]
