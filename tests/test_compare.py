@@ -118,7 +118,7 @@ def test_each_run_reports_the_saliency_auroc_of_its_final_model_and_of_the_warm_
     assert warm["none"]["auroc/entropy/signal"] == warm["grail@saliency_leaf=middle"]["auroc/entropy/signal"]
     assert set(warm["none"]) >= {f"auroc/{m}/weights" for m in method_names(auroc=True)}
     text = (out / "report.md").read_text()
-    assert "At the warm start (step 0), under each arm's own task and weighting settings: none: " in text
+    assert "At the start (step 0, before RL), under each arm's own task and weighting settings: none: " in text
     first = sorted(method_names(auroc=True))[0]  # the AUROCs are listed by name
     assert f"; grail@saliency_leaf=middle: {first}/signal" in text
 

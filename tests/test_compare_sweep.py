@@ -23,7 +23,7 @@ SWEEP = f"task_filler_rate={','.join(RATES)}"
 
 def _plan(sweeps=(SWEEP,), arms="none,grail", seeds=3):
     parsed = compare.parse_arms(arms, list(sweeps))
-    return {"seeds": seeds, "seed_fields": ["seed", "data_seed"],
+    return {"seeds": seeds, "seed_fields": ["seed", "data_seed"], "base": {},
             "sweeps": [dict(zip(("field", "values"), compare.parse_sweep(s), strict=True)) for s in sweeps],
             "protocol": {"kind": "synthetic held-out", "primary": PRIMARY, "description": "hand-written"},
             "arms": [{"label": a.label, "slug": a.slug, "method": a.method, "fields": a.fields} for a in parsed]}
@@ -100,8 +100,12 @@ def test_the_sweep_report_pairs_within_each_value_and_tabulates_against_it(swept
     assert row.split(" | ")[1:] == ["+0.0 ± 5.0", "+10.0 ± 5.0 |"]  # t_{0.975,2} · 0.02 / √3 = 0.0497 at both
     assert "| none | 55.0 ± " in text  # the mean of 0.50, 0.60, 0.55 at rate 0
     assert "auroc/grail/weights of the final model" in text
-    assert ("At the warm start (step 0), under each arm's own task and weighting settings: "
+    assert ("At the start (step 0, before RL), under each arm's own task and weighting settings: "
             "none@task_filler_rate=0, grail@task_filler_rate=0: grail/signal 0.600; ") in text
+    # the tiny model is warm-started on each swept task: two starts, each named with its arms
+    assert "the arms start from 2 different models" in text
+    assert "**Model (arms none@task_filler_rate=0.5, grail@task_filler_rate=0.5)**: `tiny`" in text
+    assert "filler rate 0.5)" in text
     curve = report["auroc_training"]["auroc/grail/signal"]["grail@task_filler_rate=0.5"]
     assert curve["0"]["mean"] == pytest.approx(0.8) and curve["2"]["mean"] == pytest.approx(0.7)
     for name in ("sweep.png", "auroc_training.png", "differences.png"):

@@ -23,8 +23,10 @@ __all__ = ["add_parser", "run"]
 
 DESCRIPTION = """\
 Train several arms (token_weighting methods, or methods with config fields) for several training seeds each,
-every run from the same warm-started model, evaluate every run the same way, and report per arm the mean and a
-95% t-interval over seeds, paired differences from the first arm, learning curves and weight diagnostics.
+every run from the same starting model (the tiny model's warm start, or the pretrained model as given), evaluate
+every run and, once, the starting model before RL the same way, and report per arm the mean and a 95% t-interval
+over seeds, the change from before RL, paired differences from the first arm, learning curves and weight
+diagnostics.
 
 arms:   METHOD or METHOD@field=value@field=value, comma-separated, e.g.
         --arms none,grail,grail@weights_from=rollout_policy,grail@saliency_leaf=middle@weight_std=1.0
@@ -33,23 +35,28 @@ seeds:  seed s = 0..S-1 sets seed and data_seed (and dataset_shuffle_seed when t
 base:   the tiny-cpu preset unless --preset or --config is given; --FIELD VALUE flags win. Evaluation
         settings come from the base config (default: the synthetic held-out split, greedy acc@1 and sampled
         acc@4, as `grail demo`; with --eval_benchmarks: those benchmarks, as checkpoint evaluation).
-resume: rerun the same command with the same --output_dir; finished runs are kept, the others resume.
+resume: `grail compare --resume DIR` (or the same command again with --output_dir DIR) takes the plan stored in
+        DIR/compare.json: finished runs and the before-RL evaluation are reused, the others resume, and the report
+        is written again.
 """
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
     parser = sub.add_parser(
-        "compare", help="arms × seeds from one warm start, resumable, with a report over seeds",
+        "compare", help="arms × seeds from one starting model, resumable, with a report over seeds",
         description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False,
         usage="grail compare --arms A,B,... [--seeds S] [--jobs N] [--sweep FIELD=v1,v2] [--preset NAME | "
-              "--config FILE] [--output_dir DIR] [--FIELD VALUE ...]")
-    parser.add_argument("--arms", required=True,
+              "--config FILE] [--output_dir DIR] [--FIELD VALUE ...]\n       grail compare --resume DIR [--jobs N]")
+    parser.add_argument("--arms",
                         help="comma-separated arms: METHOD[@field=value...] (the first arm is the reference of "
-                             "the paired differences)")
-    parser.add_argument("--seeds", type=int, default=5, help="training seeds per arm: 0..S-1 (default 5)")
-    parser.add_argument("--auroc-rows", type=int, default=64,
+                             "the paired differences); required unless --resume")
+    parser.add_argument("--resume", metavar="DIR",
+                        help="resume, or only re-render, the comparison in DIR with the plan in DIR/compare.json "
+                             "(no other plan arguments): nothing finished is trained or evaluated again")
+    parser.add_argument("--seeds", type=int, default=None, help="training seeds per arm: 0..S-1 (default 5)")
+    parser.add_argument("--auroc-rows", type=int, default=None,
                         help="synthetic task only: the saliency AUROC of critical vs filler tokens "
-                        "(grail.analysis.compare.auroc) of each final model and of the warm start, on this many "
+                        "(grail.analysis.compare.auroc) of each final model and of the starting model, on this many "
                         "held-out problems (default 64; 0 off)")
     parser.add_argument("--jobs", type=int, default=1,
                         help="runs at a time (default 1: one after another in this process; N > 1: N worker "
@@ -63,18 +70,56 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return parser
 
 
+def _resumed_plan(args, rest: list[str]) -> tuple[dict, Path]:
+    """The plan stored in `--resume DIR` (refusing plan arguments beside it: the stored plan decides)."""
+    import json
+
+    from grail.analysis.compare.plan import PLAN_FILE
+
+    given = [flag for flag, value in (("--arms", args.arms), ("--seeds", args.seeds), ("--auroc-rows", args.auroc_rows),
+                                      ("--sweep", args.sweep), ("--config", args.config), ("--preset", args.preset))
+             if value not in (None, [])] + [r for r in rest if r.startswith("--")]
+    if given:
+        raise ValueError(f"--resume takes the plan from its directory's {PLAN_FILE}; drop {', '.join(given)} (to "
+                         f"change the plan, start a new comparison with another --output_dir).")
+    out_dir = Path(args.resume)
+    path = out_dir / PLAN_FILE
+    if not path.is_file():
+        raise ValueError(f"--resume {args.resume}: no {PLAN_FILE} there; give the --output_dir of an earlier grail "
+                         f"compare, or start one with --arms.")
+    return json.loads(path.read_text()), out_dir
+
+
+def _base_source(args, flags: dict) -> str:
+    """Where the base config came from, in words, for the report's first lines."""
+    parts = [f"preset {args.preset}"] if args.preset else []
+    if args.config:
+        parts.append(f"config file {args.config}")
+    if not parts:
+        parts.append("the tiny-cpu preset (the default)")
+    shown = sorted(k for k in flags if k not in ("preset", "output_dir"))
+    return ", ".join(parts) + (f"; set on the command line: {', '.join(shown)}" if shown else "")
+
+
 def run(args, rest: list[str]) -> int:
     from grail.analysis.compare.plan import check_plan, make_plan, parse_arms
     from grail.analysis.compare.schedule import run_comparison
     from grail.training.overrides import merge, parse_flags
 
+    if args.jobs < 1:
+        raise ValueError(f"--jobs {args.jobs}: give 1 or more runs at a time.")
+    if args.resume:
+        plan, out_dir = _resumed_plan(args, rest)
+        return _run(run_comparison, plan, out_dir, args.jobs)
+    if not args.arms:
+        raise ValueError("--arms is required: give the arms to compare (e.g. --arms none,grail), or --resume DIR to "
+                         "resume an earlier comparison.")
     flags = parse_flags(rest)
     given = [k for k in ("seed", "data_seed") if k in flags]
     if given:
         raise ValueError(f"--{given[0]}: grail compare sets it per run (seeds 0..S-1); choose S with --seeds.")
-    if args.jobs < 1:
-        raise ValueError(f"--jobs {args.jobs}: give 1 or more runs at a time.")
     arms = parse_arms(args.arms, args.sweep)
+    source = _base_source(args, flags)
     if args.preset:
         flags["preset"] = args.preset
     values = merge(args.config, flags, base=None if args.preset or args.config else TINY_CPU)
@@ -82,11 +127,17 @@ def run(args, rest: list[str]) -> int:
     out_dir = values.pop("output_dir", None)
     if out_dir is None:
         out_dir = os.path.join("runs", f"compare-{time.strftime('%Y%m%d-%H%M%S')}")
-        print(f"compare: output in {out_dir}; to resume after a stop, rerun with --output_dir {out_dir}")
-    plan = make_plan(arms, args.seeds, values, out_dir, auroc_rows=args.auroc_rows, sweeps=args.sweep)
+        print(f"compare: output in {out_dir}; to resume after a stop: grail compare --resume {out_dir}")
+    plan = make_plan(arms, 5 if args.seeds is None else args.seeds, values, out_dir,
+                     auroc_rows=64 if args.auroc_rows is None else args.auroc_rows, sweeps=args.sweep,
+                     base_source=source)
     check_plan(plan, out_dir)  # before anything is written or trained
+    return _run(run_comparison, plan, out_dir, args.jobs)
+
+
+def _run(run_comparison, plan: dict, out_dir, jobs: int) -> int:
     try:
-        run_comparison(plan, out_dir, jobs=args.jobs)
+        run_comparison(plan, out_dir, jobs=jobs)
     except RuntimeError as err:  # a run failed: the others are kept, a rerun resumes
         print(f"grail: error: {err}", file=sys.stderr)
         return 1

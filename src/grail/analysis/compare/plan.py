@@ -1,4 +1,4 @@
-"""`grail compare`'s plan: arms × training seeds, each an ordinary grail training run from one warm start, every run
+"""`grail compare`'s plan: arms × training seeds, each an ordinary grail training run from one start, every run
 evaluated by the same protocol, resumable after a kill, then a report over seeds (grail.analysis.compare.report).
 
 An arm is a `token_weighting` method, optionally with config fields: `grail@saliency_leaf=middle@weight_std=1.0`
@@ -10,9 +10,10 @@ are paired by seed. Everything else is the base config: evaluation settings come
 so every arm is measured the same way.
 
 Comparison directory (`--output_dir`):
-    compare.json                the plan (arms, seeds, base config, seed fields, sweeps, evaluation); a rerun with
-                                other arguments is refused
-    auroc_warmstart.json        with auroc_rows: the saliency AUROC of each arm's warm start, {arm label: {...}}
+    compare.json                the plan (arms, seeds, base config and where it came from, seed fields, sweeps,
+                                evaluation); a rerun with other arguments is refused; `--resume DIR` reruns it
+    before_rl.json, before_rl/  the starting model's evaluation before RL, once (grail.analysis.compare.start)
+    auroc_warmstart.json        with auroc_rows: the saliency AUROC of each arm's start, {arm label: {...}}
     runs/<arm-slug>/seed<s>/    one `grail train` run directory (grail.training.run), plus compare.log (its training and
                                 evaluation log) and the files of grail.analysis.compare.run (compare_trained.json,
                                 eval/, extra_metrics.json, auroc_checkpoints.json, compare_result.json: the finished
@@ -146,10 +147,11 @@ def _jsonable(values: dict) -> dict:
 
 
 def make_plan(arms: list[Arm], seeds: int, base: dict, out_dir: str | Path, auroc_rows: int = 0,
-              sweeps: list[str] | tuple[str, ...] = ()) -> dict:
+              sweeps: list[str] | tuple[str, ...] = (), base_source: str | None = None) -> dict:
     """The plan (compare.json), after building every arm's config: a bad field stops here, before any training.
     `sweeps`: the `--sweep FIELD=v1,v2` texts the arms were crossed with (parse_arms), recorded as
-    [{"field": F, "values": [text, ...]}] for the report's sweep table and plot (grail.analysis.compare.sweep)."""
+    [{"field": F, "values": [text, ...]}] for the report's sweep table and plot (grail.analysis.compare.sweep).
+    `base_source`: where the base values came from, in words (preset, file, flags), for the report's first lines."""
     if seeds < 1:
         raise ValueError(f"--seeds {seeds}: give 1 or more (seeds 0..S-1; 3 or more for an interval worth having).")
     base = _jsonable({k: v for k, v in base.items() if k != "output_dir"})
@@ -157,6 +159,7 @@ def make_plan(arms: list[Arm], seeds: int, base: dict, out_dir: str | Path, auro
     if auroc_rows < 0:
         raise ValueError(f"--auroc-rows {auroc_rows}: give 0 (off) or a number of held-out problems.")
     plan = {"version": 1, "seeds": seeds, "seed_fields": seed_fields, "base": base, "auroc_rows": auroc_rows,
+            "base_source": base_source,
             "sweeps": [dict(zip(("field", "values"), parse_sweep(text), strict=True)) for text in sweeps],
             "arms": [{"label": a.label, "slug": a.slug, "method": a.method, "fields": _jsonable(a.fields)}
                      for a in arms]}

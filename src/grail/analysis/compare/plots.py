@@ -3,11 +3,13 @@ training logs (grail.analysis.compare.report). Every plot says in its title what
 
     accuracy.png         per arm: each seed's value and the mean ± 95% t-interval of the headline metrics
     differences.png      each paired arm's per-seed difference from its reference, and the mean ± t-interval
-    learning_curves.png  training reward (moving average) against step: mean over seeds, band min–max
+    learning_curves.png  training reward (moving average) against step: mean over seeds, band min–max; with the
+                         held-out headline metric before RL as the step-0 point and each arm's after RL (mean ±
+                         95% t-interval over seeds) at its last step
     weights.png          the weight diagnostics against step, and the position profile
     sweep.png            with --sweep: the headline metric, the paired difference and the final model's GRAIL-weight
                          AUROC against the swept value, one line per arm of --arms
-    auroc_training.png   with the saliency AUROC: each method's AUROC at step 0 (warm start) and every checkpoint
+    auroc_training.png   with the saliency AUROC: each method's AUROC at step 0 (the start) and every checkpoint
 """
 
 from __future__ import annotations
@@ -97,12 +99,15 @@ def write_plots(s: dict, runs: list, out_dir: Path) -> list[str]:
         for arm, label in members:
             _band(ax, [smoothed(curve(r.log, "reward"), SMOOTH_STEPS) for r in runs if r.arm == arm], colours[arm],
                   label)
+        _heldout_points(ax, s, runs, [arm for arm, _ in members], colours)
         ax.set_xlabel("optimizer step")
         ax.set_title(title, fontsize=10)
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.legend(fontsize=8)
     axes[0][0].set_ylabel(f"mean reward per completion ({SMOOTH_STEPS}-step moving average)")
-    fig.suptitle(f"Training reward: mean over seeds (band: min–max over {s['seeds']} seeds)")
+    fig.suptitle(f"Training reward: mean over seeds (band: min–max over {s['seeds']} seeds)"
+                 + (f"\n★ held-out {s['primary_metric']} before RL; ◆ after RL (mean ± 95% t)"
+                    if s["primary_metric"] in s.get("before_rl", {}).get("change", {}) else ""), fontsize=10)
     save(fig, "learning_curves.png")
     fig, axes = plt.subplots(2, 3, figsize=(14, 7.5))
     for ax, key in zip(axes.flat, WEIGHT_KEYS, strict=False):
@@ -130,6 +135,24 @@ def write_plots(s: dict, runs: list, out_dir: Path) -> list[str]:
     if any(n.endswith("/signal") for n in s.get("auroc_training") or {}):
         save(_auroc_figure(plt, s, colours, groups), "auroc_training.png")
     return written
+
+
+def _heldout_points(ax, s: dict, runs: list, arms: list[str], colours: dict) -> None:
+    """The held-out headline metric on the learning curve's axes: each start's value before RL at step 0 (one star
+    per start) and each arm's mean ± 95% t-interval over seeds at its last logged step."""
+    primary = s["primary_metric"]
+    change = (s.get("before_rl") or {}).get("change", {}).get(primary, {})
+    starts = dict.fromkeys(change[arm]["start"] for arm in arms if arm in change)
+    for k, sid in enumerate(starts):
+        ax.scatter([0], [s["before_rl"]["starts"][sid]["metrics"][primary]], marker="*", s=140, color="black",
+                   zorder=3, label=f"before RL: held-out {primary}" if k == 0 else None)
+    for arm in arms:
+        stat = s["metrics"].get(primary, {}).get("per_arm", {}).get(arm)
+        steps = [max(curve(r.log, "reward")) for r in runs if r.arm == arm and curve(r.log, "reward")]
+        if arm not in change or stat is None or stat["mean"] is None or not steps:
+            continue
+        ax.errorbar([max(steps)], [stat["mean"]], yerr=[stat["half_width"] or 0.0], fmt="D", color=colours[arm],
+                    capsize=4, zorder=3)
 
 
 def _groups(s: dict) -> list[tuple[str, list[tuple[str, str]]]]:
@@ -183,7 +206,7 @@ def _sweep_figure(plt, s: dict):
 
 
 def _auroc_figure(plt, s: dict, colours: dict, groups: list):
-    """AUROC of each method's signal against step: step 0 is the warm start, then every checkpoint on disk; one
+    """AUROC of each method's signal against step: step 0 is the starting model, then every checkpoint on disk; one
     column per method, one row per panel group (one, or one per swept value)."""
     curves = s["auroc_training"]
     names = [n for n in curves if n.endswith("/signal")]
@@ -201,7 +224,7 @@ def _auroc_figure(plt, s: dict, colours: dict, groups: list):
                 ax.fill_between(steps, [p["min"] for _, p in points], [p["max"] for _, p in points],
                                 color=colours[arm], alpha=0.15)
             ax.axhline(0.5, color="grey", lw=0.8, ls="--")
-            ax.set_xlabel("optimizer step (0: warm start)")
+            ax.set_xlabel("optimizer step (0: before RL)")
             ax.set_title(f"{name}" + (f"\n{title}" if title else ""), fontsize=10)
         row[0].set_ylabel("AUROC, critical vs filler tokens")
         row[0].legend(fontsize=7)

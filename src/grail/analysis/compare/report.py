@@ -17,8 +17,8 @@ from grail.analysis.compare.summary import (
     RESOLVE_POINTS,
     SEED_COUNTS,
     load_runs,
+    load_start,
     summarize,
-    warm_auroc,
 )
 
 __all__ = ["WEIGHT_KEYS", "render_markdown", "write_report"]
@@ -48,14 +48,29 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
             *("| " + " | ".join(row) + " |" for row in rows)]
 
 
-def _stat_tables(title: str, stats: dict, arms: list[str], scale: float, digits: int, unit: str) -> list[str]:
+def _stat_tables(title: str, stats: dict, arms: list[str], scale: float, digits: int, unit: str,
+                 before: dict | None = None) -> list[str]:
+    """Per-arm and paired tables of `stats`; `before` (summary's before_rl): first rows, each start before RL."""
     if not stats:
         return []
     names = list(stats)
-    lines = [f"### {title}", "", f"Per arm, mean ± 95% t-interval half-width [low, high] over seeds ({unit}):", ""]
-    lines += _table(["arm", "seeds", *names],
-                    [[arm, str(stats[names[0]]["per_arm"][arm]["n"]),
-                      *(_cell(stats[m]["per_arm"][arm], scale, digits) for m in names)] for arm in arms])
+    starts = (before or {}).get("starts") or {}
+    lines = [f"### {title}", "", f"Per arm, mean ± 95% t-interval half-width [low, high] over seeds ({unit}):"]
+    if starts:
+        lines[-1] += (" the first row" + ("s" if len(starts) > 1 else "") + ", before RL, " +
+                      ("is one evaluation of the starting model" if len(starts) == 1 else
+                       "are one evaluation of each starting model") +
+                      f" by the same protocol (seed {next(iter(starts.values()))['seed']}'s evaluation config), with "
+                      "a t-interval over the held-out problems instead of seeds.")
+    rows = []
+    for start in starts.values():
+        label = "before RL" + ("" if len(starts) == 1 else f" ({', '.join(start['arms'])})")
+        rows.append([label, "–", *("–" if start["over_problems"].get(m) is None else
+                                   _cell(start["over_problems"][m], scale, digits) for m in names)])
+    lines += [""] + _table(["arm", "seeds", *names],
+                           rows + [[arm, str(stats[names[0]]["per_arm"][arm]["n"]),
+                                    *(_cell(stats[m]["per_arm"][arm], scale, digits) for m in names)]
+                                   for arm in arms])
     paired = stats[names[0]]["paired"]
     references = list(dict.fromkeys(d["reference"] for d in paired.values()))
     if len(references) == 1:
@@ -75,7 +90,7 @@ def _stat_tables(title: str, stats: dict, arms: list[str], scale: float, digits:
 
 
 def _warmstart_text(warm: dict, arms: list[str]) -> str:
-    """The warm start's AUROCs, once per distinct set (arms named where they differ, as across a filler sweep)."""
+    """The starting model's AUROCs, once per distinct set (arms named where they differ, as across a filler sweep)."""
     groups: dict[str, list[str]] = {}
     for arm in arms:
         if isinstance(warm.get(arm), dict):
@@ -85,8 +100,8 @@ def _warmstart_text(warm: dict, arms: list[str]) -> str:
     def values(key):
         return ", ".join(f"{k.removeprefix('auroc/')} {v:.3f}" for k, v in json.loads(key).items())
     if len(groups) == 1:
-        return f" The warm start every run began from: {values(next(iter(groups)))}."
-    return " At the warm start (step 0), under each arm's own task and weighting settings: " + "; ".join(
+        return f" The starting model every run began from (step 0, before RL): {values(next(iter(groups)))}."
+    return " At the start (step 0, before RL), under each arm's own task and weighting settings: " + "; ".join(
         f"{', '.join(group)}: {values(key)}" for key, group in groups.items()) + "."
 
 
@@ -121,15 +136,15 @@ def _sweep_lines(s: dict) -> list[str]:
 
 
 def _auroc_training_lines(s: dict) -> list[str]:
-    """Saliency AUROC over training: step 0 (the warm start) and each checkpoint, mean over seeds."""
+    """Saliency AUROC over training: step 0 (the starting model) and each checkpoint, mean over seeds."""
     curves = s.get("auroc_training") or {}
     names = [n for n in curves if n.endswith("/signal")]
     if not names:
         return []
     steps = sorted({int(step) for n in names for arm in curves[n].values() for step in arm})
     lines = ["### Saliency AUROC over training", "",
-             f"The AUROC of each method's signal (critical vs filler tokens) at step 0 (the warm start) and at every "
-             f"checkpoint still on disk (`{CHECKPOINT_AUROC_FILE}`), mean over seeds; steps "
+             f"The AUROC of each method's signal (critical vs filler tokens) at step 0 (the starting model, before RL) "
+             f"and at every checkpoint still on disk (`{CHECKPOINT_AUROC_FILE}`), mean over seeds; steps "
              f"{', '.join(map(str, steps))}:", ""]
     header = ["arm", *(n.removeprefix("auroc/").removesuffix("/signal") for n in names)]
     rows = []
@@ -142,11 +157,69 @@ def _auroc_training_lines(s: dict) -> list[str]:
     return lines + _table(header, rows) + [""]
 
 
+def _setting_lines(s: dict) -> list[str]:
+    """The report's first lines: the model(s) compared and where they come from, the data, the steps, the base."""
+    setting = s.get("setting")
+    if not setting:
+        return []
+    starts = setting["starts"]
+    lines = []
+    for start in starts:
+        arms = "" if len(starts) == 1 else f" (arms {', '.join(start['arms'])})"
+        lines.append(f"**Model{arms}**: `{start['model']}`: {start['text']}.  ")
+    steps = setting["max_steps"]
+    steps = f"{steps} per run" if isinstance(steps, int) else "per arm: " + ", ".join(map(str, steps))
+    lines += [f"**Training data**: {setting['data']}.  ", f"**Steps**: {steps}.  ",
+              f"**Base config**: {setting['base_source']}.", ""]
+    return lines
+
+
+def _start_phrase(s: dict) -> str:
+    """How the runs start, as it happened: one warm-started model, one pretrained model, or several starts."""
+    starts = (s.get("setting") or {}).get("starts")
+    if not starts:
+        return "every run starts from the same model"
+    if len(starts) > 1:
+        return (f"the arms start from {len(starts)} different models (above), every run of an arm from its arm's "
+                f"model")
+    return ("every run starts from the same warm-started model" if starts[0]["warm_start"] else
+            "every run starts from the same pretrained model, without a warm start")
+
+
+def _change_lines(s: dict) -> list[str]:
+    """Each arm's change from before RL, for the headline (non-pass@) metrics."""
+    change = (s.get("before_rl") or {}).get("change") or {}
+    names = [m for m in change if "/pass@" not in m]
+    if not names:
+        return []
+    lines = ["### Change from before RL", "",
+             "Each arm's mean over seeds minus its start's value before RL (points), with two 95% t-intervals. "
+             "**Paired over problems**: each held-out problem's accuracy, averaged over the arm's seeds, minus its "
+             "accuracy before RL, then the t-interval over the problems; this is what one evaluation of the start "
+             "supports, and it holds the problems' and the evaluation sampling's variation, but training's "
+             "seed-to-seed variation only as far as it differs between problems. **Over seeds**: arm_s − before for "
+             "each seed s, then the t-interval over seeds; it holds training's seed-to-seed variation but treats the "
+             "before value as exact.", ""]
+    rows = []
+    for m in names:
+        for arm in s["arms"]:
+            c = change[m].get(arm)
+            if c is None:
+                continue
+            after = s["metrics"][m]["per_arm"][arm]["mean"]
+            rows.append([arm, m, f"{100 * c['before']:.1f}", "–" if after is None else f"{100 * after:.1f}",
+                         "–" if c["over_problems"] is None else _cell(c["over_problems"], 100.0, 1, signed=True)
+                         + f" ({c['over_problems']['n']} problems)",
+                         _cell(c["over_seeds"], 100.0, 1, signed=True)])
+    return lines + _table(["arm", "metric", "before RL", "after RL (mean over seeds)", "change, paired over problems",
+                           "change, over seeds"], rows) + [""]
+
+
 def render_markdown(s: dict, plots: list[str], plot_note: str, jobs: int) -> str:
     arms, seeds = s["arms"], s["seeds"]
     proto = s["protocol"]
-    lines = ["# grail compare", "",
-             f"{len(arms)} arms × {seeds} seeds; every run starts from the same warm-started model and seed s sets "
+    lines = ["# grail compare", "", *_setting_lines(s),
+             f"{len(arms)} arms × {seeds} seeds; {_start_phrase(s)}, and seed s sets "
              f"{', '.join(s['seed_fields'])} = s for every arm, so the arms are paired by seed. "
              f"Evaluation ({proto['kind']}): {proto['description']}.", "",
              "Intervals are 95% Student t-intervals over the training seeds (mean ± t_{0.975,S−1}·sd/√S): they "
@@ -161,7 +234,9 @@ def render_markdown(s: dict, plots: list[str], plot_note: str, jobs: int) -> str
     if unfinished:
         lines.append(f"Not finished (left out): {', '.join(unfinished)}.")
     lines += ["", "## Held-out accuracy", ""]
-    lines += _stat_tables("Accuracy (percent)", s["metrics"], arms, 100.0, 1, "percent; differences in points")
+    lines += _stat_tables("Accuracy (percent)", s["metrics"], arms, 100.0, 1, "percent; differences in points",
+                          before=s.get("before_rl"))
+    lines += _change_lines(s)
     lines += _resolution_lines(s)
     lines += _sweep_lines(s)
     if s["extra_metrics"]:
@@ -231,10 +306,12 @@ def _resolution_lines(s: dict) -> list[str]:
 
 def write_report(out_dir: str | Path, plan: dict, jobs: int = 1) -> dict:
     """report.json, report.md and the PNGs in out_dir, from the runs' files; returns report.json's content."""
+    from grail.analysis.compare.start import describe_setting
+
     out_dir = Path(out_dir)
-    runs = load_runs(out_dir, plan)
-    summary = summarize(plan, runs)
-    summary["auroc_warmstart"] = warm_auroc(out_dir, summary["arms"])
+    start = load_start(out_dir, [a["label"] for a in plan["arms"]])
+    runs = load_runs(out_dir, plan, start)
+    summary = {"setting": describe_setting(plan, out_dir), **summarize(plan, runs, start)}
     try:
         plots, note = write_plots(summary, runs, out_dir), ""
     except ImportError:

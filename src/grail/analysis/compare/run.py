@@ -7,7 +7,8 @@ What a run writes besides the training run's own files (grail.training.run), in 
     eval/final/<name>/      the evaluation (grail.evaluation.harness: samples.jsonl, results.json)
     extra_metrics.json      the EXTRA_EVALUATIONS' scalars and, with the plan's auroc_rows, the final model's
                             saliency AUROC (grail.analysis.compare.auroc)
-    auroc_checkpoints.json  with auroc_rows: the same AUROC for every checkpoint-N still on disk, {"N": {name: v}}
+    auroc_checkpoints.json  with auroc_rows: the same AUROC for every checkpoint-N still on disk, {"N": {name: v}};
+                            the last checkpoint (final/'s weights) takes the final model's, computed once
     compare_result.json     the finished marker, written last: metrics, per-problem results, timings
 
 Hook for more per-run evaluations: append a function `(final_dir: Path, cfg: GRAILConfig, log) -> dict[str, float]`
@@ -23,15 +24,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from grail.analysis.compare.auroc import run_auroc
+from grail.analysis.compare.auroc import auroc_methods, run_auroc
 from grail.analysis.compare.summary import CHECKPOINT_AUROC_FILE, EXTRA_METRICS_FILE, RESULT_FILE, run_path
 from grail.options.checkpoint_dirs import checkpoint_dirs
 from grail.training.config import GRAILConfig
 from grail.training.overrides import build_config
 from grail.training.resume import RUN_FILES, complete_checkpoints
 
-__all__ = ["EXTRA_EVALUATIONS", "LOG_FILE", "Log", "TRAINED_FILE", "checkpoint_auroc", "lock", "run_one",
-           "run_values", "write_json"]
+__all__ = ["EXTRA_EVALUATIONS", "LOG_FILE", "Log", "TRAINED_FILE", "checkpoint_auroc", "evaluate_model", "lock",
+           "run_one", "run_values", "write_json"]
 
 Log = Callable[[str], None]
 TRAINED_FILE = "compare_trained.json"
@@ -94,9 +95,11 @@ def _per_problem(scores, loaded) -> list[dict]:
              "per_problem_pass": {str(k): list(v) for k, v in s.per_problem_pass.items()}} for s in scores]
 
 
-def _evaluate(plan: dict, out_dir: Path, seed: int, final_dir: Path, eval_dir: Path, log: Log,
-              grading_workers: int | None) -> tuple[dict, dict]:
-    """The plan's evaluation of one trained model: (flat metrics, per-problem results by evaluation name)."""
+def evaluate_model(plan: dict, out_dir: Path, seed: int, model_dir: Path, eval_dir: Path, log: Log,
+                   grading_workers: int | None) -> tuple[dict, dict]:
+    """The plan's evaluation (its protocol, with the evaluation config of `seed`) of the model in `model_dir`, a run's
+    final model or the starting model (grail.analysis.compare.start): (flat metrics, per-problem results by
+    evaluation name)."""
     from grail.training.heldout import eval_specs, heldout_accuracy
 
     cfg = build_config(run_values(plan, None, seed, out_dir))
@@ -106,12 +109,15 @@ def _evaluate(plan: dict, out_dir: Path, seed: int, final_dir: Path, eval_dir: P
         from grail.evaluation.harness import run_evaluation
         from grail.options.prompts import PromptFormat
         from grail.options.sampling import HFSampler
-        from grail.training.run import CheckpointEval
+        from grail.training.data import load_prompts
+        from grail.training.run import CheckpointEval, resolve_prompt_fields
 
-        # the spec (and problems) of checkpoint evaluation, in the prompt format the model was trained with
-        checkpoint_eval = CheckpointEval(cfg, eval_dir, log, prompt=PromptFormat.load(final_dir))
-        tokenizer = AutoTokenizer.from_pretrained(final_dir)
-        sampler = HFSampler(AutoModelForCausalLM.from_pretrained(final_dir), tokenizer,
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        # the prompt format the model was trained with; a model grail did not train (the start) gets the one its
+        # training would resolve for this tokenizer and data
+        prompt = PromptFormat.load(model_dir) or resolve_prompt_fields(cfg, tokenizer, load_prompts(cfg))
+        checkpoint_eval = CheckpointEval(cfg, eval_dir, log, prompt=prompt)  # its spec and problems
+        sampler = HFSampler(AutoModelForCausalLM.from_pretrained(model_dir), tokenizer,
                             batch_size=checkpoint_eval.spec.batch_size)
         report = run_evaluation(sampler, tokenizer, checkpoint_eval.spec, eval_dir / "benchmarks",
                                 workers=grading_workers, log=log, progress=False, loaded=checkpoint_eval.loaded)
@@ -122,7 +128,7 @@ def _evaluate(plan: dict, out_dir: Path, seed: int, final_dir: Path, eval_dir: P
         return metrics, {"benchmarks": _per_problem(report.scores, checkpoint_eval.loaded)}
     specs = eval_specs(cfg)
     (heldout,) = specs["greedy"].load_benchmarks(synthetic_set=cfg.synthetic_set())
-    scores = heldout_accuracy(str(final_dir), specs, heldout, eval_dir, log)
+    scores = heldout_accuracy(str(model_dir), specs, heldout, eval_dir, log)
     metrics = {k: v for name, score in scores.items() for k, v in _flat_metrics(name, [score]).items()}
     return metrics, {name: _per_problem([score], [heldout]) for name, score in scores.items()}
 
@@ -156,8 +162,8 @@ def run_one(plan: dict, out_dir: str | Path, slug: str, seed: int, log: Log = pr
             write_json(run_dir / TRAINED_FILE, trained)
         eval_start = time.perf_counter()
         final_dir = run_dir / "final"
-        metrics, per_problem = _evaluate(plan, out_dir, seed, final_dir, run_dir / "eval" / "final", log,
-                                         grading_workers)
+        metrics, per_problem = evaluate_model(plan, out_dir, seed, final_dir, run_dir / "eval" / "final", log,
+                                              grading_workers)
         evaluations = list(EXTRA_EVALUATIONS)
         if plan.get("auroc_rows"):  # saliency quality of the final model (grail.analysis.compare.auroc)
             evaluations.append(lambda model_dir, cfg, log: run_auroc(model_dir, cfg, plan["auroc_rows"]))
@@ -190,8 +196,24 @@ def checkpoint_auroc(plan: dict, out_dir: str | Path, slug: str, seed: int, log:
     if not missing:
         return found
     cfg = build_config(run_values(plan, arm, seed, out_dir))
+    final_step, final = _final_auroc(run_dir, cfg)
     for step, checkpoint in missing:
+        if step == final_step and final:  # the last checkpoint holds final/'s weights: its AUROC, not a second pass
+            found[str(step)] = final
+            continue
         found[str(step)] = run_auroc(checkpoint, cfg, plan["auroc_rows"])
         log(f"{arm['label']}/seed{seed}: saliency AUROC of {checkpoint.name} on {plan['auroc_rows']} held-out problems")
     write_json(path, dict(sorted(found.items(), key=lambda item: int(item[0]))))
     return found
+
+
+def _final_auroc(run_dir: Path, cfg: GRAILConfig) -> tuple[int | None, dict[str, float]]:
+    """(the step training ended at, the final model's run_auroc values from extra_metrics.json), or (None, {}) while
+    either file is missing. Training saves final/ after its last step, so checkpoint-<that step> has the same
+    weights."""
+    trained_path, extra_path = run_dir / TRAINED_FILE, run_dir / EXTRA_METRICS_FILE
+    if not trained_path.is_file() or not extra_path.is_file():
+        return None, {}
+    extra = json.loads(extra_path.read_text())
+    names = {f"auroc/{method}/{kind}" for method in auroc_methods(cfg) for kind in ("signal", "weights")}
+    return json.loads(trained_path.read_text()).get("steps"), {k: v for k, v in extra.items() if k in names}

@@ -36,7 +36,7 @@ from grail.analysis.compare.run import (
     write_json,
 )
 from grail.analysis.compare.summary import RESULT_FILE, WARMSTART_AUROC_FILE, run_path
-from grail.options.fields import SYNTHETIC_DATASET, TINY_MODEL
+from grail.options.fields import SYNTHETIC_DATASET
 from grail.training.overrides import build_config
 
 __all__ = ["run_comparison", "run_worker"]
@@ -120,11 +120,13 @@ def _gpu_ids() -> list[str]:
 
 
 def _prepare(plan: dict, out_dir: Path, log: Log) -> None:
-    """Before the runs: read each distinct training set once (a bad path stops everything now, not in every run)
-    and warm-start (or find in the cache) the tiny model each distinct warm-start setting needs, so that every run
-    starts from the same cached checkpoint and none trains it concurrently. With auroc_rows: the saliency AUROC of
-    each arm's warm start (arms that share a warm start, task and weighting options share the computation), as
-    {arm label: {name: value}} in auroc_warmstart.json; arms already there are kept."""
+    """Before the runs: read each distinct training set once (a bad path stops everything now, not in every run);
+    resolve each distinct starting model (grail.analysis.compare.start: the tiny model is warm-started here, or found in
+    the cache, so that no two runs train it concurrently); evaluate each start before RL, once (before_rl.json). With
+    auroc_rows: the saliency AUROC of each arm's start (arms that share a start, task and weighting options share the
+    computation), as {arm label: {name: value}} in auroc_warmstart.json. Whatever those files already hold is kept,
+    so a rerun of a finished comparison computes nothing here."""
+    from grail.analysis.compare.start import evaluate_starts, start_groups
     from grail.training.data import load_prompts
     from grail.training.run import resolve_model_path
 
@@ -132,26 +134,28 @@ def _prepare(plan: dict, out_dir: Path, log: Log) -> None:
     warm_auroc = json.loads(auroc_path.read_text()) if auroc_path.is_file() else {}
     if not all(isinstance(v, dict) for v in warm_auroc.values()):
         warm_auroc = {}  # the one-warm-start format of earlier versions: recompute, per arm
-    seen, computed, starts = set(), {}, {}
-    for arm in plan["arms"]:
-        cfg = build_config(run_values(plan, arm, 0, out_dir))
+    configs = {arm["label"]: build_config(run_values(plan, arm, 0, out_dir)) for arm in plan["arms"]}
+    seen = set()
+    for cfg in configs.values():
         data = ("data", cfg.dataset, cfg.dataset_config, cfg.dataset_split, cfg.prompt_column, cfg.answer_column,
                 repr(cfg.synthetic_set()) if cfg.dataset == SYNTHETIC_DATASET else None)
         if data not in seen:
             seen.add(data)
             load_prompts(cfg)  # the rows, checked (the prompt format needs the model's tokenizer: each run's own)
-        if cfg.model_name_or_path != TINY_MODEL:
-            continue
-        warm = (cfg.model_name_or_path, cfg.cache_dir, repr(cfg.warm_start_config()))
-        if warm not in starts:
-            starts[warm] = resolve_model_path(cfg, log)
-        if plan.get("auroc_rows") and arm["label"] not in warm_auroc:  # the start each arm's AUROC moves from
-            key = (warm, repr(cfg.synthetic_set()), repr(cfg.weighting_options()), tuple(auroc_methods(cfg)))
-            if key not in computed:
-                computed[key] = run_auroc(starts[warm], cfg, plan["auroc_rows"])
-            warm_auroc[arm["label"]] = computed[key]
+    computed, paths = {}, {}
+    for sid, (_, labels) in start_groups(plan, out_dir).items():
+        for label in labels:
+            cfg = configs[label]
+            if sid not in paths:
+                paths[sid] = resolve_model_path(cfg, log)
+            if plan.get("auroc_rows") and label not in warm_auroc:  # the start each arm's AUROC moves from
+                key = (sid, repr(cfg.synthetic_set()), repr(cfg.weighting_options()), tuple(auroc_methods(cfg)))
+                if key not in computed:
+                    computed[key] = run_auroc(paths[sid], cfg, plan["auroc_rows"])
+                warm_auroc[label] = computed[key]
     if computed:
         write_json(auroc_path, warm_auroc)
+    evaluate_starts(plan, out_dir, paths, log)
 
 
 def run_comparison(plan: dict, out_dir: str | Path, jobs: int = 1, log: Log = print) -> dict:
@@ -168,8 +172,11 @@ def run_comparison(plan: dict, out_dir: str | Path, jobs: int = 1, log: Log = pr
         check_plan(plan, out_dir)  # again: another comparison may have written it before this one took the lock
         _prepare(plan, out_dir, log)
         stored = out_dir / PLAN_FILE
-        if not stored.is_file() or json.loads(stored.read_text()).get("sweeps") != plan.get("sweeps"):
-            write_json(stored, plan)  # new, or written before sweeps were recorded (check_plan: the rest is equal)
+        old = json.loads(stored.read_text()) if stored.is_file() else None
+        if old is None or any(key not in old and key in plan for key in ("sweeps", "base_source")) or (
+                old.get("sweeps") != plan.get("sweeps")):
+            write_json(stored, plan)  # new, or written before sweeps / base_source were recorded (check_plan: the rest
+            # is equal)
         keys = [(arm["slug"], seed) for seed in range(plan["seeds"]) for arm in plan["arms"]]  # seed-major: pairs early
         done = {}
         for slug, seed in keys:

@@ -7,7 +7,9 @@ Reads, for each (arm, seed) run directory `runs/<arm-slug>/seed<s>/`:
     extra_metrics.json      optional {name: number}: any further per-run evaluation (the final model's saliency
                             AUROC, or any other); tabulated per arm with the same intervals, and paired
     auroc_checkpoints.json  optional {"N": {name: number}}: the saliency AUROC at checkpoint N (AUROC over training)
-and, in the comparison's directory, auroc_warmstart.json ({arm label: {name: number}}: step 0 of that curve).
+and, in the comparison's directory, the starting model's measurements (`load_start`, the one reader of both):
+    before_rl.json          each start's evaluation before RL, by the same protocol (grail.analysis.compare.start)
+    auroc_warmstart.json    {arm label: {name: number}}: the start's saliency AUROC, step 0 of the AUROC curve
 
 Statistics (the unit of replication is the training seed, not the problem; grail.analysis.compare.stats):
     per arm    mean over seeds ± t_{0.975, S−1} · sd / √S   (Student t-interval over the S per-seed values)
@@ -15,6 +17,10 @@ Statistics (the unit of replication is the training seed, not the problem; grail
                is the first arm, or with --sweep the first arm at the same swept value (grail.analysis.compare.sweep)
     seeds      half-width(S) = t_{0.975, S−1} · sd_d / √S; the S that brings it under d points, and the S that
                gives 80% power at a true difference d: (t_{0.975, S−1} + t_{0.80, S−1}) · sd_d / √S ≤ d
+    before RL  the start is evaluated once (no seeds): its value carries a t-interval over the held-out problems.
+               Each arm's change from it: paired over problems, d_p = mean over the arm's seeds of its accuracy on
+               problem p − the start's on p, t-interval over the P problems (what one evaluation of the start
+               supports); and over seeds, the t-interval of arm_s − before, which treats the before value as exact
 With one seed there is no interval (the seed-to-seed spread is unknown); two seeds give one with t = 12.7.
 """
 
@@ -29,14 +35,15 @@ from grail.analysis.compare.plots import POSITION_KEYS, WEIGHT_KEYS
 from grail.analysis.compare.stats import LEVEL, POWER, paired_interval, seeds_needed, t_interval, t_quantile
 from grail.analysis.compare.sweep import Layout, layout
 
-__all__ = ["CHECKPOINT_AUROC_FILE", "EXTRA_METRICS_FILE", "RESULT_FILE", "WARMSTART_AUROC_FILE", "RunData",
-           "load_runs", "run_path", "summarize", "warm_auroc"]
+__all__ = ["BEFORE_RL_FILE", "CHECKPOINT_AUROC_FILE", "EXTRA_METRICS_FILE", "RESULT_FILE", "WARMSTART_AUROC_FILE",
+           "RunData", "StartData", "load_runs", "load_start", "problem_values", "run_path", "summarize"]
 
 RESULT_FILE = "compare_result.json"  # written last by a run: its presence means finished
 EXTRA_METRICS_FILE = "extra_metrics.json"
 CHECKPOINT_AUROC_FILE = "auroc_checkpoints.json"  # per run: {"N": {name: value}} (grail.analysis.compare.run)
 # per comparison: {arm label: {name: value}} (grail.analysis.compare.plan)
 WARMSTART_AUROC_FILE = "auroc_warmstart.json"
+BEFORE_RL_FILE = "before_rl.json"  # per comparison: the starts' evaluation before RL (grail.analysis.compare.start)
 RESOLVE_POINTS = (1.0, 2.0, 5.0)  # differences (points) the seeds-needed table is given for
 SEED_COUNTS = (2, 3, 5, 10, 20, 50)
 COMPLETION_KEYS = ("completions/mean_length", "completions/clipped_ratio")  # TRL's logged completion statistics
@@ -81,7 +88,7 @@ def _numbers(path: Path, data) -> dict[str, float]:
     return data
 
 
-def warm_auroc(out_dir: Path, arms: list[str]) -> dict[str, dict[str, float]]:
+def _warm_auroc(out_dir: Path, arms: list[str]) -> dict[str, dict[str, float]]:
     """auroc_warmstart.json as {arm label: {name: value}}; the flat {name: value} of earlier versions (one warm start
     for every arm) applies to every arm."""
     path = out_dir / WARMSTART_AUROC_FILE
@@ -91,10 +98,29 @@ def warm_auroc(out_dir: Path, arms: list[str]) -> dict[str, dict[str, float]]:
     return {arm: _numbers(path, v) for arm, v in data.items() if arm in arms and isinstance(v, dict)}
 
 
-def load_runs(out_dir: str | Path, plan: dict) -> list[RunData]:
-    """Every (arm, seed) of the plan with whatever its directory holds."""
+@dataclass
+class StartData:
+    """What the comparison measured on its starting model(s), before any training."""
+
+    arms: dict[str, str]  # arm label → start id (before_rl.json; empty before it exists)
+    starts: dict[str, dict]  # start id → {"model_path", "seed", "metrics", "evaluations", "eval_seconds"}
+    auroc: dict[str, dict[str, float]]  # arm label → the start's saliency AUROC under the arm's options
+
+
+def load_start(out_dir: str | Path, arms: list[str]) -> StartData:
+    """before_rl.json and auroc_warmstart.json of a comparison, for the given arms (either file may be missing)."""
     out_dir = Path(out_dir)
-    warm = warm_auroc(out_dir, [a["label"] for a in plan["arms"]])
+    path = out_dir / BEFORE_RL_FILE
+    before = json.loads(path.read_text()) if path.is_file() else {}
+    starts = before.get("starts") or {}
+    return StartData({a: sid for a, sid in (before.get("arms") or {}).items() if a in arms and sid in starts}, starts,
+                     _warm_auroc(out_dir, arms))
+
+
+def load_runs(out_dir: str | Path, plan: dict, start: StartData | None = None) -> list[RunData]:
+    """Every (arm, seed) of the plan with whatever its directory holds (step 0 of the AUROC curve from `start`)."""
+    out_dir = Path(out_dir)
+    warm = (start or load_start(out_dir, [a["label"] for a in plan["arms"]])).auroc
     runs = []
     for arm in plan["arms"]:
         for seed in range(plan["seeds"]):
@@ -152,8 +178,61 @@ def _auroc_training(runs: list[RunData], arms: list[str]) -> dict:
                    for arm, steps in by_arm.items()} for name, by_arm in out.items()}
 
 
-def summarize(plan: dict, runs: list[RunData]) -> dict:
-    """The content of report.json (see the module docstring for the statistics)."""
+def problem_values(evaluations: dict, metric: str) -> dict[str, float] | None:
+    """{problem id: value} of `metric` (`<evaluation>/<benchmark>/acc@n` or `.../pass@k`, as run.py flattens them)
+    from a run's or a start's per-problem results; None where there are none (the benchmark averages)."""
+    prefix, _, rest = metric.partition("/")
+    name, _, stat = rest.rpartition("/")
+    for entry in evaluations.get(prefix) or []:
+        if entry["name"] != name:
+            continue
+        if stat == f"acc@{entry['n']}":
+            values = entry["per_problem_acc"]
+        elif stat.startswith("pass@") and stat.removeprefix("pass@") in entry["per_problem_pass"]:
+            values = entry["per_problem_pass"][stat.removeprefix("pass@")]
+        else:
+            return None
+        return dict(zip(map(str, entry["problem_ids"]), values, strict=True))
+    return None
+
+
+def _before_rl(start: StartData, finished: list[RunData], arms: list[str], metric_names: list[str]) -> dict:
+    """Each start's values before RL (with a t-interval over problems) and each arm's change from its start: paired
+    over problems and over seeds (module docstring)."""
+    starts = {}
+    for sid, record in start.starts.items():
+        members = [arm for arm in arms if start.arms.get(arm) == sid]
+        if not members:
+            continue
+        over_problems = {}
+        for m in metric_names:
+            values = problem_values(record["evaluations"], m)
+            over_problems[m] = asdict(t_interval(list(values.values()))) if values else None
+        starts[sid] = {"arms": members, "seed": record.get("seed"), "metrics": record["metrics"],
+                       "over_problems": over_problems, "eval_seconds": record.get("eval_seconds")}
+    change: dict = {}
+    for m in metric_names:
+        for arm in arms:
+            sid = start.arms.get(arm)
+            if sid not in starts or m not in starts[sid]["metrics"]:
+                continue
+            before = starts[sid]["metrics"][m]
+            mine = [r for r in finished if r.arm == arm and m in r.result["metrics"]]
+            seeds = t_interval([r.result["metrics"][m] - before for r in mine])
+            by_problem = problem_values(start.starts[sid]["evaluations"], m)
+            after = [problem_values(r.result.get("evaluations") or {}, m) for r in mine]
+            problems = None
+            if by_problem and after and all(after):
+                common = [p for p in by_problem if all(p in a for a in after)]
+                problems = asdict(t_interval([sum(a[p] for a in after) / len(after) - by_problem[p] for p in common]))
+            change.setdefault(m, {})[arm] = {"start": sid, "before": before, "over_seeds": asdict(seeds),
+                                             "over_problems": problems, "seeds": sorted(r.seed for r in mine)}
+    return {"starts": starts, "change": change}
+
+
+def summarize(plan: dict, runs: list[RunData], start: StartData | None = None) -> dict:
+    """The content of report.json (see the module docstring for the statistics); `start`: load_start's (none: no
+    before-RL row)."""
     arms = [a["label"] for a in plan["arms"]]
     lay = layout(plan)
     finished = [r for r in runs if r.result is not None]
@@ -198,4 +277,6 @@ def summarize(plan: dict, runs: list[RunData]) -> dict:
         "sweep": None if lay.field is None else {"field": lay.field, "values": list(lay.values),
                                                  "series": lay.series},
         "auroc_training": _auroc_training(runs, arms),
+        "before_rl": _before_rl(start or StartData({}, {}, {}), finished, arms, metric_names),
+        "auroc_warmstart": start.auroc if start else {},
     }

