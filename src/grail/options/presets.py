@@ -8,7 +8,8 @@ from __future__ import annotations
 from grail.options.prompts import PAPER_PROMPT_SUFFIX
 from grail.tasks.synthetic import WORDS_SET
 
-__all__ = ["NOTES", "PAPER", "PAPER_LOSS", "PAPER_NOTES", "preset", "PRESETS", "render", "SMOLLM_WORDS", "TINY_CPU"]
+__all__ = ["GEMMA_WORDS", "NOTES", "PAPER", "PAPER_LOSS", "PAPER_NOTES", "preset", "PRESETS", "render", "SMOLLM_WORDS",
+           "TINY_CPU"]
 
 # The GRAIL release's loss and grouping (docs/methods/none.md): A = r - mean(group) without std scaling,
 # Dr. GRPO aggregation, asymmetric clip, no KL, truncated completions masked, 8 completions per prompt.
@@ -147,7 +148,22 @@ SMOLLM_WORDS = {
     "logging_steps": 1,
 }
 
-PRESETS: dict[str, dict] = {"paper": PAPER, "tiny-cpu": TINY_CPU, "smollm-words": SMOLLM_WORDS}
+# The same task for the base model Gemma 3 270M (`grail models fetch gemma3-270m --accept_gemma_terms`): no chat
+# template, so the few-shot turns are rendered as plain text (grail.options.prompts.render_plain: "Question: ...",
+# "Answer: ..."). A base model rarely ends its answer with EOS (it goes on to write the next question: 16% of
+# completions stopped in the screening run of grail.tasks.word_problems' docstring), so truncated completions keep
+# their loss here (the paper masks them, which would mask almost every completion) and completions are cut at 48
+# tokens, enough for the one-sentence answer and its box (~20 tokens).
+GEMMA_WORDS = {
+    **SMOLLM_WORDS,
+    "model_name_or_path": "gemma3-270m",
+    "conversational": False,
+    "mask_truncated_completions": False,
+    "max_completion_length": 48,
+}
+
+PRESETS: dict[str, dict] = {"paper": PAPER, "tiny-cpu": TINY_CPU, "smollm-words": SMOLLM_WORDS,
+                            "gemma-words": GEMMA_WORDS}
 NOTES: dict[str, dict[str, str]] = {"paper": PAPER_NOTES}
 
 

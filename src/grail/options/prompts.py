@@ -16,6 +16,10 @@ Named suffixes (`resolve_suffix`, the one place where names become text; trainin
            backspace, chr(8): the models read "\x08oxed{}", not "\boxed{}".
 Any other text is used as it is.
 
+Chat messages in a plain format (a base model without a chat template, e.g. Gemma 3 270M on the words task's few-shot
+prompts) are rendered by `render_plain` ("Question: ...\n\nAnswer: ..." turns); `render` prefixes plain text with the
+BOS text the tokenizer adds (`plain_prefix`), since TRL tokenises plain prompts with special tokens.
+
 `auto` (the default of training's `conversational` and `prompt_suffix`, and what `grail eval` and `grail explain` use
 for a model without a saved format) is decided in one place, `resolve_prompt_format`, from the model's tokenizer and
 the task: the chat template iff the tokenizer has one, with the paper's suffix; plain text without a suffix on the
@@ -31,7 +35,8 @@ from typing import Any
 
 __all__ = [
     "AUTO", "empty_completions_warning", "FORMAT_FILE", "has_chat_template", "NAMED_SUFFIXES", "PAPER_PROMPT_SUFFIX",
-    "PromptFormat", "RELEASE_PROMPT_SUFFIX", "resolve_prompt_format", "resolve_suffix", "synthetic_task"
+    "plain_prefix", "PLAIN_ASSISTANT", "PLAIN_USER", "PromptFormat", "RELEASE_PROMPT_SUFFIX", "render_plain",
+    "resolve_prompt_format", "resolve_suffix", "synthetic_task"
 ]
 
 PAPER_PROMPT_SUFFIX = " Please reason step by step, and put your final answer within \\boxed{}."
@@ -40,6 +45,41 @@ NAMED_SUFFIXES = {"paper": PAPER_PROMPT_SUFFIX, "release": RELEASE_PROMPT_SUFFIX
 FORMAT_FILE = "grail_prompt.json"
 AUTO = "auto"  # conversational / prompt_suffix: decided by `resolve_prompt_format`
 THINKING_OFF = {"enable_thinking": False}  # chat_template_kwargs of a chat format that sets none (Qwen3's switch)
+
+
+PLAIN_USER, PLAIN_ASSISTANT = "Question:", "Answer:"  # how render_plain labels the turns
+
+
+def render_plain(messages: list[dict], answer_end: str = "") -> str:
+    """Chat messages as plain text, for a model without a chat template (a base model such as Gemma 3 270M).
+
+    Each turn is a paragraph (turns are separated by a blank line): a system turn as its text, a user turn as
+    "Question: {content}", an assistant turn as "Answer: {content}{answer_end}"; after a last user turn comes
+    "Answer:", so the completion continues the pattern (" Mia has 7 + 5 = 12 apples. ..."). `answer_end`: text
+    closing each worked answer, e.g. the tokenizer's EOS token, so that a base model learns from the examples to
+    end its own answer there instead of writing the next question. ValueError for a role other than
+    system/user/assistant."""
+    labels = {"system": "", "user": f"{PLAIN_USER} ", "assistant": f"{PLAIN_ASSISTANT} "}
+    paragraphs = []
+    for message in messages:
+        role = message.get("role")
+        if role not in labels:
+            raise ValueError(f"a chat message has role {role!r}; plain text renders system, user and assistant turns.")
+        end = answer_end if role == "assistant" else ""
+        paragraphs.append(f"{labels[role]}{message['content']}{end}")
+    if messages and messages[-1]["role"] == "user":
+        paragraphs.append(PLAIN_ASSISTANT)
+    return "\n\n".join(paragraphs)
+
+
+def plain_prefix(tokenizer) -> str:
+    """The special-token text a tokenizer puts before plain text it encodes with its special tokens (Gemma's
+    "<bos>"; "" for most tokenizers), so that a rendered plain prompt tokenised without special tokens reads as TRL
+    feeds it (TRL tokenises plain-text prompts with them)."""
+    bos = getattr(tokenizer, "bos_token", None)
+    if tokenizer is None or bos is None:
+        return ""
+    return bos if tokenizer("x")["input_ids"][:1] == [tokenizer.bos_token_id] else ""
 
 
 def resolve_suffix(text: str) -> str:
@@ -67,12 +107,15 @@ def resolve_prompt_format(tokenizer, synthetic: bool, conversational: bool | str
       conversational  the chat template iff the tokenizer has one, except on the synthetic task (`synthetic`), whose
                       prompts are plain text (the tiny model is warm-started on them, without a template);
       suffix          "" on the synthetic task, else PAPER_PROMPT_SUFFIX (the reward reads the last \\boxed{}).
-    `messages`: the prompts already are chat messages, which TRL renders with the template whatever
-    conversational says, so the format is chat. chat_template_kwargs None: THINKING_OFF for a chat format (the
+    `messages`: the prompts already are chat messages (the words task's few-shot turns): `auto` is the chat
+    template iff the tokenizer has one (or no tokenizer is given), else plain text, the messages rendered by
+    `render_plain`, as for conversational=false. chat_template_kwargs None: THINKING_OFF for a chat format (the
     paper's setting; templates without the switch ignore it), {} for plain text. `tokenizer` may be None when
     nothing needs it (conversational given, or the synthetic task)."""
-    if messages or conversational != AUTO:
-        chat = messages or bool(conversational)
+    if conversational != AUTO:
+        chat = bool(conversational)
+    elif messages:  # chat messages: the template when there is one, else `render_plain` (a base model)
+        chat = tokenizer is None or has_chat_template(tokenizer)
     elif synthetic:
         chat = False
     elif tokenizer is None:
@@ -142,22 +185,24 @@ class PromptFormat:
 
     def training_prompt(self, prompt: str | list[dict]) -> str | list[dict]:
         """What TRL receives for a dataset prompt (a string, or chat messages whose last user turn gets the
-        suffix); TRL applies the chat template to message lists."""
+        suffix); TRL applies the chat template to message lists. In a plain format, chat messages become text
+        (`render_plain`)."""
         if isinstance(prompt, list):
             messages = [dict(m) for m in prompt]
             last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=None)
             if last_user is None:
                 raise ValueError("a chat prompt has no user message to append prompt_suffix to.")
             messages[last_user]["content"] = messages[last_user]["content"] + self.suffix
-            return messages
+            return messages if self.chat else render_plain(messages)
         text = prompt + self.suffix
         return [{"role": "user", "content": text}] if self.chat else text
 
     def render(self, tokenizer, prompt: str | list[dict]) -> str:
-        """The text the model reads: `training_prompt` rendered as TRL renders it."""
+        """The text the model reads, to be tokenised without special tokens: `training_prompt` rendered as TRL
+        renders it (plain text after `plain_prefix`, the BOS text a tokenizer such as Gemma's adds)."""
         prompt = self.training_prompt(prompt)
-        if isinstance(prompt, str):
-            return prompt
+        if isinstance(prompt, str):  # TRL tokenises plain text with the special tokens: Gemma's BOS
+            return plain_prefix(tokenizer) + prompt
         if getattr(tokenizer, "chat_template", None) is None:
             raise ValueError("the prompt format asks for the chat template, but the tokenizer has none; use a plain "
                              "format (--prompt-format plain).")

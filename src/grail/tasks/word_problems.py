@@ -61,6 +61,15 @@ tokens (python perf/word_problems_accuracy.py --threads 1; the defaults are WORD
 sampled 19.1% [95% CI 13.3%, 25.4%], greedy 32.8%, 42% of problems with mixed rewards, 5.9% with no box, 94.9%
 stopped before the limit, completions 30 tokens and prompts 324 tokens on average. Just under the 20% aimed at: GRPO
 still gets a mixed group on 4 problems in 10 at 4 generations, more at 8.
+
+Gemma 3 270M (the base model, `grail models fetch gemma3-270m --accept_gemma_terms`; no chat template, so the turns
+are rendered by grail.options.prompts.render_plain, after its BOS token), the same default problems and 4 worked
+examples, screening run (16 held-out problems x 4 samples, 64 new tokens, T=1, measured under load; python
+perf/word_problems_accuracy.py --model gemma3-270m --threads 1 --n-problems 16 --samples 4 --max-new-tokens 64
+--no-greedy): sampled 4.7% [95% CI 0%, 9.4%] with the EOS token closing each worked answer (--answer-end eos), 16%
+of completions stopped (without it, --answer-end none: 6.2% [1.6%, 12.5%], 8% stopped); the others write the next
+question, often with a box of their own, which the reward (last
+box) then reads. Below the 20-60% aimed at; not yet tuned (fewer/more shots, 1..9 operands, a first-box reward).
 """
 
 from __future__ import annotations
