@@ -3,7 +3,10 @@ that breaks each rule; registration refuses a spec that could never reweight or 
 fields are scoped to the methods that read them; a config resolves its method once; the fused `weights/seconds`
 counts the weight computation once."""
 
+import json
+import re
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -189,3 +192,59 @@ def test_fused_weights_seconds_count_the_pipeline_once(tiny_dir, tmp_path):
     assert weights.path == "fused"
     assert PIPELINE_SECONDS <= weights.seconds < 1.8 * PIPELINE_SECONDS
     assert trainer._metrics["train"]["weights/seconds"] == [weights.seconds]
+
+
+# ---- the position-only null (a model-free plug-in of grail-rl's own) ------------------------------------------------
+
+def test_the_position_null_rises_towards_the_box_and_ignores_the_model():
+    from grail.methods.controls.position import position_signal
+
+    reasoning_BT = torch.tensor([[True, True, True, True, False, False], [True, True, False, False, False, False]])
+    mask_BT = torch.tensor([[True] * 6, [True, True, True, False, False, False]])
+    # row 0: R = 4 reasoning tokens → 1/4, 2/4, 3/4, 4/4, then the box's tokens 1; row 1: 1/2, 2/2, box 1, padding 0
+    expected = torch.tensor([[0.25, 0.5, 0.75, 1.0, 1.0, 1.0], [0.5, 1.0, 1.0, 0.0, 0.0, 0.0]])
+    torch.testing.assert_close(position_signal(reasoning_BT, mask_BT), expected)
+    # from the start: 4/4, 3/4, 2/4, 1/4, and the box takes the value next to it (1/4); squared with power 2
+    start = position_signal(reasoning_BT, mask_BT, direction="from_start", power=2.0)
+    torch.testing.assert_close(start[0], torch.tensor([1.0, 0.5625, 0.25, 0.0625, 0.0625, 0.0625]))
+    assert table.METHODS["position"].calls_model is False and table.METHODS.source["position"] == "grail-rl"
+
+
+# ---- a method written from docs/guides/plugins.md alone ------------------------------------------------------------
+
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guides" / "plugins.md"
+
+
+def _guide_specs() -> dict[str, MethodSpec]:
+    """Each complete `# grail_<name>.py` code block of the guide, run as a module of its own: its SPEC."""
+    blocks = re.findall(r"```python\n(# grail_\w+\.py\n.*?)```", GUIDE.read_text(), flags=re.DOTALL)
+    specs = {}
+    for code in blocks:
+        namespace: dict = {"__name__": code.split("\n", 1)[0][2:-3]}
+        exec(compile(code, str(GUIDE), "exec"), namespace)
+        specs[namespace["SPEC"].name] = namespace["SPEC"]
+    return specs
+
+
+def test_the_guide_shows_a_probed_and_a_model_free_method():
+    specs = _guide_specs()
+    assert sorted(spec.calls_model for spec in specs.values()) == [False, True], specs
+
+
+@pytest.mark.parametrize("name", ["surprisal", "position_decay"])
+def test_a_method_written_from_the_guide_passes_the_checker_and_trains(name, tmp_path, warm_cache):
+    from conftest import WARM_STEPS
+
+    spec = _guide_specs()[name]
+    assert check_method(spec).ok
+    cache, _ = warm_cache
+    register_method(spec, replace=True)
+    try:
+        out = tmp_path / "run"
+        assert main(["train", "--preset", "tiny-cpu", "--token_weighting", name, "--max_steps", "2",
+                     "--warmstart_steps", str(WARM_STEPS), "--cache_dir", str(cache), "--output_dir", str(out),
+                     "--report_to", "none"]) == 0
+    finally:
+        unregister_method(name)
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert any("weights/mean" in line for line in lines) and (out / "final" / "config.json").is_file()

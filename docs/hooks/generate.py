@@ -6,6 +6,7 @@ A page asks for generated content with a marker line, which `on_page_markdown` r
     <!-- grail:cli -->                                               the argparse parsers of grail.cli
     <!-- grail:presets -->                                           PRESETS of grail.options.presets
     <!-- grail:methods -->                                           the method table (grail.methods.table.METHODS)
+    <!-- grail:method-contract -->                                   MethodSpec's fields and the probe/pipeline contract
     <!-- grail:layers -->                                            LAYERS of tests/test_layers.py, the folders
     <!-- grail:modules -->                                           every module, from its docstring, by layer
     <!-- grail:scripts -->                                           the perf/ scripts, from their docstrings
@@ -207,14 +208,11 @@ def presets() -> str:
 
 # ----------------------------------------------------------------------------------------------- methods
 
-_ROWS = {"none": "none (no probe)", "saliency": "A ≠ 0, inside rollout_symmetry, with a complete box (GRAIL's)",
-         "bilevel": "A ≠ 0 with a scored token (and a box for the answer_mean distribution) (OAR's)",
-         "advantaged": "every row with A ≠ 0"}
-
 
 def methods() -> str:
     """One section per method of the table (built-in and plug-ins): what it computes, cost, options, properties,
     reference, the choices its paper leaves open; from each `MethodSpec`."""
+    from grail.methods.spec import ROW_SELECTIONS
     from grail.methods.table import METHODS
 
     out = ["| `--token_weighting` | method | cost per step | own options |", "|---|---|---|---|"]
@@ -225,8 +223,12 @@ def methods() -> str:
         if spec.summary:
             out += [_escape(spec.summary), ""]
         out += [f"* Cost per step: {_escape(spec.cost or 'not stated')}.",
-                f"* Rows probed: {_ROWS[spec.rows]}" + ("; fused with TRL's forward when it can be" if spec.fuse
-                                                        else "") + ".",
+                f"* Rows probed (`{spec.rows}`): {_escape(ROW_SELECTIONS[spec.rows])}"
+                + ("; fused with TRL's forward when it can be" if spec.fuse else "") + ".",
+                "* Model call: " + ("none (its signal is computed from the batch)" if not spec.calls_model or
+                                    spec.probe is None else "yes") + ".",
+                "* Option fields it reads: " + (", ".join(f"`{r}`" for r in spec.reads) or "none beyond every "
+                                                "method's") + ".",
                 f"* Row mass (Σ Â = Σ A per row) {'kept' if spec.preserves_mass else 'not kept'}; sign of A on every "
                 f"token {'kept' if spec.preserves_sign else 'not kept'}."]
         if spec.groups:
@@ -244,6 +246,43 @@ def methods() -> str:
         if spec.open_choices:
             out += ["", "Choices the paper leaves open, as implemented here:", ""]
             out += [f"{i}. {_escape(c)}" for i, c in enumerate(spec.open_choices, 1)]
+    return "\n".join(out)
+
+
+def method_contract() -> str:
+    """The contract a method's author writes to: `MethodSpec`'s fields, the probe's and the pipeline's arguments, the
+    row selections, what "reasoning" means, the option fields, and the checks of `check_method`; all from
+    grail.methods.spec and grail.methods.checks."""
+    import dataclasses as dc
+
+    from grail.methods import checks, spec
+
+    def table(header: str, rows: dict[str, str]) -> list[str]:
+        return [f"| {header} | meaning |", "|---|---|", *(f"| `{k}` | {_escape(v)} |" for k, v in rows.items())]
+
+    out = ["### `MethodSpec` fields", "", "| field | default | meaning |", "|---|---|---|"]
+    for f in dc.fields(spec.MethodSpec):
+        if f.default is not dc.MISSING:
+            default = f"`{f.default!r}`"
+        elif f.default_factory is not dc.MISSING:
+            default = f"`{f.default_factory()!r}`"
+        else:
+            default = "required"
+        out.append(f"| `{f.name}` | {default} | {_escape(f.metadata.get('help', ''))} |")
+    out += ["", "### `probe(model, rows, options, generator)`", "", *table("argument", spec.PROBE_ARGUMENTS),
+            "", "`rows`, a `ProbeBatch`:", "", *table("field", spec.PROBE_BATCH_FIELDS),
+            "", "### `pipeline(spec, signal_BT, adv_B, spans, mask_BT, rows_B, options, generator, min_importance)`",
+            "", *table("argument", spec.PIPELINE_ARGUMENTS),
+            "", "### Row selections (`rows`)", "", *table("rows", spec.ROW_SELECTIONS),
+            "", "### Reasoning tokens", "", _escape(spec.REASONING),
+            "", "### Option fields", "",
+            "Every method reads " + ", ".join(f"`{o}`" for o in spec.UNIVERSAL_OPTIONS) + ". The others belong to the "
+            "methods whose `reads` name them; setting one with a method that does not read it is refused: "
+            + ", ".join(f"`{o}`" for o in spec.SCOPED_OPTIONS) + ".",
+            "", "### What `check_method` checks", ""]
+    doc = checks.__doc__
+    out += [line.strip() for line in doc[doc.index("  1."):doc.index('"""', doc.index("  1.")) if '"""' in doc[
+        doc.index("  1."):] else None].strip().splitlines()]
     return "\n".join(out)
 
 
@@ -316,7 +355,7 @@ def scripts() -> str:
 # ----------------------------------------------------------------------------------------------- the hook
 
 GENERATORS = {"config-fields": config_fields, "cli": cli, "presets": presets, "layers": layers, "modules": modules,
-              "scripts": scripts, "methods": methods}
+              "scripts": scripts, "methods": methods, "method-contract": method_contract}
 
 
 def generated(name: str, **args: str) -> str:
