@@ -248,3 +248,16 @@ def test_a_method_written_from_the_guide_passes_the_checker_and_trains(name, tmp
         unregister_method(name)
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert any("weights/mean" in line for line in lines) and (out / "final" / "config.json").is_file()
+
+
+def test_a_shared_option_goes_to_the_arms_that_read_it_and_one_no_arm_reads_is_refused(tmp_path, capsys):
+    from grail.analysis.compare.plan import make_plan, parse_arms
+    from grail.analysis.compare.run import run_values
+
+    plan = make_plan(parse_arms("none,grail"), 1, {"weight_std": 1.0}, tmp_path)
+    none, grail = (run_values(plan, arm, 0, tmp_path) for arm in plan["arms"])
+    assert "weight_std" not in none and grail["weight_std"] == 1.0
+    with pytest.raises(ValueError, match="--oar_beta is read by none of the arms' methods"):
+        make_plan(parse_arms("none,grail"), 1, {"oar_beta": 1.5}, tmp_path)
+    assert main(["demo", "--method", "none,grail", "--oar_quantile", "0.3", "--output_dir", str(tmp_path / "d")]) == 2
+    assert "--oar_quantile is read by none of the demo's methods" in capsys.readouterr().err

@@ -247,6 +247,10 @@ def describe(names: tuple[str, ...] | None = None) -> str:
         spec = method_spec(name)
         lines.append(f"  {name}: {spec.title}")
         lines.append(f"      cost: {spec.cost or 'not stated'}" + (f"; {spec.reference}" if spec.reference else ""))
+        if spec.fuse:
+            lines.append(f"      fuses with TRL's forward (its {spec.fuse}; saliency_path)")
+        if spec.probe is not None and not spec.calls_model:
+            lines.append("      no model call (calls_model=False)")
         for option in spec.options:
             lines.append(f"      --{option.name} (default {option.default!r}): {option.help}")
         if spec.config:

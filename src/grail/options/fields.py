@@ -136,7 +136,8 @@ class GRAILFields:
     )
     saliency_path: SaliencyPath = field(
         default="auto",
-        metadata={"help": "`grail`/`random`/`entropy` with weights_from=current_policy. `fused`: take the "
+        metadata={"help": "For the methods that can read their signal from TRL's forward (`grail methods` marks "
+                  "them 'fuses with TRL's forward'), with weights_from=current_policy. `fused`: take the "
                   "saliency (or entropy) from the training step's own forward pass: the answer NLL is a sum of "
                   "the log-probs TRL computes, and the gradient to the leaf comes from that graph (saves a "
                   "forward). `separate`: a second forward and backward, as the release does. `auto`: fused "

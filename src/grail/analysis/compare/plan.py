@@ -38,7 +38,7 @@ from grail.analysis.compare.run import (
     run_one,
     run_values,
 )
-from grail.methods.table import METHODS
+from grail.methods.table import METHODS, read_by_any
 from grail.options.fields import SYNTHETIC_DATASET
 from grail.training.config import GRAILConfig
 from grail.training.overrides import build_config, coerce
@@ -163,6 +163,11 @@ def make_plan(arms: list[Arm], seeds: int, base: dict, out_dir: str | Path, auro
             "sweeps": [dict(zip(("field", "values"), parse_sweep(text), strict=True)) for text in sweeps],
             "arms": [{"label": a.label, "slug": a.slug, "method": a.method, "fields": _jsonable(a.fields)}
                      for a in arms]}
+    specs = [METHODS[a.method] for a in arms]
+    unread = [key for key in base if not read_by_any(key, specs)]
+    if unread:  # shared options go to the arms that read them; one that no arm reads would do nothing
+        raise ValueError(f"--{unread[0]} is read by none of the arms' methods; remove it, or set it on an arm that "
+                         f"reads it (METHOD@{unread[0]}=VALUE).")
     for arm in plan["arms"]:
         try:
             build_config(run_values(plan, arm, 0, out_dir))

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from grail.analysis.compare.auroc import auroc_methods, run_auroc
 from grail.analysis.compare.summary import CHECKPOINT_AUROC_FILE, EXTRA_METRICS_FILE, RESULT_FILE, run_path
+from grail.methods.table import METHODS, scoped_values
 from grail.options.checkpoint_dirs import checkpoint_dirs
 from grail.training.config import GRAILConfig
 from grail.training.overrides import build_config
@@ -41,9 +42,11 @@ EXTRA_EVALUATIONS: list[Callable[[Path, GRAILConfig, Log], dict[str, float]]] = 
 
 
 def run_values(plan: dict, arm: dict | None, seed: int, out_dir: str | Path) -> dict:
-    """The config values of one run: base < the arm's fields and method < the seed fields; `arm=None`: the base
-    values with the seed (the evaluation's config)."""
-    values = dict(plan["base"])
+    """The config values of one run: base (less the option fields its method does not read) < the arm's fields and
+    method < the seed fields; `arm=None`: the base values with the seed (the evaluation's config)."""
+    base = dict(plan["base"])
+    method = arm["method"] if arm is not None else base.get("token_weighting", "none")
+    values = scoped_values(base, METHODS[method])  # each arm gets the shared options its method reads
     if arm is not None:
         values.update(arm["fields"], token_weighting=arm["method"])
     values.update({name: seed for name in plan["seed_fields"]})
