@@ -134,14 +134,14 @@ def test_jsonl_dataset_trains_with_math_verify_reward(tmp_path, tiny_dir):
 
 def test_a_chat_message_dataset_run_records_the_chat_format_it_trained_with(tmp_path, tiny_dir, capsys):
     """The run as a user with an instruct model writes it: --model (as eval and explain take it), prompts that are
-    chat messages (TRL renders them with the template, so final/grail_prompt.json must say chat, with the template
-    options TRL used, for `grail eval --model RUN/final`), --report_to none (Hugging Face's idiom), --logging_steps 1
-    (written back as an integer); the step line says how many groups had a gradient."""
+    chat messages (rendered with the template when the tokenizer has one, so final/grail_prompt.json must say chat,
+    with the template options TRL used, for `grail eval --model RUN/final`), --report_to none (Hugging Face's idiom),
+    --logging_steps 1 (written back as an integer); the step line says how many groups had a gradient."""
     data = tmp_path / "chat.jsonl"
     data.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": f"What is {i}+{i}?"}],
                                         "answer": str(2 * i)}) + "\n" for i in range(4)))
     run = tmp_path / "run"
-    rc = main(["train", "--model", str(tiny_dir), "--dataset", str(data), "--conversational", "false",
+    rc = main(["train", "--model", str(tiny_dir), "--dataset", str(data),
                "--report_to", "none", "--logging_steps", "1", "--max_steps", "1", "--per_device_train_batch_size", "4",
                "--num_generations", "4", "--max_completion_length", "4", "--output_dir", str(run)])
     assert rc == 0, capsys.readouterr().err
@@ -156,6 +156,13 @@ def test_a_chat_message_dataset_run_records_the_chat_format_it_trained_with(tmp_
     assert "prompts: chat template {'enable_thinking': False}, suffix paper" in out
     step_line = next(line for line in out.splitlines() if line.startswith("step 1/1"))
     assert "no group had a gradient: every group's rewards are equal" in step_line  # untrained: all rewards 0
+    # an explicit --conversational false renders the messages as plain text (grail.options.prompts.render_plain),
+    # and the run records that it did
+    plain = tmp_path / "plain"
+    assert main(["train", "--model", str(tiny_dir), "--dataset", str(data), "--conversational", "false",
+                 "--report_to", "none", "--max_steps", "1", "--per_device_train_batch_size", "4",
+                 "--num_generations", "4", "--max_completion_length", "4", "--output_dir", str(plain)]) == 0
+    assert json.loads((plain / "final" / "grail_prompt.json").read_text())["chat"] is False
 
 
 @pytest.mark.parametrize("argv, named", [

@@ -2,6 +2,7 @@
 weights against the functional API, the position profile against diagnostics' definition, GRPO's group advantages,
 and the command's errors and outputs through `grail.cli.main`."""
 
+import json
 import math
 import re
 import statistics
@@ -224,6 +225,27 @@ def test_position_profile_is_diagnostics_definition(tiny_dir):
         assert list(ex.profiles[method]) == pytest.approx(means, abs=1e-6)
 
 
+def test_outcome_profiles_split_the_rows_by_the_sign_of_their_advantage(tiny_dir):
+    """The GRAIL release's split: the same definition over rows with A > 0 ("correct") and A < 0 ("wrong") apart;
+    their token counts add up to the pooled profile's."""
+    ex, _, _ = build_explanation(tiny_dir)
+    for method in ALL_METHODS:
+        for outcome, keep in (("correct", lambda a: a > 0), ("wrong", lambda a: a < 0)):
+            sums, counts = [0.0] * 10, [0] * 10
+            for c in ex.completions():
+                if not keep(c.advantage):
+                    continue
+                reasoning = [i for i, r in enumerate(c.reasoning) if r]
+                for j, i in enumerate(reasoning):
+                    sums[10 * j // len(reasoning)] += c.methods[method].weights[i]
+                    counts[10 * j // len(reasoning)] += 1
+            assert list(ex.outcome_counts[method][outcome]) == counts, (method, outcome)
+            means = [s / n if n else 0.0 for s, n in zip(sums, counts, strict=True)]
+            assert list(ex.outcome_profiles[method][outcome]) == pytest.approx(means, abs=1e-6)
+        both = [a + b for a, b in zip(*ex.outcome_counts[method].values(), strict=True)]
+        assert both == list(ex.profile_counts[method]) and sum(both) > 0
+
+
 def test_group_advantages_are_grpos():
     rewards = [[1.0, 0.0, 0.0, 0.0], [1.0, 1.0], [0.5]]
     # Hand case: mean 0.25, unbiased std sqrt((0.75² + 3·0.25²)/3) = 0.5, so A = (r − 0.25) / (0.5 + 1e-4).
@@ -307,6 +329,9 @@ def test_command_writes_the_page_and_the_profile_for_given_completions(tiny_dir,
         -adv[(0, 0)], rel=1e-4)
     assert "math_verify_reward" in page and "weight_max=3.0" in page  # a --prompt: math_verify by default
     assert (tmp_path / "page_profile.png").is_file() or "matplotlib is not installed" in capsys.readouterr().out
+    data = json.loads((tmp_path / "page.json").read_text())
+    grail = data["methods"]["grail"]
+    assert data["completions"] == 2 and sum(grail["correct"]["tokens"]) > 0 and sum(grail["wrong"]["tokens"]) > 0
 
 
 def test_command_samples_and_uses_the_default_advantage_without_an_answer(tiny_dir, tmp_path, capsys):

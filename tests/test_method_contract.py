@@ -138,10 +138,15 @@ def test_an_option_of_the_chosen_method_is_accepted_and_recorded(tmp_path):
 
 
 def test_a_config_resolves_its_method_once(tmp_path, monkeypatch):
-    """CLI flags → config: the table is looked up once, the method's own options parsed once; the trainer takes the
-    spec and the options from the config (no lookup)."""
-    calls = {"lookup": 0, "resolve": 0, "parse": 0}
+    """CLI flags → config: the table is looked up once, the method's own options parsed once, the WeightingOptions
+    built once (before: 1 lookup + 1 in the trainer, 2 parses, 3 builds); the trainer takes them from the config."""
+    from grail.options.choices import WeightingOptions
+
+    calls = {"lookup": 0, "resolve": 0, "parse": 0, "built": 0}
     real_lookup, real_resolve, real_parse = table.method_spec, Spec.resolve_options, MethodOption.parse
+    real_built = WeightingOptions.__post_init__
+    monkeypatch.setattr(WeightingOptions, "__post_init__",
+                        lambda self: calls.__setitem__("built", calls["built"] + 1) or real_built(self))
     monkeypatch.setattr("grail.training.config.method_spec",
                         lambda name: calls.__setitem__("lookup", calls["lookup"] + 1) or real_lookup(name))
     monkeypatch.setattr(Spec, "resolve_options", lambda self, given: calls.__setitem__(
@@ -150,7 +155,7 @@ def test_a_config_resolves_its_method_once(tmp_path, monkeypatch):
                         lambda self, value: calls.__setitem__("parse", calls["parse"] + 1) or real_parse(self, value))
     cfg = build_config(merge(None, parse_flags(["--token_weighting", "ktae", "--ktae_top", "0.5",
                                                 "--output_dir", str(tmp_path)])))
-    assert calls == {"lookup": 1, "resolve": 1, "parse": 1}
+    assert calls == {"lookup": 1, "resolve": 1, "parse": 1, "built": 1}
     assert cfg.method is cfg.method and cfg.method.name == "ktae" and cfg.method_options["ktae_top"] == 0.5
     assert cfg.weighting_options() is cfg.weighting_options()
     cfg.weight_std = 2.0  # changed after it was built: the resolved options would be stale

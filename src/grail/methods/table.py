@@ -26,9 +26,9 @@ from grail.methods.spec import SCOPED_OPTIONS, MethodOption, MethodSpec, ProbeBa
 from grail.options.choices import WeightingOptions
 
 __all__ = ["ENTRY_POINT_GROUP", "METHODS", "OAR_P_FLOOR", "MethodOption", "MethodSpec", "ProbeBatch", "TokenWeights",
-           "checked", "describe", "method_names", "method_option", "method_spec", "oar_p_floor", "options_for",
-           "parse_methods", "probed_rows", "read_by_any", "register_method", "scored_tokens", "scoped_values",
-           "unread_options", "unregister_method", "zscore_tokens"]
+           "check_combination", "checked", "describe", "method_names", "method_option", "method_spec", "oar_p_floor",
+           "options_for", "own_options", "parse_methods", "probed_rows", "read_by_any", "register_method",
+           "scored_tokens", "scoped_values", "unread_options", "unregister_method", "zscore_tokens"]
 
 ENTRY_POINT_GROUP = "grail.methods"  # a package's `[project.entry-points."grail.methods"]`: name = "module:SPEC"
 BUILTIN_SOURCE = "built-in"
@@ -175,16 +175,13 @@ def parse_methods(text: str | None, example: str = "none,grail") -> tuple[str, .
     return methods
 
 
-def checked(options: WeightingOptions, config=None, spec: MethodSpec | None = None
-            ) -> tuple[MethodSpec, WeightingOptions]:
-    """The method of `options` and the options with its own options resolved; ValueError when the method is unknown,
-    an option of its own is bad or belongs to another method, or its `check` refuses the combination (`config`: the
-    run's GRAILConfig, if any; `spec`: the method's entry when the caller has looked it up)."""
-    spec = method_spec(options.token_weighting) if spec is None else spec
+def own_options(spec: MethodSpec, given) -> dict:
+    """`spec.resolve_options(given)` (each of its own options parsed, defaults for the rest), with an error that names
+    the method an option belongs to when it is another method's."""
     try:
-        own = spec.resolve_options(options.method_options)
+        return spec.resolve_options(given)
     except ValueError as err:
-        owners = {name: found[0].name for name in (options.method_options or {})
+        owners = {name: found[0].name for name in (given or {})
                   if name not in {o.name for o in spec.options} and (found := method_option(name)) is not None}
         if owners:
             name, owner = next(iter(owners.items()))
@@ -192,10 +189,23 @@ def checked(options: WeightingOptions, config=None, spec: MethodSpec | None = No
                              f"not read it, so it would do nothing. Remove it, or set token_weighting={owner}."
                              ) from None
         raise err
-    options = replace(options, method_options=own)
+
+
+def check_combination(spec: MethodSpec, options: WeightingOptions, config=None) -> None:
+    """ValueError when the method's `check` refuses the combination of `options` (and the run's `config`)."""
     problem = spec.check(options, config) if spec.check is not None else None
     if problem:
         raise ValueError(f"{problem}.")
+
+
+def checked(options: WeightingOptions, config=None, spec: MethodSpec | None = None
+            ) -> tuple[MethodSpec, WeightingOptions]:
+    """The method of `options` and the options with its own options resolved; ValueError when the method is unknown,
+    an option of its own is bad or belongs to another method, or its `check` refuses the combination (`config`: the
+    run's GRAILConfig, if any; `spec`: the method's entry when the caller has looked it up)."""
+    spec = method_spec(options.token_weighting) if spec is None else spec
+    options = replace(options, method_options=own_options(spec, options.method_options))
+    check_combination(spec, options, config)
     return spec, options
 
 

@@ -21,7 +21,7 @@ import torch
 from trl import GRPOConfig
 
 from grail.methods.spec import SCOPED_OPTIONS, MethodSpec
-from grail.methods.table import checked, method_spec, unread_options
+from grail.methods.table import check_combination, method_spec, own_options, unread_options
 from grail.options.choices import OAR_VARIANT_DEFAULTS, WeightingOptions
 from grail.options.fields import TINY_MODEL, GRAILFields
 
@@ -102,8 +102,9 @@ class GRAILConfig(GRPOConfig, GRAILFields):
                                  {name: defaults[name] for name in SCOPED_OPTIONS})
         if problem:
             raise ValueError(problem)
-        _, options = checked(WeightingOptions.from_config(self), self, spec=spec)  # own options parsed here
-        self.method_options = options.method_options
+        self.method_options = own_options(spec, self.method_options)  # the method's own options, parsed here only
+        options = WeightingOptions.from_config(self)  # built here only
+        check_combination(spec, options, self)
         for name in OAR_VARIANT_DEFAULTS[self.oar_variant]:  # None → the variant's value, recorded in the run dir
             if name in spec.reads:
                 setattr(self, name, getattr(options, name))

@@ -9,6 +9,7 @@ and weighting options. torch and TRL are imported inside `run`, so `grail explai
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -174,6 +175,15 @@ def _settings(args, cfg, model, model_path, fmt, reward_fn, sampling, seed, rows
     }
 
 
+def profiles_json(ex) -> dict:
+    """The page's position profiles as data (`explain.json` beside the page): per method, pooled over the rows with
+    A ≠ 0 and over correct (A > 0) and wrong (A < 0) rows apart, each bin's mean weight and reasoning-token count."""
+    return {"advantages": ex.advantage_source, "completions": len(ex.completions()),
+            "methods": {m: {"all": {"mean_weight": ex.profiles[m], "tokens": ex.profile_counts[m]},
+                            **{o: {"mean_weight": ex.outcome_profiles[m][o], "tokens": ex.outcome_counts[m][o]}
+                               for o in ex.outcome_profiles.get(m, {})}} for m in ex.methods}}
+
+
 def run(args, rest: list[str]) -> int:
     from grail.methods.table import parse_methods
 
@@ -212,6 +222,7 @@ def run(args, rest: list[str]) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render_page(ex, _settings(args, cfg, model, model_path, fmt, reward_fn, sampling, seed, rows)),
                    encoding="utf-8")
+    out.with_suffix(".json").write_text(json.dumps(profiles_json(ex), indent=2) + "\n")
     png = out.with_name(out.stem + "_profile.png")
     wrote_png = write_profile_png(ex, png)
     count = len(ex.completions())

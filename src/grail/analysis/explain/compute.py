@@ -9,7 +9,8 @@ For each prompt (a `ExplainRow`, already rendered in the run's prompt format):
      (`grail.methods.weighting.token_weights` handed that signal: the method's own pipeline, exactly as training runs
      it; nothing here re-implements a method), on the rows the method would probe in training;
   4. per method: the position profile of `grail.methods.diagnostics` (mean weight per tenth of the reasoning, over the
-     rows with A ≠ 0, pooled over every prompt), the `weights/position_profile` metric of a training run.
+     rows with A ≠ 0, pooled over every prompt), the `weights/position_profile` metric of a training run; and the
+     same over correct (A > 0) and wrong (A < 0) rows apart (`outcome_profiles`), as the GRAIL release plots it.
 `grail.analysis.explain.html` turns the `Explanation` into the page; `grail.analysis.explain.cli` is the command.
 
 Each prompt's completions are one batch in TRL's layout (prompt ⊕ completion, completions right-padded; the
@@ -21,7 +22,7 @@ tokenizer's ids of the text, nothing appended.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -38,6 +39,7 @@ __all__ = ["SCALE_REWARDS", "CompletionView", "ExplainRow", "Explanation", "Meth
 
 SCALE_REWARDS = ("group", "batch", "none")  # TRL's scale_rewards choices
 NUM_BINS = 10  # position-profile bins, as the trainer logs them
+OUTCOMES = ("correct", "wrong")  # rows with A > 0 and A < 0: the profile split the GRAIL release plots
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,9 @@ class Explanation:
     profiles: dict[str, tuple[float, ...]]  # method → mean weight per position bin (0 for an empty bin)
     profile_counts: dict[str, tuple[int, ...]]  # method → reasoning tokens per bin (rows with A ≠ 0)
     advantage_source: str  # how the advantages were formed, in words
+    # method → {"correct": profile over the rows with A > 0, "wrong": with A < 0} (the GRAIL release's split)
+    outcome_profiles: dict[str, dict[str, tuple[float, ...]]] = field(default_factory=dict)
+    outcome_counts: dict[str, dict[str, tuple[int, ...]]] = field(default_factory=dict)
 
     def completions(self) -> list[CompletionView]:
         return [c for row in self.rows for c in row.completions]
@@ -213,9 +218,11 @@ def _explain_group(model, tokenizer, row_index: int, prompt_ids: list[int], comp
                                   adv_B=adv_B, tokenizer=tokenizer)
         out = token_weights(model, tokenizer, ids_BL, attention_BL, mask_BT, adv_B, opts, spans=spans,
                             signal_BT=signal_BT, generator=generator, spec=spec)
-        sums[name] = _pool(sums.get(name), weight_sums(
-            out.weights_BT, adv_B, out.weights_BT * adv_B[:, None], mask_BT, out.reasoning_BT, out.normalised_BT,
-            weight_min=opts.weight_min, weight_max=opts.weight_max, num_bins=NUM_BINS))
+        for key, keep_B in ((name, adv_B != 0), ((name, "correct"), adv_B > 0), ((name, "wrong"), adv_B < 0)):
+            kept_B = torch.where(keep_B, adv_B, torch.zeros_like(adv_B))  # weight_sums describes rows with A ≠ 0
+            sums[key] = _pool(sums.get(key), weight_sums(
+                out.weights_BT, kept_B, out.weights_BT * kept_B[:, None], mask_BT, out.reasoning_BT,
+                out.normalised_BT, weight_min=opts.weight_min, weight_max=opts.weight_max, num_bins=NUM_BINS))
         per_method[name] = (out, signal_BT, rows_B)
     views = []
     for b, completion in enumerate(completions):
@@ -298,9 +305,13 @@ def explain(model, tokenizer, rows: Sequence[ExplainRow], methods: Sequence[str]
                                      advantages[i], methods, options, generator, sums)
         views.append(RowView(i, row.label, row.prompt, None if row.answer is None else str(row.answer),
                              tuple(completions)))
-    pooled = {name: finish(s) for name, s in sums.items()}
+    pooled = {key: finish(s) for key, s in sums.items()}
     return Explanation(
         rows=tuple(views), methods=tuple(methods), labels={m: METHODS[m].label for m in methods},
         profiles={m: tuple(pooled[m]["position_profile"].tolist()) for m in methods},
         profile_counts={m: tuple(int(c) for c in pooled[m]["position_count"].tolist()) for m in methods},
-        advantage_source=source)
+        advantage_source=source,
+        outcome_profiles={m: {o: tuple(pooled[(m, o)]["position_profile"].tolist()) for o in OUTCOMES}
+                          for m in methods},
+        outcome_counts={m: {o: tuple(int(c) for c in pooled[(m, o)]["position_count"].tolist()) for o in OUTCOMES}
+                        for m in methods})
