@@ -270,6 +270,7 @@ def coin_reward(seed: int):
 
 
 def build_trainer(method: str, args: argparse.Namespace, use_cpu: bool, output_dir: str):
+    from grail.methods.table import method_spec, scoped_values
     from grail.options.presets import TINY_CPU
     from grail.training.config import GRAILConfig
     from grail.training.data import load_train_dataset
@@ -292,7 +293,7 @@ def build_trainer(method: str, args: argparse.Namespace, use_cpu: bool, output_d
         values["warmstart_steps"] = args.warmstart_steps
     for key, text in args.fields.items():
         values[key] = coerce(key, text, "--set")
-    cfg = GRAILConfig(**values)
+    cfg = GRAILConfig(**scoped_values(values, method_spec(values.get("token_weighting", "none"))))  # its options
     reward = coin_reward(args.seed) if args.reward == "coin" else reward_function(cfg)
     trainer = GRAILTrainer(model=resolve_model_path(cfg, log), reward_funcs=[reward], args=cfg,
                            train_dataset=load_train_dataset(cfg))

@@ -4,6 +4,7 @@ import torch
 from datasets import Dataset
 
 from grail.evaluation.rewards import exact_int_reward
+from grail.methods.table import method_spec, scoped_values
 from grail.training.config import GRAILConfig
 from grail.training.trainer import GRAILTrainer
 
@@ -31,6 +32,9 @@ def loss_and_grads(trainer, inputs):
 
 
 def make_trainer(cls, tiny_dir, tmp_path, loss_type="dr_grpo", peft_config=None, **fields):
+    """A trainer on the tiny model; `fields` are config fields, less the option fields its method does not read (the
+    tests loop over methods with shared options, as `grail compare` does)."""
+    fields = scoped_values(fields, method_spec(fields.get("token_weighting", "none")))
     args = GRAILConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2,
                        max_completion_length=24, loss_type=loss_type, report_to="none", beta=0.0, **fields)
     dataset = Dataset.from_list([{"prompt": "Q: 1+1\nA:", "answer": "2"}] * 4)

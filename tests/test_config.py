@@ -69,7 +69,9 @@ def test_explicit_user_values_win_over_resolved_defaults(tmp_path):
     ({"oar_quantile": 1.5}, "oar_quantile"),
     ({"oar_noise_std": 0.0}, "oar_noise_std"),
     ({"oar_variant": "grail_release", "token_weighting": "oar_p"}, "oar_variant"),
-    ({"oar_variant": "grail_release", "oar_distribution": "last_position"}, "oar_distribution"),
+    ({"oar_variant": "grail_release", "oar_distribution": "last_position", "token_weighting": "oar_g"},
+     "oar_distribution"),
+    ({"oar_quantile": 0.3, "token_weighting": "grail"}, "oar_quantile=0.3 is an option of oar_g, oar_p"),
     ({"answer_nll_span": "marker"}, "answer_nll_span"),
     ({"oar_scope": "answer"}, "oar_scope"),
     ({"oar_min_importance": -1.0}, "oar_min_importance"),
@@ -108,6 +110,7 @@ def test_paper_preset_matches_methods_section_1():
 def test_oar_variant_values_are_recorded_in_the_config(tmp_path):
     cfg = GRAILConfig(output_dir=str(tmp_path), token_weighting="oar_g", oar_variant="grail_release")
     assert (cfg.oar_scope, cfg.oar_quantile, cfg.oar_beta) == ("completion", 0.4, 2.0)  # resolved_config.json
-    cfg = GRAILConfig(output_dir=str(tmp_path), oar_variant="grail_release", oar_beta=1.5)
-    assert (cfg.oar_quantile, cfg.oar_beta) == (0.4, 1.5)
-    assert GRAILConfig(output_dir=str(tmp_path)).oar_scope == "reasoning"
+    cfg = GRAILConfig(output_dir=str(tmp_path), token_weighting="oar_p", oar_beta=1.5)
+    assert (cfg.oar_quantile, cfg.oar_beta) == (0.25, 1.5)
+    assert GRAILConfig(output_dir=str(tmp_path), token_weighting="oar_g").oar_scope == "reasoning"
+    assert GRAILConfig(output_dir=str(tmp_path)).oar_scope is None  # GRPO reads no OAR field: none is filled in

@@ -41,8 +41,12 @@ def test_conversational_wraps_strings_and_extends_message_lists(tmp_path):
     assert ds[0]["prompt"] == [{"role": "user", "content": "What is 2+2? Think."}]
     chat = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "3+3?"}]
     ds = load_train_dataset(_cfg(tmp_path, dataset=_jsonl(tmp_path, [{"prompt": chat, "answer": "6"}]),
-                                 prompt_suffix=" Think."))
+                                 conversational=True, prompt_suffix=" Think."))
     assert ds[0]["prompt"][0]["content"] == "Be terse." and ds[0]["prompt"][1]["content"] == "3+3? Think."
+    # conversational=false renders chat messages as plain text (a base model's prompt), the suffix included
+    plain = load_train_dataset(_cfg(tmp_path, dataset=_jsonl(tmp_path, [{"prompt": chat, "answer": "6"}]),
+                                    prompt_suffix=" Think."))
+    assert isinstance(plain[0]["prompt"], str) and "3+3? Think." in plain[0]["prompt"]
 
 
 def test_synthetic_dataset_has_the_requested_size_and_exact_answers(tmp_path):

@@ -20,6 +20,7 @@ LAYERS = {
     "models": "the models a run starts from; knows nothing of the methods",
     "methods": "pure tensor functions, the probes, the method table and the functional API; no TRL",
     "methods.literature": "methods from the literature, registered as plug-ins through the method table's API",
+    "methods.controls": "null methods a credit method must beat (position), registered as plug-ins the same way",
     "evaluation": "grader, benchmarks, harness, scores, `grail eval`; no TRL",
     "training": "the config, the trainer and one run, on TRL (the one seam)",
     "analysis": "what the weights do: its three folders below",

@@ -70,7 +70,7 @@ def test_non_finite_logits_in_a_row_give_that_row_uniform_weights(small, method,
     with non_finite_rows(small[0], [0], value):
         w = _weights(small, method)
     assert torch.isfinite(w.weights_BT).all()
-    if METHODS[method].groups:  # KTAE calls no model: broken logits cannot reach its weights
+    if not METHODS[method].calls_model:  # KTAE, the position null: no model call, so broken logits cannot reach
         assert torch.equal(w.weights_BT, clean.weights_BT)
         return
     assert w.fallback_B[0] and torch.equal(w.weights_BT[0], mask_BT[0].float())  # uniform on its real tokens

@@ -8,7 +8,7 @@ A page asks for generated content with a marker line, which `on_page_markdown` r
     <!-- grail:methods -->                                           the method table (grail.methods.table.METHODS)
     <!-- grail:method-contract -->                                   MethodSpec's fields and the probe/pipeline contract
     <!-- grail:layers -->                                            LAYERS of tests/test_layers.py, the folders
-    <!-- grail:modules -->                                           every module, from its docstring, by layer
+    <!-- grail:modules [layers="L1,L2"] -->                          every module (of those layers), from its docstring
     <!-- grail:scripts -->                                           the perf/ scripts, from their docstrings
 
 Only light imports: `grail.options.fields` and `grail.cli` load neither torch nor TRL (tests/test_layers.py checks it),
@@ -225,10 +225,8 @@ def methods() -> str:
         out += [f"* Cost per step: {_escape(spec.cost or 'not stated')}.",
                 f"* Rows probed (`{spec.rows}`): {_escape(ROW_SELECTIONS[spec.rows])}"
                 + ("; fused with TRL's forward when it can be" if spec.fuse else "") + ".",
-                "* Model call: " + ("none (its signal is computed from the batch)" if not spec.calls_model or
-                                    spec.probe is None else "yes") + ".",
-                "* Option fields it reads: " + (", ".join(f"`{r}`" for r in spec.reads) or "none beyond every "
-                                                "method's") + ".",
+                "* Option fields: " + (", ".join(f"`{r}`" for r in spec.reads) or "none of its own") + "."
+                + (" No model call." if spec.probe is not None and not spec.calls_model else ""),
                 f"* Row mass (Σ Â = Σ A per row) {'kept' if spec.preserves_mass else 'not kept'}; sign of A on every "
                 f"token {'kept' if spec.preserves_sign else 'not kept'}."]
         if spec.groups:
@@ -252,10 +250,11 @@ def methods() -> str:
 def method_contract() -> str:
     """The contract a method's author writes to: `MethodSpec`'s fields, the probe's and the pipeline's arguments, the
     row selections, what "reasoning" means, the option fields, and the checks of `check_method`; all from
-    grail.methods.spec and grail.methods.checks."""
+    grail.methods.spec and grail.analysis.checks."""
     import dataclasses as dc
 
-    from grail.methods import checks, spec
+    from grail.analysis import checks
+    from grail.methods import spec
 
     def table(header: str, rows: dict[str, str]) -> list[str]:
         return [f"| {header} | meaning |", "|---|---|", *(f"| `{k}` | {_escape(v)} |" for k, v in rows.items())]
@@ -333,11 +332,16 @@ def layers() -> str:
     return "\n".join(out)
 
 
-def modules() -> str:
-    """Every module with the first sentence of its docstring, layer by layer from the top."""
+def modules(layers: str = "") -> str:
+    """Every module (of the comma-separated `layers`, default all) with the first sentence of its docstring, layer
+    by layer from the top."""
     table, _ = _layers()
+    chosen = [name.strip() for name in layers.split(",") if name.strip()] or list(table)
+    unknown = [name for name in chosen if name not in table]
+    if unknown:
+        raise ValueError(f"grail:modules layers={layers!r}: {unknown[0]!r} is not a layer of tests/test_layers.py")
     out = ["| module | layer | what it holds |", "|---|---|---|"]
-    for name in reversed(table):
+    for name in [n for n in reversed(table) if n in chosen]:
         layer = f"**{name}**"
         for dotted, path in _modules(name):
             out.append(f"| `{dotted}` | {layer} | {_escape(_first_sentence(_docstring(path)))} |")

@@ -30,7 +30,7 @@ _EXPORTS = {
     **{name: "grail.methods.table" for name in (
         "METHODS", "MethodOption", "MethodSpec", "ProbeBatch", "TokenWeights", "method_names", "method_spec",
         "register_method", "unregister_method")},
-    **{name: "grail.methods.checks" for name in ("check_method", "MethodCheckError")},
+    **{name: "grail.analysis.checks" for name in ("check_method", "MethodCheckError")},
     "WeightingOptions": "grail.options.choices",
     "GRAILConfig": "grail.training.config",
     "GRAILTrainer": "grail.training.trainer",

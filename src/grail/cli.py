@@ -127,7 +127,7 @@ def _demo(args, rest: list[str]) -> int:
 
 def _check_methods(names: list[str]) -> int:
     """`grail methods check [NAME ...]`: each method's `check_method` report; exit 1 if any check failed."""
-    from grail.methods.checks import check_method
+    from grail.analysis.checks import check_method
     from grail.methods.table import METHODS, parse_methods
 
     failed = 0

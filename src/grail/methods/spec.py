@@ -217,7 +217,7 @@ def _doc(default: Any = MISSING, help: str = "", **kwargs: Any):
 @dataclass(frozen=True)
 class MethodSpec:
     """One token-weighting method: see the module docstring; `weighting.token_weights` runs it. `check_method`
-    (grail.methods.checks) runs the checks every method of the table passes.
+    (grail.analysis.checks) runs the checks every method of the table passes.
 
     The documentation fields (`title`, `summary`, `cost`, `reference`, `open_choices`) are the method's docs
     page (docs/methods/table.md is generated from them) and the functional API's docstring."""

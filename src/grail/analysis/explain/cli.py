@@ -80,7 +80,7 @@ def _check_args(args) -> None:
         raise ValueError(f"--output {args.output!r}: give a file name ending in .html.")
 
 
-def _config(args, rest: list[str]):
+def _config(args, rest: list[str], methods=("none",)):
     from grail.training.overrides import build_config, merge, parse_flags
 
     flags = parse_flags(rest)
@@ -95,7 +95,26 @@ def _config(args, rest: list[str]):
         values["dataset"] = args.dataset
     if args.prompt is not None and "reward" not in merge(args.config, flags):  # not set by preset, file or flag
         values["reward"] = "math_verify"  # a user's own problem: any answer, not the synthetic task's integers
-    return build_config(values), values
+    return _scoped_config(values, methods, build_config) + (values,)
+
+
+def _scoped_config(values: dict, methods, build_config):
+    """(the run's config, the weighting options every method is shown with): the config holds what its own
+    `token_weighting` reads, and the options add the option fields given for the shown methods (each method reads
+    its own, as a compare arm does). An option that none of the shown methods reads is refused."""
+    from dataclasses import replace
+
+    from grail.methods.table import METHODS, read_by_any, scoped_values
+    from grail.options.choices import WeightingOptions
+
+    specs = [METHODS[m] for m in methods]
+    unread = [key for key in values if not read_by_any(key, specs)]
+    if unread:
+        raise ValueError(f"--{unread[0]} is read by none of the methods shown ({', '.join(methods)}); remove it, or "
+                         f"add a method that reads it to --method (`grail methods` lists each method's options).")
+    cfg = build_config(scoped_values(values, METHODS[values.get("token_weighting", "none")]))
+    shared = {k: v for k, v in values.items() if k in WeightingOptions.__dataclass_fields__ and k != "method_options"}
+    return cfg, replace(cfg.weighting_options(), **shared)
 
 
 def _synthetic_task(args, cfg) -> bool:
@@ -148,12 +167,12 @@ def _empty_completions(ex, rows, tokenizer) -> tuple[int, int]:
     return sum(not "".join(t for t in c.tokens if t not in special).strip() for c in sampled), len(sampled)
 
 
-def _settings(args, cfg, model, model_path, fmt, reward_fn, sampling, seed, rows) -> dict[str, str]:
+def _settings(args, cfg, weighting, model, model_path, fmt, reward_fn, sampling, seed, rows) -> dict[str, str]:
     from dataclasses import asdict
 
     from grail.options.choices import WeightingOptions
 
-    options = asdict(cfg.weighting_options())
+    options = asdict(weighting)
     defaults = asdict(WeightingOptions())
     shown = set(options) - {"token_weighting", "temperature"}  # the temperature is a sampling setting, shown there
     changed = {k: v for k, v in options.items() if k in shown and v != defaults[k]}
@@ -193,7 +212,7 @@ def run(args, rest: list[str]) -> int:
         from grail.models.warmstart import resolve_model
 
         resolve_model(args.model)
-    cfg, values = _config(args, rest)
+    cfg, weighting, values = _config(args, rest, methods)
     from transformers import AutoTokenizer
 
     from grail.analysis.explain.compute import explain
@@ -216,12 +235,12 @@ def run(args, rest: list[str]) -> int:
     seed = cfg.seed if args.seed is None else args.seed
     sampling = SamplingParams(n=args.samples or cfg.num_generations, temperature=cfg.temperature, top_p=cfg.top_p,
                               top_k=cfg.top_k or 0, max_new_tokens=cfg.max_completion_length)
-    ex = explain(model, tokenizer, rows, methods, cfg.weighting_options(), sampling=sampling, seed=seed,
+    ex = explain(model, tokenizer, rows, methods, weighting, sampling=sampling, seed=seed,
                  reward_fn=reward_fn if known else None, scale_rewards=cfg.scale_rewards, advantage=advantage)
     out = Path(args.output or os.path.join("runs", f"explain-{time.strftime('%Y%m%d-%H%M%S')}", "explain.html"))
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_page(ex, _settings(args, cfg, model, model_path, fmt, reward_fn, sampling, seed, rows)),
-                   encoding="utf-8")
+    settings = _settings(args, cfg, weighting, model, model_path, fmt, reward_fn, sampling, seed, rows)
+    out.write_text(render_page(ex, settings), encoding="utf-8")
     out.with_suffix(".json").write_text(json.dumps(profiles_json(ex), indent=2) + "\n")
     png = out.with_name(out.stem + "_profile.png")
     wrote_png = write_profile_png(ex, png)
