@@ -55,6 +55,12 @@ from typing import Literal
 
 import torch
 
+from grail.analysis.saliency.position import (
+    box_distance_BT,
+    matched_auroc_result,
+    position_profile,
+    relative_position_BT,
+)
 from grail.analysis.saliency.token_labels import (
     UNLABELLED,
     AurocResult,
@@ -62,6 +68,7 @@ from grail.analysis.saliency.token_labels import (
     auroc_result,
     char_labels,
     check_row,
+    check_spans_map,
     corrupted_solution,
     is_messages,
     saliency_row,
@@ -72,9 +79,10 @@ from grail.methods.table import method_names, method_spec, options_for
 from grail.methods.weighting import batch_spans, probe_rows, run_probe, weights_from_signal
 from grail.options.checkpoint_dirs import checkpoint_dirs
 from grail.options.choices import WeightingOptions
+from grail.options.prompts import has_chat_template
 
 __all__ = ["AurocResult", "SaliencyQualityOptions", "as_json", "checkpoints_saliency_auroc",
-           "model_dir_saliency_auroc", "saliency_auroc", "saliency_row", "synthetic_rows"]
+           "model_dir_saliency_auroc", "render_messages", "saliency_auroc", "saliency_row", "synthetic_rows"]
 
 Traces = Literal["both", "reference", "corrupted"]
 
@@ -86,7 +94,10 @@ class SaliencyQualityOptions:
     pairs: which (critical, filler) pairs the AUROC counts: "within_trace" (default) or "all"
     (`grail.analysis.saliency.token_labels`).
     batch_size: traces per model call. num_bootstrap, confidence: the CI over examples (0 resamples: no CI).
-    seed: seeds the CI, the corrupted answers, OAR-G's noise and the random control."""
+    seed: seeds the CI, the corrupted answers, OAR-G's noise and the random control.
+    bin_width, window: the position-matched AUROC's distance bins and reference window
+    (`grail.analysis.saliency.position.matched_auroc_result`; 1 = exact distances, None = the shortest trace).
+    profile_bins: relative-position bins of the position profile (`position.position_profile`)."""
 
     weighting: WeightingOptions = field(default_factory=WeightingOptions)
     traces: Traces = "both"
@@ -95,6 +106,9 @@ class SaliencyQualityOptions:
     num_bootstrap: int = 1000
     confidence: float = 0.95
     seed: int = 0
+    bin_width: int = 1
+    window: int | None = None
+    profile_bins: int = 10
 
     def __post_init__(self):
         if self.traces not in ("both", "reference", "corrupted"):
@@ -104,6 +118,9 @@ class SaliencyQualityOptions:
         if self.batch_size < 1 or self.num_bootstrap < 0 or not 0 < self.confidence < 1:
             raise ValueError(f"batch_size={self.batch_size} must be >= 1, num_bootstrap={self.num_bootstrap} >= 0 "
                              f"and confidence={self.confidence} in (0, 1).")
+        if self.bin_width < 1 or self.profile_bins < 1 or (self.window is not None and self.window < 1):
+            raise ValueError(f"bin_width={self.bin_width} and profile_bins={self.profile_bins} must be >= 1, "
+                             f"window={self.window} None or >= 1.")
 
 
 @dataclass
@@ -124,6 +141,22 @@ def _encode(tokenizer, text: str) -> tuple[list[int], list[tuple[int, int]]]:
     return enc["input_ids"], [tuple(o) for o in enc["offset_mapping"]]
 
 
+def render_messages(tokenizer, messages: list[dict]) -> str:
+    """Chat messages as the model reads them: with the tokenizer's chat template (generation prompt added, as
+    training renders them), or as plain text when it has none (a base model, e.g. Gemma 3 270M)."""
+    if has_chat_template(tokenizer):
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return _plain_text(messages)
+
+
+# SWAP: grail.options.prompts is getting the project's public plain-text renderer for models without a chat
+# template; when it lands, call it in render_messages and delete this. Until then this is the one place saliency
+# quality renders messages without a template: each turn's text, a blank line after each worked solution, and
+# the problem's user turn followed by a newline, where the solution starts.
+def _plain_text(messages: list[dict]) -> str:
+    return "".join(m["content"] + ("\n\n" if m["role"] == "assistant" else "\n") for m in messages)
+
+
 def _traces(tokenizer, rows: Sequence[dict], options: SaliencyQualityOptions) -> list[_Trace]:
     box = options.weighting.answer_box
     traces = []
@@ -131,17 +164,18 @@ def _traces(tokenizer, rows: Sequence[dict], options: SaliencyQualityOptions) ->
         check_row(row, i, box)
         labels_C = char_labels(len(row["solution"]), row["critical_spans"], row["filler_spans"])
         prompt = row["prompt"]
-        if is_messages(prompt):  # the words style's chat messages: rendered as training renders them
-            prompt = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+        if is_messages(prompt):  # chat messages (the words style, the label sets): rendered as training renders them
+            prompt = render_messages(tokenizer, prompt)
         prompt_ids, _ = _encode(tokenizer, prompt)
-        versions = []
+        ids, offsets = _encode(tokenizer, row["solution"])
+        labels_N = token_labels(row["solution"], labels_C, offsets)
+        check_spans_map(row, i, offsets, labels_N)
         if options.traces in ("both", "reference"):
-            versions.append((row["solution"], labels_C, 1.0))
+            traces.append(_Trace(i, prompt_ids, ids, labels_N, 1.0))
         if options.traces in ("both", "corrupted"):
-            versions.append((*corrupted_solution(row["solution"], labels_C, f"{options.seed}:{i}", box), -1.0))
-        for text, labels, advantage in versions:
+            text, labels = corrupted_solution(row["solution"], labels_C, f"{options.seed}:{i}", box)
             ids, offsets = _encode(tokenizer, text)
-            traces.append(_Trace(i, prompt_ids, ids, token_labels(text, labels, offsets), advantage))
+            traces.append(_Trace(i, prompt_ids, ids, token_labels(text, labels, offsets), -1.0))
     counts = {kind: sum(t.labels.count(kind) for t in traces) for kind in (1, 0)}
     if not counts[0] or not counts[1]:
         missing = "filler" if not counts[0] else "critical"
@@ -177,7 +211,9 @@ def saliency_auroc(model, tokenizer, rows: Sequence[dict], methods: Sequence[str
             `method_names(probed=True)`).
         options: `SaliencyQualityOptions` (None: defaults).
     Returns:
-        {method: {"signal": AurocResult, "weights": AurocResult}}.
+        {method: {"signal": AurocResult, "weights": AurocResult}}; each AurocResult is the pooled AUROC with, in
+        `matched`, the position-matched one and, in `profile`, the position profile
+        (`grail.analysis.saliency.position`).
     """
     options = options or SaliencyQualityOptions()
     specs = {m: method_spec(m) for m in (method_names(probed=True) if methods is None else methods)}
@@ -189,7 +225,8 @@ def saliency_auroc(model, tokenizer, rows: Sequence[dict], methods: Sequence[str
     device = next(model.parameters()).device
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     generators = {m: torch.Generator(device=device).manual_seed(options.seed + zlib.crc32(m.encode())) for m in specs}
-    collected = {m: {"signal": [], "weights": []} for m in specs}  # lists of (scores, labels, example, trace)
+    collected = {m: {"signal": [], "weights": []} for m in specs}  # (scores, labels, example, trace, distance,
+    # relative position) per batch
     method_options = {m: options_for(spec, options.weighting) for m, spec in specs.items()}  # each method's, once
     was_training = model.training
     model.eval()
@@ -205,7 +242,11 @@ def saliency_auroc(model, tokenizer, rows: Sequence[dict], methods: Sequence[str
             if lost:
                 raise ValueError(f"saliency row {lost[0]}: no answer box found in the tokenized solution (the "
                                  f"tokenizer's decode does not reproduce the box); check the tokenizer.")
-            scored_BT = (spans.reasoning_BT & mask_BT).cpu() & (labels_BT != UNLABELLED)
+            # every reasoning token is kept (labelled or not): the matched AUROC reads a score against its trace's
+            # last reasoning tokens, and the AUROCs drop the unlabelled ones themselves
+            reasoning_BT = (spans.reasoning_BT & mask_BT).cpu()
+            distance_BT = box_distance_BT(spans.box_BT).cpu()
+            position_BT = relative_position_BT(reasoning_BT)
             probed: dict = {}  # probe function → signal (grail and random share GRAIL's saliency probe)
             for m, spec in specs.items():
                 opts = method_options[m]
@@ -221,19 +262,24 @@ def saliency_auroc(model, tokenizer, rows: Sequence[dict], methods: Sequence[str
                     signal_BT = spec.importance(signal_BT)
                 if spec.permutes:  # the random control: its own signal is a random score, not GRAIL's saliency
                     signal_BT = torch.rand(mask_BT.shape, generator=generators[m], device=device)
-                for part, values_BT, keep_BT in (("signal", signal_BT, scored_BT),
-                                                 ("weights", weights_BT, scored_BT & rows_B.cpu()[:, None])):
-                    collected[m][part].append((values_BT.detach().float().cpu()[keep_BT], labels_BT[keep_BT],
-                                               example_BT[keep_BT], trace_BT[keep_BT]))
+                for part, values_BT, keep_BT in (("signal", signal_BT, reasoning_BT),
+                                                 ("weights", weights_BT, reasoning_BT & rows_B.cpu()[:, None])):
+                    collected[m][part].append(tuple(x[keep_BT] for x in (
+                        values_BT.detach().float().cpu(), labels_BT, example_BT, trace_BT, distance_BT, position_BT)))
     finally:
         model.train(was_training)
     results = {}
     for m, parts in collected.items():
         results[m] = {}
         for part, pieces in parts.items():
-            scores, labels, examples, traces_N = (torch.cat(x) for x in zip(*pieces, strict=True))
-            result = auroc_result(scores, labels, examples, traces_N, pairs=options.pairs,
-                                  num_bootstrap=options.num_bootstrap, confidence=options.confidence, seed=options.seed)
+            scores, labels, examples, traces_N, distance, position = (torch.cat(x) for x in zip(*pieces, strict=True))
+            ci = {"num_bootstrap": options.num_bootstrap, "confidence": options.confidence, "seed": options.seed}
+            result = auroc_result(scores, labels, examples, traces_N, pairs=options.pairs, **ci)
+            matched = matched_auroc_result(scores, labels, examples, distance, traces_N, bin_width=options.bin_width,
+                                           scale="window" if options.pairs == "within_trace" else "raw",
+                                           window=options.window, **ci)
+            result = replace(result, matched=matched,
+                             profile=position_profile(scores, labels, position, traces_N, options.profile_bins))
             if part == "weights" and result.n_examples == 0:
                 result = replace(result, note=f"no row reweighted: {m} with rollout_symmetry="
                                               f"{options.weighting.rollout_symmetry!r} leaves every {options.traces} "
@@ -243,7 +289,8 @@ def saliency_auroc(model, tokenizer, rows: Sequence[dict], methods: Sequence[str
 
 
 def as_json(results: dict[str, dict[str, AurocResult]]) -> dict:
-    """`saliency_auroc`'s result as plain dicts (NaN stays a float: json.dumps writes NaN)."""
+    """`saliency_auroc`'s result as plain dicts, `matched` and `profile` nested in each (NaN stays a float: json.dumps
+    writes NaN)."""
     return {m: {part: r.as_dict() for part, r in parts.items()} for m, parts in results.items()}
 
 

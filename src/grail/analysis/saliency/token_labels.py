@@ -38,7 +38,7 @@ import random
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
@@ -46,8 +46,12 @@ from grail.tasks.arithmetic import TaskConfig, TaskExample
 from grail.tasks.boxed import first_boxed, last_boxed
 from grail.tasks.synthetic import generate
 
+if TYPE_CHECKING:
+    from grail.analysis.saliency.position import PositionProfile
+
 __all__ = ["CRITICAL", "FILLER", "ROW_KEYS", "UNLABELLED", "AurocResult", "auroc_result", "char_labels",
-           "check_row", "corrupted_solution", "is_messages", "Pairs", "pooled_auroc", "saliency_row", "synthetic_rows",
+           "check_row", "check_spans_map", "corrupted_solution", "is_messages", "Pairs", "percentile_interval",
+           "pooled_auroc", "resample_counts", "saliency_row", "stratified_wins_pairs", "synthetic_rows",
            "token_labels", "trace_wins_pairs"]
 
 CRITICAL, FILLER, UNLABELLED = 1, 0, -1
@@ -148,6 +152,26 @@ def token_labels(text: str, labels_C: Sequence[int], offsets: Sequence[Sequence[
     return out
 
 
+def check_spans_map(row: dict, index: int, offsets: Sequence[Sequence[int]], labels_N: Sequence[int]) -> None:
+    """Raise ValueError naming row `index` when one of its spans lies in no token of its kind: a critical span in no
+    CRITICAL token, a filler span in no FILLER token (rules 1-2 of the module docstring). `offsets`, `labels_N`: the
+    tokenized solution's character ranges and `token_labels`."""
+    text = row["solution"]
+    for key, kind, name in (("critical_spans", CRITICAL, "critical"), ("filler_spans", FILLER, "filler")):
+        for start, end in row[key]:
+            touching = [(a, b, label) for (a, b), label in zip(offsets, labels_N, strict=True) if a < end and b > start]
+            if any(label == kind for _, _, label in touching):
+                continue
+            cut = [text[a:b] for a, b, _ in touching]
+            why = ("no token covers it" if not touching else
+                   "its tokens also cover characters outside filler spans (a filler token's non-space characters "
+                   "must all be filler)" if kind == FILLER else "no token covers it")
+            raise ValueError(f"saliency row {index}: {name} span [{start}, {end}) {text[start:end]!r} maps to no "
+                             f"{name} token: {why}; the tokenizer cuts it as {cut!r}. Make the span cover whole "
+                             f"tokens (a filler span the whole word, e.g. with the space the tokenizer attaches) or "
+                             f"drop it.")
+
+
 def corrupted_solution(solution: str, labels_C: Sequence[int], seed: int | str,
                        box: str = "first") -> tuple[str, list[int]]:
     """The solution with its boxed answer replaced by a wrong number, and its character labels.
@@ -177,28 +201,54 @@ def _distinct_rank(scores_N: torch.Tensor) -> torch.Tensor:
     return torch.unique(scores_N, sorted=True, return_inverse=True)[1]
 
 
-def pooled_auroc(scores_N: torch.Tensor, critical_N: torch.Tensor,
-                 counts_RN: torch.Tensor | None = None) -> torch.Tensor:
-    """Mann–Whitney AUROC of critical vs the other tokens, all pairs, each token counted `counts_RN[r, n]` times.
+def stratified_wins_pairs(scores_N: torch.Tensor, critical_N: torch.Tensor, stratum_N: torch.Tensor,
+                          counts_RN: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per stratum: Mann–Whitney wins and pairs over the (critical, other) token pairs of the same stratum, each
+    token counted `counts_RN[r, n]` times.
 
-    AUROC_r = Σ_{c,f} m_rc m_rf [1(s_c > s_f) + ½ 1(s_c = s_f)] / (Σ_c m_rc · Σ_f m_rf), c over critical tokens,
-    f over the rest. Computed through the sorted distinct scores: per distinct value v, the critical mass at v times
-    (the filler mass below v + half the filler mass at v). O(R·N) memory, no pairwise matrix.
+    wins_rs = Σ_{c,f in s} m_rc m_rf [1(s_c > s_f) + ½ 1(s_c = s_f)], pairs_rs = Σ_{c in s} m_rc · Σ_{f in s} m_rf.
+    Computed through the sorted (stratum, distinct score) cells: per cell, the critical mass times (the filler mass
+    of the same stratum strictly below + half the filler mass in the cell). O(R·N) memory, no pairwise matrix.
+    One stratum is the pooled AUROC; strata = traces the within-trace one; strata = distance bins the
+    position-matched one (`grail.analysis.saliency.position`).
 
     Args:
         scores_N: (N,) finite scores; critical_N: (N,) bool, True = critical, False = filler.
-        counts_RN: (R, N) non-negative multiplicities (one bootstrap resample per row); None = one row of ones.
+        stratum_N: (N,) int64 ids in 0..S-1. counts_RN: (R, N) non-negative multiplicities (one bootstrap resample
+            per row); None = one row of ones.
+    Returns:
+        (wins_RS, pairs_RS) float64, S = max(stratum_N) + 1.
+    """
+    rank_N = _distinct_rank(scores_N.detach().double().cpu())
+    critical, stratum = critical_N.bool().cpu(), stratum_N.long().cpu()
+    counts = torch.ones(1, len(rank_N), dtype=torch.float64) if counts_RN is None else counts_RN.double().cpu()
+    R, S = len(counts), int(stratum.max()) + 1 if len(stratum) else 0
+    K = int(rank_N.max()) + 1 if len(rank_N) else 1
+    keys_U, key_N = torch.unique(stratum * K + rank_N, sorted=True, return_inverse=True)  # cells in order
+    stratum_U, U = keys_U // K, len(keys_U)
+    crit_RU = torch.zeros(R, U, dtype=torch.float64).index_add_(1, key_N[critical], counts[:, critical])
+    fill_RU = torch.zeros(R, U, dtype=torch.float64).index_add_(1, key_N[~critical], counts[:, ~critical])
+    fill_RS = torch.zeros(R, S, dtype=torch.float64).index_add_(1, stratum_U, fill_RU)
+    before_RS = fill_RS.cumsum(1) - fill_RS  # filler mass of the strata sorted before each stratum
+    below_RU = fill_RU.cumsum(1) - fill_RU - before_RS[:, stratum_U]  # same stratum, strictly below the cell
+    wins_RS = torch.zeros(R, S, dtype=torch.float64).index_add_(1, stratum_U, crit_RU * (below_RU + 0.5 * fill_RU))
+    crit_RS = torch.zeros(R, S, dtype=torch.float64).index_add_(1, stratum_U, crit_RU)
+    return wins_RS, crit_RS * fill_RS
+
+
+def pooled_auroc(scores_N: torch.Tensor, critical_N: torch.Tensor,
+                 counts_RN: torch.Tensor | None = None) -> torch.Tensor:
+    """Mann–Whitney AUROC of critical vs the other tokens, all pairs (one stratum of `stratified_wins_pairs`), each
+    token counted `counts_RN[r, n]` times: AUROC_r = wins_r / pairs_r.
+
     Returns:
         (R,) float64; NaN where a resample has no critical or no filler mass.
     """
-    rank_N = _distinct_rank(scores_N.detach().double().cpu())
-    critical = critical_N.bool().cpu()
-    counts = torch.ones(1, len(rank_N), dtype=torch.float64) if counts_RN is None else counts_RN.double().cpu()
-    K = int(rank_N.max()) + 1 if len(rank_N) else 0
-    crit_RK = torch.zeros(len(counts), K, dtype=torch.float64).index_add_(1, rank_N[critical], counts[:, critical])
-    fill_RK = torch.zeros(len(counts), K, dtype=torch.float64).index_add_(1, rank_N[~critical], counts[:, ~critical])
-    below_RK = fill_RK.cumsum(1) - fill_RK  # filler mass strictly below each distinct value
-    return _ratio((crit_RK * (below_RK + 0.5 * fill_RK)).sum(1), crit_RK.sum(1) * fill_RK.sum(1))
+    wins_RS, pairs_RS = stratified_wins_pairs(scores_N, critical_N, torch.zeros(len(scores_N), dtype=torch.long),
+                                              counts_RN)
+    if wins_RS.shape[1] == 0:
+        return torch.full((len(wins_RS),), math.nan, dtype=torch.float64)
+    return _ratio(wins_RS[:, 0], pairs_RS[:, 0])
 
 
 def trace_wins_pairs(scores_N: torch.Tensor, critical_N: torch.Tensor,
@@ -206,20 +256,8 @@ def trace_wins_pairs(scores_N: torch.Tensor, critical_N: torch.Tensor,
     """Per trace: the Mann–Whitney wins Σ_{c,f} [1(s_c > s_f) + ½ 1(s_c = s_f)] and the pair count n_c · n_f over
     the trace's own (critical, filler) pairs. trace_N: (N,) ids in 0..G-1. Returns (wins_G, pairs_G) float64.
     The within-trace AUROC is Σ wins / Σ pairs (a trace drawn k times: k · its wins and pairs)."""
-    rank_N = _distinct_rank(scores_N.detach().double().cpu())
-    critical, trace = critical_N.bool().cpu(), trace_N.long().cpu()
-    G = int(trace.max()) + 1 if len(trace) else 0
-    K = int(rank_N.max()) + 1 if len(rank_N) else 0
-    keys_U, key_N = torch.unique(trace * K + rank_N, sorted=True, return_inverse=True)  # (trace, value) cells in order
-    trace_U = keys_U // max(K, 1)
-    crit_U = torch.zeros(len(keys_U), dtype=torch.float64).index_add_(0, key_N, critical.double())
-    fill_U = torch.zeros(len(keys_U), dtype=torch.float64).index_add_(0, key_N, (~critical).double())
-    fill_G = torch.zeros(G, dtype=torch.float64).index_add_(0, trace_U, fill_U)
-    before_G = fill_G.cumsum(0) - fill_G  # filler mass of the traces sorted before each trace
-    below_U = fill_U.cumsum(0) - fill_U - before_G[trace_U]  # filler mass of the same trace strictly below
-    wins_G = torch.zeros(G, dtype=torch.float64).index_add_(0, trace_U, crit_U * (below_U + 0.5 * fill_U))
-    crit_G = torch.zeros(G, dtype=torch.float64).index_add_(0, trace_U, crit_U)
-    return wins_G, crit_G * fill_G
+    wins_RG, pairs_RG = stratified_wins_pairs(scores_N, critical_N, trace_N)
+    return wins_RG[0], pairs_RG[0]
 
 
 def _ratio(wins_R: torch.Tensor, pairs_R: torch.Tensor) -> torch.Tensor:
@@ -230,7 +268,7 @@ def _ratio(wins_R: torch.Tensor, pairs_R: torch.Tensor) -> torch.Tensor:
 class AurocResult:
     """AUROC of critical vs filler tokens with its bootstrap CI. `auroc` is NaN (and `note` says why) when there is
     no (critical, filler) pair; n_critical / n_filler count the scored tokens, n_examples the examples that have
-    labelled tokens among them."""
+    labelled tokens among them. `saliency_auroc` adds `matched` and `profile` (`as_dict` nests them)."""
 
     auroc: float
     ci_low: float
@@ -239,6 +277,8 @@ class AurocResult:
     n_filler: int
     n_examples: int
     note: str = ""
+    matched: AurocResult | None = None  # the position-matched AUROC (grail.analysis.saliency.position), if computed
+    profile: PositionProfile | None = None  # the mean score by relative position (same module), if computed
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -280,25 +320,38 @@ def auroc_result(scores_N: torch.Tensor, labels_N: torch.Tensor, example_N: torc
                            note=f"undefined: {why} (for the synthetic task, filler needs filler_rate > 0)")
     if num_bootstrap == 0:
         return AurocResult(float(point[0]), math.nan, math.nan, n_c, n_f, E)
-    generator = torch.Generator().manual_seed(seed)
     draws = []
-    block = max(1, 4_000_000 // max(len(scores), E))  # bound the (R, N) multiplicity matrix to ~32 MB
-    for start in range(0, num_bootstrap, block):
-        r = min(block, num_bootstrap - start)
-        picks_RE = torch.randint(E, (r, E), generator=generator)
-        counts_RE = torch.zeros(r, E, dtype=torch.float64).scatter_add_(1, picks_RE, torch.ones_like(picks_RE,
-                                                                                                  dtype=torch.float64))
+    for counts_RE in resample_counts(E, num_bootstrap, len(scores), seed):
         if pairs == "within_trace":
             counts_RG = counts_RE[:, example_G]
             draws.append(_ratio(counts_RG @ wins_G, counts_RG @ pairs_G))
         else:
             draws.append(pooled_auroc(scores, critical, counts_RE[:, example]))
-    draws_R = torch.cat(draws)
+    low, high, note = percentile_interval(torch.cat(draws), confidence)
+    return AurocResult(float(point[0]), low, high, n_c, n_f, E, note=note)
+
+
+def resample_counts(E: int, num_bootstrap: int, n_tokens: int, seed: int):
+    """Yields (r, E) float64 blocks of bootstrap multiplicities of E examples (each row: E draws with replacement),
+    num_bootstrap rows in all, from torch.Generator().manual_seed(seed); blocks bound a (r, n_tokens) matrix to
+    ~32 MB."""
+    generator = torch.Generator().manual_seed(seed)
+    block = max(1, 4_000_000 // max(n_tokens, E, 1))
+    for start in range(0, num_bootstrap, block):
+        r = min(block, num_bootstrap - start)
+        picks_RE = torch.randint(E, (r, E), generator=generator)
+        yield torch.zeros(r, E, dtype=torch.float64).scatter_add_(1, picks_RE, torch.ones_like(picks_RE,
+                                                                                           dtype=torch.float64))
+
+
+def percentile_interval(draws_R: torch.Tensor, confidence: float) -> tuple[float, float, str]:
+    """(low, high, note): the percentile interval of the finite bootstrap draws; NaN bounds when none is finite.
+    The note says how many resamples had no pair to compare (NaN draws, dropped)."""
     finite = draws_R[torch.isfinite(draws_R)]
-    dropped = num_bootstrap - len(finite)
-    note = f"{dropped} of {num_bootstrap} resamples had no pair to compare and were dropped" if dropped else ""
+    dropped = len(draws_R) - len(finite)
+    note = f"{dropped} of {len(draws_R)} resamples had no pair to compare and were dropped" if dropped else ""
     if not len(finite):
-        return AurocResult(float(point[0]), math.nan, math.nan, n_c, n_f, E, note=note)
+        return math.nan, math.nan, note
     tail = (1 - confidence) / 2
     low, high = torch.quantile(finite, torch.tensor([tail, 1 - tail], dtype=torch.float64)).tolist()
-    return AurocResult(float(point[0]), low, high, n_c, n_f, E, note=note)
+    return low, high, note
