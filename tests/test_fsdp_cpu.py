@@ -194,7 +194,8 @@ dist.destroy_process_group()
 
 # every method with a signal (GRAIL at a layer leaf too), except those that read whole groups of rollouts (KTAE: token
 # statistics of a group, no model call; this batch has no groups)
-SHARDABLE = [*(m for m in method_names(probed=True) if not METHODS[m].groups), "grail@middle"]
+# the methods whose probe calls the (sharded) model; a model-free one (KTAE, the position null) has nothing to shard
+SHARDABLE = [*(m for m in method_names(probed=True) if METHODS[m].calls_model), "grail@middle"]
 
 
 def sharded_weights_reports(tmp_path, config, methods=SHARDABLE) -> list[dict]:

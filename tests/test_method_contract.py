@@ -13,9 +13,9 @@ import torch
 
 from batches import loss_and_grads, make_trainer, trl_batch
 from grail import MethodOption, MethodSpec, register_method, unregister_method
+from grail.analysis.checks import MethodCheckError, check_method
 from grail.cli import main
 from grail.methods import builtin, table
-from grail.analysis.checks import MethodCheckError, check_method
 from grail.methods.spec import MethodSpec as Spec
 from grail.methods.spec import TokenWeights
 from grail.methods.table import method_names

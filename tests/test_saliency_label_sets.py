@@ -19,6 +19,7 @@ from grail.analysis.saliency.label_sets import (
 from grail.analysis.saliency.quality import SaliencyQualityOptions, as_json, render_messages, saliency_auroc
 from grail.analysis.saliency.token_labels import check_row
 from grail.models.tiny import build_tiny_model, build_tokenizer
+from grail.options.prompts import plain_prefix
 from grail.tasks.arithmetic import FILLER_WORDS
 from grail.tasks.word_problems import NAMES, OBJECTS
 
@@ -96,8 +97,9 @@ def plain_tokenizer():
 
 def test_messages_render_as_plain_text_without_a_chat_template(plain_tokenizer, tokenizer):
     messages = natural_contrast_rows(1, seed=0, shots=1)[0]["prompt"]
-    text = render_messages(plain_tokenizer, messages)
-    assert text == f"{messages[0]['content']}\n{messages[1]['content']}\n\n{messages[2]['content']}\n"
+    text = render_messages(plain_tokenizer, messages)  # training's plain rendering, then the answer's space
+    assert text == (plain_prefix(plain_tokenizer) + f"Question: {messages[0]['content']}\n\nAnswer: "
+                    f"{messages[1]['content']}\n\nQuestion: {messages[2]['content']}\n\nAnswer: ")
     assert render_messages(tokenizer, messages).startswith("<|im_start|>user\n")  # with a template: the template
 
 

@@ -79,7 +79,7 @@ from grail.methods.table import method_names, method_spec, options_for
 from grail.methods.weighting import batch_spans, probe_rows, run_probe, weights_from_signal
 from grail.options.checkpoint_dirs import checkpoint_dirs
 from grail.options.choices import WeightingOptions
-from grail.options.prompts import has_chat_template
+from grail.options.prompts import has_chat_template, plain_prefix, render_plain
 
 __all__ = ["AurocResult", "SaliencyQualityOptions", "as_json", "checkpoints_saliency_auroc",
            "model_dir_saliency_auroc", "render_messages", "saliency_auroc", "saliency_row", "synthetic_rows"]
@@ -142,19 +142,14 @@ def _encode(tokenizer, text: str) -> tuple[list[int], list[tuple[int, int]]]:
 
 
 def render_messages(tokenizer, messages: list[dict]) -> str:
-    """Chat messages as the model reads them: with the tokenizer's chat template (generation prompt added, as
-    training renders them), or as plain text when it has none (a base model, e.g. Gemma 3 270M)."""
+    """Chat messages as the model reads them in training: with the tokenizer's chat template (generation prompt
+    added), or, for a tokenizer without one (a base model, e.g. Gemma 3 270M), as training's plain text
+    (`grail.options.prompts.render_plain`, after the tokenizer's BOS text) and one space, so that the teacher-forced
+    solution starts where a sampled answer does, after "Answer: " (a sampled answer carries that space inside its
+    first token; here it is a token of the prompt)."""
     if has_chat_template(tokenizer):
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return _plain_text(messages)
-
-
-# SWAP: grail.options.prompts is getting the project's public plain-text renderer for models without a chat
-# template; when it lands, call it in render_messages and delete this. Until then this is the one place saliency
-# quality renders messages without a template: each turn's text, a blank line after each worked solution, and
-# the problem's user turn followed by a newline, where the solution starts.
-def _plain_text(messages: list[dict]) -> str:
-    return "".join(m["content"] + ("\n\n" if m["role"] == "assistant" else "\n") for m in messages)
+    return plain_prefix(tokenizer) + render_plain(messages) + " "
 
 
 def _traces(tokenizer, rows: Sequence[dict], options: SaliencyQualityOptions) -> list[_Trace]:
