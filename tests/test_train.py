@@ -63,13 +63,16 @@ def test_config_yaml_writes_whole_step_counts_as_integers(tmp_path):
 
 
 def test_a_run_records_chat_for_prompts_that_are_chat_messages(tmp_path, tokenizer):
-    """Prompts that are chat messages are rendered by TRL with the chat template, whatever conversational says: the
-    resolved format (written into the config, so resolved_config.json and grail_prompt.json record it) is chat, with
-    the chat_template_kwargs TRL is handed."""
+    """Prompts that are chat messages are rendered by TRL with the chat template when the tokenizer has one and
+    conversational is not false: the resolved format (written into the config, so resolved_config.json and
+    grail_prompt.json record it) is chat, with the chat_template_kwargs TRL is handed. conversational=false renders
+    them as plain text (a base model's format) and records that."""
     from datasets import Dataset
 
     rows = Dataset.from_list([{"prompt": [{"role": "user", "content": "2+2?"}], "answer": "4"}])
-    cfg = GRAILConfig(output_dir=str(tmp_path), dataset="d.jsonl", conversational=False, prompt_suffix="")
+    plain = GRAILConfig(output_dir=str(tmp_path), dataset="d.jsonl", conversational=False, prompt_suffix="")
+    assert not resolve_prompt_fields(plain, tokenizer, rows).chat and plain.conversational is False
+    cfg = GRAILConfig(output_dir=str(tmp_path), dataset="d.jsonl", prompt_suffix="")
     fmt = resolve_prompt_fields(cfg, tokenizer, rows)
     assert fmt.chat and fmt.chat_template_kwargs == {"enable_thinking": False}
     assert (cfg.conversational, cfg.prompt_suffix, cfg.chat_template_kwargs) == (True, "", {"enable_thinking": False})
@@ -80,5 +83,8 @@ def test_a_run_records_chat_for_prompts_that_are_chat_messages(tmp_path, tokeniz
     assert resolve_prompt_fields(given, tokenizer, rows).chat_template_kwargs == {"custom": 1}  # explicit wins
     no_template = copy.deepcopy(tokenizer)
     no_template.chat_template = None
+    # without a template, `auto` renders them as plain text (a base model); asking for chat is refused
+    assert not resolve_prompt_fields(GRAILConfig(output_dir=str(tmp_path), dataset="d.jsonl"), no_template, rows).chat
     with pytest.raises(ValueError, match="holds chat messages.*has none"):
-        resolve_prompt_fields(GRAILConfig(output_dir=str(tmp_path), dataset="d.jsonl"), no_template, rows)
+        resolve_prompt_fields(GRAILConfig(output_dir=str(tmp_path), dataset="d.jsonl", conversational=True),
+                              no_template, rows)
