@@ -2,7 +2,7 @@ r"""Sampled and greedy accuracy of a chat model on the word-problem style of the
 (grail.tasks.word_problems).
 
 Renders held-out problems (chat messages: worked examples as earlier turns, then the problem) through the model's
-chat template (add_generation_prompt), samples at temperature 1.0 (top-p 1, top-k 0: how TRL's GRPO samples by
+chat template (add_generation_prompt), samples at --temperature (default 1.0; top-p 1, top-k 0: as TRL's GRPO samples by
 default), grades the last \boxed{} as an integer (grail.evaluation.rewards.exact_int_reward, the reward `auto` picks for
 the synthetic task) and prints: sampled accuracy with a 95% CI (a percentile bootstrap over problems, the samples of a
 problem staying together), greedy accuracy, the share of completions with no complete \boxed{}, the share that
@@ -50,7 +50,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model", default="smollm2-135m",
                    help="a built-in real model name (`grail models list`), a save_pretrained directory or a Hub id")
     p.add_argument("--n-problems", type=int, default=64)
-    p.add_argument("--samples", type=int, default=4, help="sampled completions per problem (T=1.0)")
+    p.add_argument("--samples", type=int, default=4, help="sampled completions per problem (at --temperature)")
+    p.add_argument("--temperature", type=float, default=1.0,
+                   help="sampling temperature, as a run's `temperature` (its rollouts and its sampled evaluation)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=64, help="sequences per generate call")
     p.add_argument("--num-steps", type=int, default=WORDS_TASK.num_steps)
@@ -83,11 +85,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def _generate(model, tokenizer, texts: list[str], n: int, sample: bool,
-              max_new_tokens: int) -> list[tuple[str, int, bool]]:
+              max_new_tokens: int, temperature: float = 1.0) -> list[tuple[str, int, bool]]:
     """(completion text, completion tokens, stopped) for each text, n per text (grouped by text)."""
     batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
     ids, mask = batch["input_ids"], batch["attention_mask"]
-    kwargs = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0) if sample else dict(do_sample=False)
+    kwargs = dict(do_sample=True, temperature=temperature, top_p=1.0, top_k=0) if sample else dict(do_sample=False)
     with torch.no_grad():
         if n > 1:  # run each prompt once (all but its last token) and share that cache among its n samples
             positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)  # as generate derives them
@@ -151,7 +153,8 @@ def run(args: argparse.Namespace) -> dict:
     per_call = max(1, args.batch_size // args.samples)
     sampled = []
     for i in range(0, len(texts), per_call):
-        sampled += _generate(model, tokenizer, texts[i:i + per_call], args.samples, True, args.max_new_tokens)
+        sampled += _generate(model, tokenizer, texts[i:i + per_call], args.samples, True, args.max_new_tokens,
+                             args.temperature)
         print(f"  sampled {min(i + per_call, len(texts))}/{len(texts)} problems ({time.time() - started:.0f} s)",
               file=sys.stderr)
     completions = [c for c, _, _ in sampled]
@@ -173,7 +176,7 @@ def run(args: argparse.Namespace) -> dict:
         "prompt": {"shots": args.shots, "instruction": instruction, "suffix": suffix,
                    "format": "chat" if chat else "plain", "answer_end": "" if chat else answer_end},
         "split": args.split, "n_problems": len(answers), "samples": args.samples,
-        "max_new_tokens": args.max_new_tokens,
+        "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
         "sampled_accuracy": statistics.fmean(rewards), "sampled_ci95": [low, high],
         "problems_mixed": sum(0 < p < 1 for p in per_problem) / len(per_problem),
         "by_operators": {ops: {"problems": len(v), "sampled_accuracy": statistics.fmean(v)}
@@ -209,7 +212,7 @@ def main(argv=None) -> int:
     low, high = result["sampled_ci95"]
     greedy = f"{result['greedy_accuracy']:.1%}" if "greedy_accuracy" in result else "skipped"
     print(f"{result['task']} prompt {result['prompt']}")
-    print(f"sampled accuracy (T=1.0, {result['n_problems']} problems x {result['samples']}): "
+    print(f"sampled accuracy (T={result['temperature']}, {result['n_problems']} problems x {result['samples']}): "
           f"{result['sampled_accuracy']:.1%} [95% CI {low:.1%}, {high:.1%}]; greedy {greedy}; "
           f"problems with mixed rewards {result['problems_mixed']:.0%}; no box {result['no_box_share']:.1%}; "
           f"stopped {result['stopped_share']:.1%}; first box correct {result['first_box_accuracy']:.1%}; "

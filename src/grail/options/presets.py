@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from grail.options.prompts import PAPER_PROMPT_SUFFIX
 from grail.tasks.synthetic import WORDS_SET
-from grail.tasks.word_problems import GEMMA_WORDS_TASK
 
 __all__ = ["GEMMA_WORDS", "NOTES", "PAPER", "PAPER_LOSS", "PAPER_NOTES", "preset", "PRESETS", "render", "SMOLLM_WORDS",
            "TINY_CPU"]
@@ -151,25 +150,15 @@ SMOLLM_WORDS = {
 
 # The same task for the base model Gemma 3 270M (`grail models fetch gemma3-270m --accept_gemma_terms`): no chat
 # template, so the few-shot turns are rendered as plain text (grail.options.prompts.render_plain: "Question: ...",
-# "Answer: ..."). A base model rarely ends its answer with EOS (it goes on to write the next question: 16% of
-# completions stopped in the screening run of grail.tasks.word_problems' docstring), so truncated completions keep
+# "Answer: ..."). A base model rarely ends its answer with EOS (it goes on to write the next question: 4% of
+# completions stopped in the measurements of grail.tasks.word_problems' docstring), so truncated completions keep
 # their loss here (the paper masks them, which would mask almost every completion) and completions are cut at 48
-# tokens, enough for the one-sentence answer and its box (~20 tokens).
-#
-# The task is smaller than SmolLM2's (grail.tasks.word_problems.GEMMA_WORDS_TASK: operands 1..9, values <= 20): on
-# SmolLM2's 1..20 the base model's sampled accuracy before RL was 16% (below the 20-60% band), and it was twice as
-# high where both operands were below 10 (the words task's docstring has the figures). That space has 159
-# expressions: 147 training, 12 held-out; the sets below take 140 and all 12.
+# tokens, enough for the one-sentence answer and its box (~20 tokens); at 64 the next question's own empty
+# "\boxed{}" often became the last box, which the reward reads (5-6% accuracy, against 16% at 48).
 GEMMA_WORDS = {
     **SMOLLM_WORDS,
     "model_name_or_path": "gemma3-270m",
     "conversational": False,
-    "task_num_steps": GEMMA_WORDS_TASK.num_steps,
-    "task_operand_min": GEMMA_WORDS_TASK.operand_min,
-    "task_operand_max": GEMMA_WORDS_TASK.operand_max,
-    "task_max_value": GEMMA_WORDS_TASK.max_value,
-    "task_num_train": 140,
-    "task_num_heldout": 12,
     "mask_truncated_completions": False,
     "max_completion_length": 48,
 }
