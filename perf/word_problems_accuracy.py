@@ -2,7 +2,7 @@ r"""Sampled and greedy accuracy of a chat model on the word-problem style of the
 (grail.tasks.word_problems).
 
 Renders held-out problems (chat messages: worked examples as earlier turns, then the problem) through the model's
-chat template (add_generation_prompt), samples at temperature 1.0 (top-p 1, top-k 0: how TRL's GRPO samples by
+chat template (add_generation_prompt), samples at --temperature (default 1.0; top-p 1, top-k 0: as TRL's GRPO samples by
 default), grades the last \boxed{} as an integer (grail.evaluation.rewards.exact_int_reward, the reward `auto` picks for
 the synthetic task) and prints: sampled accuracy with a 95% CI (a percentile bootstrap over problems, the samples of a
 problem staying together), greedy accuracy, the share of completions with no complete \boxed{}, the share that
@@ -11,7 +11,13 @@ style's defaults so that sampled accuracy before RL is 20-60% (GRPO groups with 
 
     python perf/word_problems_accuracy.py [--model smollm2-135m] [--n-problems 64] [--samples 4] \
         [--max-new-tokens 128] [--num-steps 1] [--operand-max 20] [--max-value 40] [--shots 4] \
-        [--instruction default|none|TEXT] [--suffix TEXT|paper] [--threads 2] [--json PATH]
+        [--instruction default|none|TEXT] [--suffix TEXT|paper] [--format auto|chat|plain] \
+        [--answer-end none|eos|TEXT] [--split heldout|train] [--threads 2] [--json PATH] [--dump PATH]
+
+A base model without a chat template (Gemma 3 270M) gets the plain rendering (grail.options.prompts.render_plain), by
+default exactly as a run renders it (--answer-end none). It tends to write on past its answer (a next "Question:"),
+so the script also prints the share of completions that did, and, as a diagnostic only, the share whose FIRST box
+holds the answer (the reward and the evaluation read the last one).
 
 The task options default to grail.tasks.word_problems.WORDS_TASK and its prompt (--shots 4, --instruction default, no
 suffix); the results are recorded in grail.tasks.word_problems' docstring. Each prompt is run once and its cache shared
@@ -32,9 +38,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grail.evaluation.rewards import exact_int_reward
 from grail.models.warmstart import resolve_model
-from grail.options.prompts import has_chat_template, plain_prefix, render_plain, resolve_suffix
+from grail.options.prompts import PLAIN_USER, has_chat_template, plain_prefix, render_plain, resolve_suffix
 from grail.tasks.arithmetic import TaskConfig
-from grail.tasks.boxed import last_boxed_content
+from grail.tasks.boxed import first_boxed, last_boxed_content
 from grail.tasks.synthetic import generate
 from grail.tasks.word_problems import INSTRUCTION, WORDS_TASK, PromptOptions
 
@@ -44,7 +50,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model", default="smollm2-135m",
                    help="a built-in real model name (`grail models list`), a save_pretrained directory or a Hub id")
     p.add_argument("--n-problems", type=int, default=64)
-    p.add_argument("--samples", type=int, default=4, help="sampled completions per problem (T=1.0)")
+    p.add_argument("--samples", type=int, default=4, help="sampled completions per problem (at --temperature)")
+    p.add_argument("--temperature", type=float, default=1.0,
+                   help="sampling temperature, as a run's `temperature` (its rollouts and its sampled evaluation)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=64, help="sequences per generate call")
     p.add_argument("--num-steps", type=int, default=WORDS_TASK.num_steps)
@@ -61,8 +69,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--format", default="auto", choices=("auto", "chat", "plain"),
                    help="chat: the model's chat template; plain: grail.options.prompts.render_plain (for a base model "
                    "without a template); auto: chat iff the tokenizer has a template")
-    p.add_argument("--answer-end", default="eos",
-                   help="plain format: text closing each worked answer: eos (the tokenizer's EOS token), none, or text")
+    p.add_argument("--answer-end", default="none",
+                   help="plain format: text closing each worked answer: none (as training renders the prompt, "
+                   "grail.options.prompts.PromptFormat), eos (the tokenizer's EOS token), or any text")
     p.add_argument("--split", default="heldout", choices=("train", "heldout"))
     p.add_argument("--task-seed", type=int, default=0)
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
@@ -76,11 +85,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def _generate(model, tokenizer, texts: list[str], n: int, sample: bool,
-              max_new_tokens: int) -> list[tuple[str, int, bool]]:
+              max_new_tokens: int, temperature: float = 1.0) -> list[tuple[str, int, bool]]:
     """(completion text, completion tokens, stopped) for each text, n per text (grouped by text)."""
     batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
     ids, mask = batch["input_ids"], batch["attention_mask"]
-    kwargs = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0) if sample else dict(do_sample=False)
+    kwargs = dict(do_sample=True, temperature=temperature, top_p=1.0, top_k=0) if sample else dict(do_sample=False)
     with torch.no_grad():
         if n > 1:  # run each prompt once (all but its last token) and share that cache among its n samples
             positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)  # as generate derives them
@@ -98,6 +107,12 @@ def _generate(model, tokenizer, texts: list[str], n: int, sample: bool,
         stopped = stop is not None  # the end-of-sequence token counts as a completion token
         results.append((tokenizer.decode(ids, skip_special_tokens=True), len(ids) + stopped, stopped))
     return results
+
+
+def _first_box_correct(completion: str, answer: str) -> float:
+    """1.0 iff the completion's first complete box holds the integer answer (exact_int's rule on the first box)."""
+    span = first_boxed(completion)
+    return exact_int_reward(["" if span is None else completion[:span.end]], answer=[answer])[0]  # its last box
 
 
 def _with_suffix(messages: list[dict], suffix: str) -> list[dict]:
@@ -138,7 +153,8 @@ def run(args: argparse.Namespace) -> dict:
     per_call = max(1, args.batch_size // args.samples)
     sampled = []
     for i in range(0, len(texts), per_call):
-        sampled += _generate(model, tokenizer, texts[i:i + per_call], args.samples, True, args.max_new_tokens)
+        sampled += _generate(model, tokenizer, texts[i:i + per_call], args.samples, True, args.max_new_tokens,
+                             args.temperature)
         print(f"  sampled {min(i + per_call, len(texts))}/{len(texts)} problems ({time.time() - started:.0f} s)",
               file=sys.stderr)
     completions = [c for c, _, _ in sampled]
@@ -160,12 +176,18 @@ def run(args: argparse.Namespace) -> dict:
         "prompt": {"shots": args.shots, "instruction": instruction, "suffix": suffix,
                    "format": "chat" if chat else "plain", "answer_end": "" if chat else answer_end},
         "split": args.split, "n_problems": len(answers), "samples": args.samples,
-        "max_new_tokens": args.max_new_tokens,
+        "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
         "sampled_accuracy": statistics.fmean(rewards), "sampled_ci95": [low, high],
         "problems_mixed": sum(0 < p < 1 for p in per_problem) / len(per_problem),
         "by_operators": {ops: {"problems": len(v), "sampled_accuracy": statistics.fmean(v)}
                          for ops, v in sorted(by_operators.items())},
         "no_box_share": sum(last_boxed_content(c) is None for c in completions) / len(completions),
+        # a diagnostic, not the reward: the share whose FIRST box holds the answer (a base model that writes on past
+        # its answer can box something else later; the reward and the evaluation read the last box)
+        "first_box_accuracy": statistics.fmean(_first_box_correct(c, a) for c, a in
+                                               zip(completions, [a for a in answers for _ in range(args.samples)],
+                                                   strict=True)),
+        "next_question_share": sum(PLAIN_USER in c for c in completions) / len(completions),
         "stopped_share": sum(s for _, _, s in sampled) / len(sampled),
         "mean_completion_tokens": statistics.fmean(n for _, n, _ in sampled),
         "prompt_tokens_mean": statistics.fmean(len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts),
@@ -190,10 +212,12 @@ def main(argv=None) -> int:
     low, high = result["sampled_ci95"]
     greedy = f"{result['greedy_accuracy']:.1%}" if "greedy_accuracy" in result else "skipped"
     print(f"{result['task']} prompt {result['prompt']}")
-    print(f"sampled accuracy (T=1.0, {result['n_problems']} problems x {result['samples']}): "
+    print(f"sampled accuracy (T={result['temperature']}, {result['n_problems']} problems x {result['samples']}): "
           f"{result['sampled_accuracy']:.1%} [95% CI {low:.1%}, {high:.1%}]; greedy {greedy}; "
           f"problems with mixed rewards {result['problems_mixed']:.0%}; no box {result['no_box_share']:.1%}; "
-          f"stopped {result['stopped_share']:.1%}; mean completion {result['mean_completion_tokens']:.1f} tokens; "
+          f"stopped {result['stopped_share']:.1%}; first box correct {result['first_box_accuracy']:.1%}; "
+          f"went on to a next question {result['next_question_share']:.0%}; "
+          f"mean completion {result['mean_completion_tokens']:.1f} tokens; "
           f"prompt {result['prompt_tokens_mean']:.0f} tokens; {result['seconds']} s")
     print("sampled accuracy by operators: " + ", ".join(
         f"{ops} {v['sampled_accuracy']:.1%} ({v['problems']} problems)" for ops, v in result["by_operators"].items()))

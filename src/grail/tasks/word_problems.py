@@ -63,13 +63,31 @@ stopped before the limit, completions 30 tokens and prompts 324 tokens on averag
 still gets a mixed group on 4 problems in 10 at 4 generations, more at 8.
 
 Gemma 3 270M (the base model, `grail models fetch gemma3-270m --accept_gemma_terms`; no chat template, so the turns
-are rendered by grail.options.prompts.render_plain, after its BOS token), the same default problems and 4 worked
-examples, screening run (16 held-out problems x 4 samples, 64 new tokens, T=1, measured under load; python
-perf/word_problems_accuracy.py --model gemma3-270m --threads 1 --n-problems 16 --samples 4 --max-new-tokens 64
---no-greedy): sampled 4.7% [95% CI 0%, 9.4%] with the EOS token closing each worked answer (--answer-end eos), 16%
-of completions stopped (without it, --answer-end none: 6.2% [1.6%, 12.5%], 8% stopped); the others write the next
-question, often with a box of their own, which the reward (last
-box) then reads. Below the 20-60% aimed at; not yet tuned (fewer/more shots, 1..9 operands, a first-box reward).
+are rendered by grail.options.prompts.render_plain, after its BOS token), 4 worked examples, measured under load
+(python perf/word_problems_accuracy.py --model gemma3-270m --threads 1 ..., the options in the table; --answer-end
+none is the prompt a run trains on, PromptFormat.training_prompt; "first box": the share whose first box holds the
+answer, a diagnostic):
+
+  operands, max   split     problems x samples   tokens   T     answer end   sampled [95% CI]      greedy   first box
+  1..20, 40       heldout   16 x 4               64       1.0   eos           4.7% [0%, 9.4%]       -        -
+  1..20, 40       heldout   16 x 4               64       1.0   none          6.2% [1.6%, 12.5%]    -        -
+  1..20, 40       heldout   32 x 4               48       1.0   none         16.4% [7.8%, 26.6%]   31.2%    17.2%
+  1..9, 20        train     32 x 4               48       1.0   none         16.4% [9.4%, 24.2%]   -        18.8%
+  1..20, 40       heldout   32 x 4               48       0.7   none         19.5% [10.2%, 30.5%]  -        20.3%
+
+A base model does not end its answer: 92% of the 48-token completions (1..20, T=1) went on to write a next
+"Question:", 4% stopped with EOS (16% with an EOS token after each worked answer, 64 tokens). With 64 new tokens that
+next question often reaches its own instruction, "Put the final answer in \boxed{}.", whose empty box is then the last
+box, which the reward reads: hence 5-6% there. At 48 tokens (the `gemma-words` preset's max_completion_length) it
+rarely does: the first box holds the answer 1-2 points more often than the last, so a first-box reward would gain
+little and would need the evaluation to read the first box too; the reward and the evaluation keep reading the last
+box. Smaller numbers (1..9, values <= 20: 159 expressions, only 12 of them held out) did not help either: what fails
+is the operation, not the size of the numbers (at T=1 on 1..20 the equation wrote the question's operator in 71% of
+the ``-`` samples, 54% of ``*``, 31% of ``+``). The number of worked examples, which the screening for SmolLM2 varied,
+is not a run setting (a run uses DEFAULT_PROMPT) and was not varied for Gemma. T=0.7 (a run's `temperature`, which
+its rollouts and its sampled evaluation share) gave 19.5%, within the noise of T=1's 16.4%: the `gemma-words` preset
+keeps SmolLM2's problems, T=1.0 and the last-box reward, and Gemma's accuracy before RL stays just under the 20-60%
+band aimed at (38% of problems with mixed rewards at 4 samples, as for SmolLM2).
 """
 
 from __future__ import annotations
@@ -80,8 +98,8 @@ from dataclasses import dataclass
 
 from grail.tasks.arithmetic import TaskConfig, TaskExample, _apply, expression_of, sample_steps, split_of
 
-__all__ = ["build_word_example", "DEFAULT_PROMPT", "INSTRUCTION", "NAMES", "OBJECTS", "PHRASES", "PromptOptions",
-           "question", "render_prompt", "solution_pieces", "Story", "WORDS_TASK"]
+__all__ = ["build_word_example", "DEFAULT_PROMPT", "INSTRUCTION", "NAMES", "OBJECTS", "PHRASES",
+           "PromptOptions", "question", "render_prompt", "solution_pieces", "Story", "WORDS_TASK"]
 
 NAMES = (("Mia", "she"), ("Tom", "he"), ("Ava", "she"), ("Leo", "he"), ("Zoe", "she"), ("Sam", "he"),
          ("Lily", "she"), ("Ben", "he"), ("Emma", "she"), ("Max", "he"), ("Nora", "she"), ("Jack", "he"))
