@@ -38,16 +38,13 @@ import random
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import torch
 
 from grail.tasks.arithmetic import TaskConfig, TaskExample
 from grail.tasks.boxed import first_boxed, last_boxed
 from grail.tasks.synthetic import generate
-
-if TYPE_CHECKING:
-    from grail.analysis.saliency.position import PositionProfile
 
 __all__ = ["CRITICAL", "FILLER", "ROW_KEYS", "UNLABELLED", "AurocResult", "auroc_result", "char_labels",
            "check_row", "check_spans_map", "corrupted_solution", "is_messages", "Pairs", "percentile_interval",
@@ -278,7 +275,9 @@ class AurocResult:
     n_examples: int
     note: str = ""
     matched: AurocResult | None = None  # the position-matched AUROC (grail.analysis.saliency.position), if computed
-    profile: PositionProfile | None = None  # the mean score by relative position (same module), if computed
+    # the mean score by relative position (a grail.analysis.saliency.position.PositionProfile, which imports this
+    # module), if computed
+    profile: object | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
