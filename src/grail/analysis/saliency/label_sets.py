@@ -34,6 +34,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
+from grail.analysis.saliency.token_labels import span_runs
 from grail.tasks.arithmetic import CRITICAL_ROLES, FILLER_WORDS, TaskConfig, expression_of, sample_steps
 from grail.tasks.word_problems import NAMES, OBJECTS, PHRASES, PromptOptions, Story, render_prompt, solution_pieces
 
@@ -53,18 +54,6 @@ def _story(steps: Sequence[tuple[str, int]], rng: random.Random, avoid: str | No
 
 def _fillers(rng: random.Random) -> tuple[str, ...]:
     return tuple(rng.choice(FILLER_WORDS) for _ in range(rng.randint(1, 3)))
-
-
-def _runs(flags: Sequence[bool]) -> list[list[int]]:
-    """Maximal runs of True as [start, end) pairs."""
-    runs, start = [], None
-    for i, flag in enumerate([*flags, False]):
-        if flag and start is None:
-            start = i
-        elif not flag and start is not None:
-            runs.append([start, i])
-            start = None
-    return runs
 
 
 def _check(n: int, steps: tuple[int, int], shots: int) -> None:
@@ -103,7 +92,7 @@ def _row(seed: int, i: int, label_set: str, steps: tuple[int, int], shots: int) 
         contrast = [role == "format" and i < box_start and (ch.isalpha() or ch == ".")
                     for i, (role, ch) in enumerate(zip(roles, solution, strict=True))]
     return {"prompt": render_prompt(start, ops, story, examples, PromptOptions(shots=shots)),
-            "solution": solution, "critical_spans": _runs(critical), "filler_spans": _runs(contrast),
+            "solution": solution, "critical_spans": span_runs(critical), "filler_spans": span_runs(contrast),
             "answer": pieces[-2][0], "expression": expression_of(start, ops), "num_steps": num_steps,
             "label_set": label_set}
 

@@ -48,7 +48,7 @@ from grail.tasks.synthetic import generate
 
 __all__ = ["CRITICAL", "FILLER", "ROW_KEYS", "UNLABELLED", "AurocResult", "auroc_result", "char_labels",
            "check_row", "check_spans_map", "corrupted_solution", "is_messages", "Pairs", "percentile_interval",
-           "pooled_auroc", "resample_counts", "saliency_row", "stratified_wins_pairs", "synthetic_rows",
+           "pooled_auroc", "resample_counts", "saliency_row", "span_runs", "stratified_wins_pairs", "synthetic_rows",
            "token_labels", "trace_wins_pairs"]
 
 CRITICAL, FILLER, UNLABELLED = 1, 0, -1
@@ -58,8 +58,8 @@ _INTEGER = re.compile(r"\s*(-?\d+)\s*")
 
 
 # ---- rows ---------------------------------------------------------------------------------------------------------
-def _runs(mask: Sequence[bool]) -> list[list[int]]:
-    """Maximal runs of True as [start, end) pairs."""
+def span_runs(mask: Sequence[bool]) -> list[list[int]]:
+    """Maximal runs of True as [start, end) pairs: the character spans of a per-character mask, as rows hold them."""
     runs, start = [], None
     for i, flag in enumerate([*mask, False]):
         if flag and start is None:
@@ -72,8 +72,8 @@ def _runs(mask: Sequence[bool]) -> list[list[int]]:
 
 def saliency_row(example: TaskExample) -> dict:
     """A synthetic-task example as a saliency row (its `to_row()` keys plus the two span lists)."""
-    return {**example.to_row(), "critical_spans": _runs(example.critical_mask()),
-            "filler_spans": _runs(example.filler_mask())}
+    return {**example.to_row(), "critical_spans": span_runs(example.critical_mask()),
+            "filler_spans": span_runs(example.filler_mask())}
 
 
 def synthetic_rows(task: TaskConfig | None = None, n: int = 64, split: str = "heldout", seed: int = 0) -> list[dict]:
