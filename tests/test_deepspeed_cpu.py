@@ -20,8 +20,9 @@ ZERO3_CONFIG = REPO / "examples" / "accelerate_zero3_cpu.yaml"
 # ZeRO-3 wraps every linear layer's forward in its own autograd function (deepspeed.runtime.zero.linear, installed as
 # torch.nn.functional.linear process-wide) over parameters gathered into its own buffers: forward hidden states are
 # bit-identical to the unsharded copy's (measured 0), gradients to the leaf differ by rounding, which OAR-G's KL under
-# σ = 1e-3 noise amplifies (measured ≤ 6.4e-6 on weights of order 1; GRAIL ≤ 3e-7).
-ZERO3_TOLERANCE = {"oar_g": 1e-5}
+# σ = 1e-3 noise amplifies: measured ≤ 6.4e-6 on weights of order 1 on one CPU, 2.2e-5 on a CI runner's (GRAIL ≤ 3e-7).
+# A sharding defect (a missing gather, another process's rows) moves weights by 0.1 or more.
+ZERO3_TOLERANCE = {"oar_g": 1e-4}
 
 
 def zero_config(tmp_path, stage: int):

@@ -9,7 +9,6 @@ import torch
 from datasets import Dataset
 from trl import GRPOTrainer
 
-from grail.evaluation.rewards import exact_int_reward
 from grail.methods.table import TokenWeights
 from grail.methods.weighting import batch_spans
 from grail.training.config import GRAILConfig
@@ -18,6 +17,13 @@ from grail.training.trainer import SPAN_KEYS, GRAILTrainer
 PROMPTS = ["Q: 3+4*5\nA:", "Q: 7*2-9\nA:", "Q: 9-5*3\nA:", "Q: 6+8-7\nA:"]  # two-step problems, as trained
 ANSWERS = ["35", "5", "12", "7"]
 GENERATIONS, MICRO_BATCH, STEPS_PER_GENERATION = 4, 8, 2  # 16 rows per rollout, two micro-batches
+
+
+def alternating_reward(completions, **kwargs):
+    """1, 0, 1, 0, ... down the rollout, so every group of GENERATIONS rows holds both signs of advantage. The seam
+    is under test here, not the policy: how many of 16 samples a 200-step warm start gets right differs from one CPU
+    to another (a CI runner once drew 16 wrong answers at seed 3, leaving every advantage 0 and nothing to probe)."""
+    return [float(i % 2 == 0) for i in range(len(completions))]
 
 
 class SpyTrainer(GRAILTrainer):
@@ -44,7 +50,7 @@ def _trainer(model_dir, tmp_path, cls=SpyTrainer, **fields):
                        steps_per_generation=STEPS_PER_GENERATION, max_completion_length=32, report_to="none",
                        temperature=1.0, seed=3, **fields)
     dataset = Dataset.from_list([{"prompt": p, "answer": a} for p, a in zip(PROMPTS, ANSWERS, strict=True)])
-    trainer = cls(model=str(model_dir), reward_funcs=[exact_int_reward], args=args, train_dataset=dataset)
+    trainer = cls(model=str(model_dir), reward_funcs=[alternating_reward], args=args, train_dataset=dataset)
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = STEPS_PER_GENERATION
     return trainer
@@ -86,7 +92,7 @@ def test_s1_extra_keys_survive_the_shuffle_and_split_row_aligned(warm_cache, tmp
                             trainer.weighting)
         for key, value in zip(SPAN_KEYS, spans, strict=True):
             assert torch.equal(batch[key], value), key
-    # the warm-started policy closes boxes and earns rewards: the weights are not trivially uniform
+    # the warm-started policy closes boxes and every group is mixed: the weights are not trivially uniform
     has_box, adv = rollout["grail_tw_has_box_B"], rollout["advantages"]
     assert has_box.any() and (adv != 0).any()
     loss = trainer.compute_loss(trainer.model, batches[0])
