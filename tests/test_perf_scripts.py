@@ -128,3 +128,24 @@ def test_grader_fuzz_smoke_grades_the_fuzz_items_through_both_paths(tmp_path, mo
     for reason in ("no_box", "empty_box", "too_long"):  # decided before any alarm: the same on both paths
         assert result["eval"]["reasons"].get(reason) == result["reward"]["reasons"].get(reason), reason
     assert result["eval"]["worker_starts"] >= 2 and result["target"]["eval_items_per_s"] == 50
+
+
+def test_step_memory_tags_every_phase_of_a_step_and_finds_the_peak(warm_cache, capsys):
+    """perf/step_memory.py on one trainer: RSS samples fall in generation, the probe, the loss forward, the backward
+    and the optimiser; the step's peak is the highest sample and its phase is named."""
+    spec = importlib.util.spec_from_file_location("step_memory", SCRIPT.parent / "step_memory.py")
+    step_memory = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(step_memory)
+    cache, checkpoint = warm_cache
+    steps = json.loads((checkpoint / "warmstart.json").read_text())["steps"]
+    argv = ["--smoke", *CLOSES_BOXES, "--warmstart-steps", str(steps), "--cache-dir", str(cache), "--method", "grail"]
+    assert step_memory.main(argv) == 0
+    result = json.loads(capsys.readouterr().out)
+    (step,) = result["steps"]
+    phases = step["phases"]
+    for name in ("generation", "probe", "loss forward", "backward", "optimizer"):
+        assert phases[name]["samples"] > 0 and phases[name]["seconds"] > 0, (name, phases[name])
+    assert result["last_step_metrics"]["weights/probed_rows"] > 0  # the coin's mixed groups were probed
+    peaks = [p["peak_mb"] for p in phases.values() if p["samples"]]
+    assert step["peak_mb"] == max(peaks) and phases[step["peak_phase"]]["peak_mb"] == step["peak_mb"]
+    assert abs(sum(p["seconds"] for p in phases.values()) - step["seconds"]) < 1e-9
