@@ -13,7 +13,9 @@ too), for two kinds of rollout:
         [--methods grail,position] [--json out.json] [--plot out.png]
 
 "U-shape" is read as: both end bins (first and last tenth) above the mean of the four middle bins (3-6); the script
-prints each profile, its token counts and that verdict, per method, outcome and kind of rollout.
+prints each profile, its token counts, that verdict and its depth (the lower end bin minus the middle: how deep the U
+is, in units of the mean weight 1), per method, outcome and kind of rollout. A verdict with a depth of a few hundredths
+is a tilt, not the release's U.
 """
 
 import argparse
@@ -36,7 +38,7 @@ def u_shape(profile: list[float], counts: list[int]) -> dict:
         return {"u_shape": None, "why": "an empty bin"}
     middle = sum(profile[3:7]) / 4
     return {"u_shape": profile[0] > middle and profile[-1] > middle, "first": profile[0], "middle": middle,
-            "last": profile[-1]}
+            "last": profile[-1], "depth": min(profile[0], profile[-1]) - middle}
 
 
 def teacher_forced_rows(fmt: PromptFormat, tokenizer, n: int, seed: int) -> list[ExplainRow]:
@@ -90,7 +92,8 @@ def main() -> None:
                             for o in ex.outcome_profiles[m]} for m in methods}}
         for m in methods:
             for o, p in out["kinds"][kind]["methods"][m].items():
-                print(f"{kind:15} {m:9} {o:8} u_shape={p['u_shape']} mean weight by tenth: "
+                depth = f"{p['depth']:+.2f}" if p["u_shape"] is not None else "n/a"
+                print(f"{kind:15} {m:9} {o:8} u_shape={p['u_shape']} depth {depth} mean weight by tenth: "
                       + " ".join(f"{w:.2f}" for w in p["mean_weight"]) + f"  tokens {sum(p['tokens'])}")
     if args.json:
         with open(args.json, "w") as f:

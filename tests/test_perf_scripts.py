@@ -149,3 +149,15 @@ def test_step_memory_tags_every_phase_of_a_step_and_finds_the_peak(warm_cache, c
     peaks = [p["peak_mb"] for p in phases.values() if p["samples"]]
     assert step["peak_mb"] == max(peaks) and phases[step["peak_phase"]]["peak_mb"] == step["peak_mb"]
     assert abs(sum(p["seconds"] for p in phases.values()) - step["seconds"]) < 1e-9
+
+
+def test_position_claim_reads_a_u_and_its_depth_and_refuses_an_empty_bin():
+    spec = importlib.util.spec_from_file_location("position_claim", SCRIPT.parent / "position_claim.py")
+    claim = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(claim)
+    counts = [5] * 10
+    u = claim.u_shape([1.6, 1.0, 0.9, 0.8, 0.8, 0.8, 0.8, 1.0, 1.1, 1.4], counts)
+    assert u["u_shape"] is True and abs(u["depth"] - 0.6) < 1e-9
+    rising = claim.u_shape([0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.4], counts)
+    assert rising["u_shape"] is False and rising["depth"] < 0  # recency alone is not a U
+    assert claim.u_shape([1.0] * 10, [5] * 9 + [0])["u_shape"] is None
