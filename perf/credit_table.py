@@ -14,7 +14,6 @@ import re
 import sys
 from pathlib import Path
 
-METHODS = ("grail", "oar_g", "oar_p", "entropy", "random", "position")
 SET_TITLES = {"multi_step_filler": "multi-step stories, critical vs inserted filler",
               "natural_contrast": "the solution's own words, critical vs format tokens"}
 
@@ -74,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("files", nargs="+")
     parser.add_argument("--part", default="signal", choices=("signal", "weights"))
-    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--methods", help="comma-separated (default: every method the files hold, in the "
+                        "method table's order)")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     try:
@@ -82,7 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     except TableInputError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    methods = [m.strip() for m in args.methods.split(",")]
+    from grail.methods.table import method_names
+
+    held = {k for _, _, k in cells}
+    order = [m for m in method_names() if m in held] + sorted(held - set(method_names()))
+    methods = [m.strip() for m in args.methods.split(",")] if args.methods else order
     print(f"AUROC of the {args.part} (critical above filler/format = 1, chance = 0.5) [95% CI]; "
           f"matched = within bins of distance to the box")
     print(render(cells, methods))
