@@ -109,7 +109,7 @@ class PhaseTimeline:
         os.close(self._fd)
 
 
-def instrument(trainer, timeline: PhaseTimeline) -> None:
+def instrument(trainer, timeline: PhaseTimeline):
     """Tag the trainer's phases: TRL's methods through a subclass (so the fused path's own instance-level shadowing
     of the log-prob method keeps working), grail's probe functions where the trainer module calls them, the
     accelerator's backward and the optimiser's step on their objects."""
@@ -124,10 +124,17 @@ def instrument(trainer, timeline: PhaseTimeline) -> None:
                "_compute_loss": "loss other"}
     trainer.__class__ = type(f"Profiled{cls.__name__}", (cls,),
                              {name: timeline.wrap(getattr(cls, name), phase) for name, phase in wrapped.items()})
-    for name in ("token_weights", "fused_signal", "weights_from_signal"):
-        setattr(trainer_module, name, timeline.wrap(getattr(trainer_module, name), "probe"))
+    originals = {name: getattr(trainer_module, name) for name in ("token_weights", "fused_signal",
+                                                                    "weights_from_signal")}
+    for name, function in originals.items():
+        setattr(trainer_module, name, timeline.wrap(function, "probe"))
     trainer.accelerator.backward = timeline.wrap(trainer.accelerator.backward, "backward")
     trainer.optimizer.step = timeline.wrap(trainer.optimizer.step, "optimizer")
+
+    def undo():  # the module's functions are process-wide: give them back (a caller in process, e.g. a test)
+        for name, function in originals.items():
+            setattr(trainer_module, name, function)
+    return undo
 
 
 def one_step(trainer, model, batch, timeline: PhaseTimeline) -> None:
@@ -210,10 +217,12 @@ def run(args: argparse.Namespace, malloc_tuning: str | None) -> dict:
         trainer.current_gradient_accumulation_steps = cfg.gradient_accumulation_steps
         batches = iter(dataloader)
         timeline = PhaseTimeline()
-        instrument(trainer, timeline)
+        undo = instrument(trainer, timeline)
         torch.manual_seed(args.seed)
         steps = []
-        with timeline:
+        with contextlib.ExitStack() as stack:
+            stack.callback(undo)
+            stack.enter_context(timeline)
             for i in range(args.warmup + args.steps):
                 batch = next(batches)
                 timeline.samples.clear()
