@@ -70,9 +70,12 @@ class RssPeakSampler:
     def _rss(self) -> int:
         return int(os.pread(self._fd, 128, 0).split()[1]) * self.page_bytes  # statm: size resident shared ...
 
+    def _sample(self) -> None:  # one reading; a subclass may keep more than the peak
+        self.peak_bytes = max(self.peak_bytes, self._rss())
+
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
-            self.peak_bytes = max(self.peak_bytes, self._rss())
+            self._sample()
 
     def __enter__(self) -> RssPeakSampler:
         self._fd = os.open("/proc/self/statm", os.O_RDONLY)

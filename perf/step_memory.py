@@ -39,38 +39,38 @@ import os
 import platform
 import sys
 import tempfile
-import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # step_common, when loaded by path
-from step_common import MB, METHODS, build_trainer, log, prepare_for_steps, tune_glibc_malloc  # noqa: E402
+from step_common import (  # noqa: E402
+    MB,
+    METHODS,
+    RssPeakSampler,
+    build_trainer,
+    log,
+    prepare_for_steps,
+    tune_glibc_malloc,
+)
 
 PHASES = ("generation", "rewards", "rollout logps", "rollout other", "probe", "loss forward", "loss other",
           "backward", "optimizer", "step other")
 SMOKE = {"model": "tiny", "rows": 4, "generations": 2, "completion_tokens": 16}
 
 
-class PhaseTimeline:
-    """A stack of the phases running now, and RSS samples tagged with its top, taken by a thread every ~1 ms."""
+class PhaseTimeline(RssPeakSampler):
+    """A stack of the phases running now, and RSS samples tagged with its top, taken by the sampler's thread every
+    ~1 ms."""
 
     def __init__(self, interval_s: float = 0.001):
-        self.interval_s, self.page_bytes = interval_s, os.sysconf("SC_PAGE_SIZE")
+        super().__init__(interval_s)
         self.stack: list[str] = []
         self.samples: list[tuple[str, int]] = []
         self.seconds = dict.fromkeys(PHASES, 0.0)
         self._since = 0.0
-        self._stop = threading.Event()
-
-    def _rss(self) -> int:
-        return int(os.pread(self._fd, 128, 0).split()[1]) * self.page_bytes
 
     def _sample(self) -> None:
         if self.stack:
             self.samples.append((self.stack[-1], self._rss()))
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self._sample()
 
     def _switch(self) -> None:  # charge the time since the last switch to the phase on top
         now = time.perf_counter()
@@ -96,17 +96,6 @@ class PhaseTimeline:
             with self.phase(name(self.stack) if callable(name) else name):
                 return function(*args, **kwargs)
         return wrapped
-
-    def __enter__(self) -> PhaseTimeline:
-        self._fd = os.open("/proc/self/statm", os.O_RDONLY)
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-        os.close(self._fd)
 
 
 def instrument(trainer, timeline: PhaseTimeline):
