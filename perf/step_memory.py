@@ -224,11 +224,12 @@ def run(args: argparse.Namespace, malloc_tuning: str | None) -> dict:
                 else:
                     log(f"warm-up step {i + 1} done")
         metrics = {k: float(sum(v) / len(v)) for k, v in trainer._metrics["train"].items() if v}
+        attention = getattr(trainer.model.config, "_attn_implementation", None)
     return {"benchmark": "step_memory", "method": args.method, "model": args.model, "rows": args.rows,
             "generations": args.generations, "completion_tokens": args.completion_tokens, "fields": args.fields,
             "per_device_train_batch_size": cfg.per_device_train_batch_size,
             "gradient_accumulation_steps": cfg.gradient_accumulation_steps, "reward": "coin",
-            "malloc_tuning": malloc_tuning, "torch_threads": torch.get_num_threads(),
+            "attn_implementation": attention, "malloc_tuning": malloc_tuning, "torch_threads": torch.get_num_threads(),
             "python": platform.python_version(), "steps": steps, "last_step_metrics": metrics}
 
 

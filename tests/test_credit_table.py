@@ -1,18 +1,13 @@
 """perf/credit_table.py: the "where the credit lands" table is assembled from saliency_auroc's JSON files, one file
 per cell, and refuses a duplicate or a file that is not such output."""
 
-import importlib.util
 import json
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "perf" / "credit_table.py"
+from perf_loading import load_perf_script
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("credit_table", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_perf_script("credit_table")
 
 
 def _result(auroc, matched):

@@ -1,15 +1,11 @@
 """The Gemma 3 270M words setting without the model: the `gemma-words` preset (SmolLM2's problems, read as SmolLM2's
 are), and perf/word_problems_accuracy.py measuring the prompt a run trains on."""
 
-import importlib.util
-from pathlib import Path
-
 from grail.options.fields import GRAILFields
 from grail.options.presets import PRESETS
 from grail.options.prompts import PromptFormat, render_plain
 from grail.tasks.synthetic import WORDS_SET, generate
-
-SCRIPT = Path(__file__).resolve().parents[1] / "perf" / "word_problems_accuracy.py"
+from perf_loading import load_perf_script
 
 
 def _synthetic_set(preset: str):
@@ -27,10 +23,7 @@ def test_the_gemma_preset_asks_smollms_problems_and_reads_the_last_box():
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("word_problems_accuracy", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_perf_script("word_problems_accuracy")
 
 
 def test_the_accuracy_script_measures_the_plain_prompt_training_uses():

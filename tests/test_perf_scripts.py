@@ -2,16 +2,16 @@
 JSON object with every field; the JSON shows that GRAIL's probe really ran. The other perf/ scripts run in their
 smoke modes too."""
 
-import importlib.util
 import json
 import os
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "perf" / "step_overhead.py"
+from perf_loading import PERF, load_perf_script
+
 PER_METHOD_KEYS = {"median_step_s", "step_s", "time_ratio_to_grpo", "peak_mem_increase_mb_median",
-                   "peak_mem_increase_mb", "peak_mem_mb_max", "mem_ratio_to_grpo", "weights_seconds_median",
+                   "peak_mem_increase_mb", "process_peak_mem_mb_max", "mem_ratio_to_grpo", "weights_seconds_median",
+                   "probe_floor_s_median", "probe_floor_rows_mean", "probe_to_floor",
                    "rollout_s_median", "optimizer_s_median", "mean_completion_tokens", "rows_with_box_frac",
                    "probed_rows_frac",
                    "fused_frac", "mean_tokens_before_box", "reward_mean", "ess_ratio_mean"}
@@ -19,19 +19,12 @@ PER_METHOD_KEYS = {"median_step_s", "step_s", "time_ratio_to_grpo", "peak_mem_in
 CLOSES_BOXES = ["--completion-tokens", "32", "--rows", "32", "--generations", "8"]
 
 
-def _load_script():
-    spec = importlib.util.spec_from_file_location("step_overhead", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_step_overhead_smoke_prints_one_json_object(warm_cache, capsys):
     """On the session's shared warm start (conftest.py: sampled accuracy well inside (0, 1), so groups of 8 have
     mixed rewards and GRAIL probes them)."""
     cache, checkpoint = warm_cache
     steps = json.loads((checkpoint / "warmstart.json").read_text())["steps"]
-    step_overhead = _load_script()
+    step_overhead = load_perf_script("step_overhead")
     argv = ["--smoke", *CLOSES_BOXES, "--warmstart-steps", str(steps), "--cache-dir", str(cache)]
     assert step_overhead.main(argv) == 0
     captured = capsys.readouterr()
@@ -57,10 +50,14 @@ def test_step_overhead_smoke_prints_one_json_object(warm_cache, capsys):
     assert grail["probed_rows_frac"] > 0 and none["probed_rows_frac"] == 0
     assert grail["ess_ratio_mean"] < 1.0 and none["ess_ratio_mean"] == pytest.approx(1.0)
     assert 0 < grail["mean_tokens_before_box"] < 32
+    # GRAIL's floor ran on its probed rows (an input-only backward of them), GRPO has none
+    assert grail["probe_floor_s_median"] > 0 and 0 < grail["probe_floor_rows_mean"] <= 32
+    assert grail["probe_to_floor"] == grail["weights_seconds_median"] / grail["probe_floor_s_median"]
+    assert none["probe_floor_s_median"] is None and none["probe_to_floor"] is None
     assert [(t["method"], t["ratio"]) for t in result["targets"]] == [
-        ("grail", "time_ratio_to_grpo"), ("grail", "mem_ratio_to_grpo"), ("oar_g", "time_ratio_to_grpo"),
-        ("oar_p", "time_ratio_to_grpo")]
-    assert [t["met"] is None for t in result["targets"]] == [False, False, True, True]  # not run in smoke mode
+        ("grail", "time_ratio_to_grpo"), ("grail", "probe_to_floor"), ("oar_g", "time_ratio_to_grpo"),
+        ("oar_p", "time_ratio_to_grpo"), ("grail", "mem_ratio_to_grpo")]
+    assert [t["met"] is None for t in result["targets"]] == [False, False, True, True, False]  # oar: not run
 
 
 def test_step_overhead_reuse_and_checkpointing_rows(warm_cache, capsys):
@@ -70,7 +67,7 @@ def test_step_overhead_reuse_and_checkpointing_rows(warm_cache, capsys):
     steps = json.loads((checkpoint / "warmstart.json").read_text())["steps"]
     argv = ["--smoke", *CLOSES_BOXES, "--warmstart-steps", str(steps), "--cache-dir", str(cache),
             "--num-iterations", "2", "--checkpointing", "non_reentrant", "--methods", "none,grail,grail_rollout"]
-    assert _load_script().main(argv) == 0
+    assert load_perf_script("step_overhead").main(argv) == 0
     result = json.loads(capsys.readouterr().out)
     assert (result["config"]["num_iterations"], result["config"]["checkpointing"]) == (2, "non_reentrant")
     grail, rollout = result["methods"]["grail"], result["methods"]["grail_rollout"]
@@ -81,9 +78,7 @@ def test_step_overhead_reuse_and_checkpointing_rows(warm_cache, capsys):
 def test_gpu_check_smoke_runs_every_method_on_the_cpu(capsys):
     """perf/gpu_check.py --smoke: the GPU script's code path on a tiny shape in fp32 (no GPU here): every method's
     loss step runs, fused paths are fused, and fused equals separate in fp32."""
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT.parent / "gpu_check.py")
-    gpu_check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_check)
+    gpu_check = load_perf_script("gpu_check")
     assert gpu_check.main(["--smoke", "--checkpointing", "non_reentrant"]) == 0
     result = json.loads(capsys.readouterr().out)
     (case,) = result["cases"]
@@ -99,7 +94,7 @@ def test_oar_p_memory_smoke_measures_each_chunk_size_in_its_own_process():
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, str(SCRIPT.parent / "oar_p_memory.py"), "--length", "64", "--chunks",
+    out = subprocess.run([sys.executable, str(PERF / "oar_p_memory.py"), "--length", "64", "--chunks",
                           "80,400", "--stride", "8", "--hidden", "32", "--intermediate", "64"],
                          check=True, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}).stdout
     rows = json.loads(out.strip().splitlines()[-1])
@@ -111,9 +106,7 @@ def test_oar_p_memory_smoke_measures_each_chunk_size_in_its_own_process():
 def test_grader_fuzz_smoke_grades_the_fuzz_items_through_both_paths(tmp_path, monkeypatch, capsys):
     """perf/grader_fuzz.py --smoke: 100 seeded fuzz items (the same on every run) through GradingPool and the
     training reward, in a temporary directory; the JSON counts every item once per path, and nothing was written."""
-    spec = importlib.util.spec_from_file_location("grader_fuzz", SCRIPT.parent / "grader_fuzz.py")
-    grader_fuzz = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(grader_fuzz)
+    grader_fuzz = load_perf_script("grader_fuzz")
     assert grader_fuzz.fuzz_items(30, seed=3) == grader_fuzz.fuzz_items(30, seed=3) != grader_fuzz.fuzz_items(30)
     monkeypatch.chdir(tmp_path)
     assert grader_fuzz.main(["--smoke"]) == 0
@@ -133,9 +126,7 @@ def test_grader_fuzz_smoke_grades_the_fuzz_items_through_both_paths(tmp_path, mo
 def test_step_memory_tags_every_phase_of_a_step_and_finds_the_peak(warm_cache, capsys):
     """perf/step_memory.py on one trainer: RSS samples fall in generation, the probe, the loss forward, the backward
     and the optimiser; the step's peak is the highest sample and its phase is named."""
-    spec = importlib.util.spec_from_file_location("step_memory", SCRIPT.parent / "step_memory.py")
-    step_memory = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(step_memory)
+    step_memory = load_perf_script("step_memory")
     cache, checkpoint = warm_cache
     steps = json.loads((checkpoint / "warmstart.json").read_text())["steps"]
     argv = ["--smoke", *CLOSES_BOXES, "--warmstart-steps", str(steps), "--cache-dir", str(cache), "--method", "grail"]
@@ -152,9 +143,7 @@ def test_step_memory_tags_every_phase_of_a_step_and_finds_the_peak(warm_cache, c
 
 
 def test_position_claim_reads_a_u_and_its_depth_and_refuses_an_empty_bin():
-    spec = importlib.util.spec_from_file_location("position_claim", SCRIPT.parent / "position_claim.py")
-    claim = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(claim)
+    claim = load_perf_script("position_claim")
     counts = [5] * 10
     u = claim.u_shape([1.6, 1.0, 0.9, 0.8, 0.8, 0.8, 0.8, 1.0, 1.1, 1.4], counts)
     assert u["u_shape"] is True and abs(u["depth"] - 0.6) < 1e-9
