@@ -6,19 +6,23 @@ per T (so one T's memory does not sit under the next), and the curves assembled 
         [--warmup 1] [--rounds 2] [--json curves.json] [--plot curves.png]
 
 Each T runs step_overhead with `--reward coin` (every group mixed with the same probability whatever the model
-writes, so every method does its full work at every T; step_overhead's docstring says why) and its `--rows` from
+writes, so every method does its full work at every T; step_overhead's docstring says why), with `--malloc`
+(default: `default`, glibc as a user's run has it, so the times are a user's; step_overhead's glibc tuning, which
+memory needs, slows generation more than the rest and pulls the ratios towards 1) and its `--rows` from
 the list (fewer rows at larger T keeps a point affordable; completions per prompt are min(4, rows)). Its JSON goes
 to `--out/T<T>.json` and its log to `--out/T<T>.err`; a T whose JSON is already there is read, not run again, so an
 interrupted curve resumes where it stopped (a changed --rows, --methods, --model or --set for a T already
 measured is refused: delete that file to measure it again).
 
-Per method and T: the step-time ratio to GRPO and the per-step memory-increase ratio (both measured side by side in
-that T's process, medians over its rounds), and the extra time per completion, (median step - GRPO's median step)
-/ rows. Its growth exponent in T is the least-squares slope of log(extra per completion) on log(T) over the T
-where the extra is positive (`null` with fewer than two). GRAIL's probe is also set against its floor (an
+Per method and T: the step-time ratio to GRPO and, with `--malloc tuned` only, the per-step memory-increase ratio
+(both measured side by side in that T's process, medians over its rounds; with the default allocator freed pages
+stay resident from step to step, so the memory ratio is `null`: perf/step_memory.py measures a step's memory), and
+the extra time per completion, (median step - GRPO's median step) / rows. Its growth exponent in T is the
+least-squares slope of log(extra per completion) on log(T) over the T where the extra is positive (`null` with
+fewer than two). GRAIL's probe is also set against its floor (an
 input-only backward of the probed rows: perf/probe_floor.py). The goals, printed with whether each is met (not
 timed tests): GRAIL's step at most 1.15x GRPO's and its probe at most 1.1x its floor at every T, OAR-P at most 3x
-at T = 1024, every method's memory at most 1.05x GRPO's at every T.
+at T = 1024, every method's memory at most 1.05x GRPO's at every T (measured with `--malloc tuned` only).
 `--smoke`: the tiny model, T in {16, 32}, 4 rows, none and grail, 0 warm-up steps, 1 round.
 """
 
@@ -47,6 +51,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, help="untimed steps per method at each T (default 1)")
     parser.add_argument("--rounds", type=int, help="timed rounds at each T (default 2)")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="passed to step_overhead")
+    parser.add_argument("--malloc", choices=("default", "tuned"), default="default",
+                        help="step_overhead's --malloc: default for times (default), tuned for memory ratios too")
     parser.add_argument("--cache-dir", help="warm-start and model cache, passed to step_overhead")
     parser.add_argument("--warmstart-steps", type=int, help="the tiny model's warm start, passed to step_overhead")
     parser.add_argument("--json", help="write the assembled curves here too (they always go to stdout)")
@@ -79,7 +85,7 @@ def step_overhead_argv(args: argparse.Namespace, tokens: int) -> list[str]:
     rows = args.rows[tokens]
     argv = ["--model", args.model, "--reward", "coin", "--completion-tokens", str(tokens), "--rows", str(rows),
             "--generations", str(min(4, rows)), "--methods", args.methods, "--warmup", str(args.warmup),
-            "--rounds", str(args.rounds)]
+            "--rounds", str(args.rounds), "--malloc", args.malloc]
     for item in args.set:
         argv += ["--set", item]
     if args.cache_dir:
@@ -140,11 +146,12 @@ def assemble(args: argparse.Namespace, points: dict[int, dict]) -> dict:
         rows = []
         for t in tokens:
             result, rows_t = points[t]["methods"][method], points[t]["config"]["rows"]
+            own_memory = points[t].get("malloc_tuning") is not None
             base = points[t]["methods"]["none"]["median_step_s"]
             rows.append({"tokens": t, "rows": rows_t, "median_step_s": result["median_step_s"],
                          "step_s": result["step_s"], "time_ratio_to_grpo": result["time_ratio_to_grpo"],
-                         "mem_ratio_to_grpo": result["mem_ratio_to_grpo"],
-                         "peak_mem_increase_mb_median": result["peak_mem_increase_mb_median"],
+                         "mem_ratio_to_grpo": result["mem_ratio_to_grpo"] if own_memory else None,
+                         "peak_mem_increase_mb_median": result["peak_mem_increase_mb_median"] if own_memory else None,
                          "extra_s_per_completion": (result["median_step_s"] - base) / rows_t,
                          "weights_seconds_median": result["weights_seconds_median"],
                          "probe_floor_s_median": result.get("probe_floor_s_median"),
@@ -154,7 +161,8 @@ def assemble(args: argparse.Namespace, points: dict[int, dict]) -> dict:
         curves[method] = {"points": rows, "growth_exponent": exponent}
     return {"benchmark": "cost_curves", "model": args.model, "tokens": tokens,
             "rows": {str(t): points[t]["config"]["rows"] for t in tokens}, "warmup": args.warmup,
-            "rounds": args.rounds, "fields": args.set, "device": points[tokens[0]]["config"]["device"],
+            "rounds": args.rounds, "fields": args.set, "malloc": args.malloc,
+            "device": points[tokens[0]]["config"]["device"],
             "curves": curves, "goals": goals(curves)}
 
 
@@ -192,7 +200,10 @@ def plot(result: dict, path: str) -> None:
     for method, curve in result["curves"].items():
         tokens = [p["tokens"] for p in curve["points"]]
         ax_time.plot(tokens, [p["time_ratio_to_grpo"] for p in curve["points"]], marker="o", label=method)
-        ax_mem.plot(tokens, [p["mem_ratio_to_grpo"] for p in curve["points"]], marker="o", label=method)
+        memory = [(t, p["mem_ratio_to_grpo"]) for t, p in zip(tokens, curve["points"], strict=True)
+                  if p["mem_ratio_to_grpo"] is not None]
+        if memory:
+            ax_mem.plot([t for t, _ in memory], [m for _, m in memory], marker="o", label=method)
         if method != "none":
             extra = [(t, p["extra_s_per_completion"]) for t, p in zip(tokens, curve["points"], strict=True)
                      if p["extra_s_per_completion"] > 0]
@@ -202,12 +213,15 @@ def plot(result: dict, path: str) -> None:
                 ax_extra.plot([t for t, _ in extra], [e for _, e in extra], marker="o", label=label)
     ax_time.axhline(GOALS["grail_time"], color="grey", ls=":", lw=1)
     ax_mem.axhline(GOALS["memory"], color="grey", ls=":", lw=1)
+    memory_title = ("step's memory increase / GRPO's" if result["malloc"] == "tuned" else
+                    "memory: not measured here (--malloc default)")
     for ax, title in ((ax_time, "step time / GRPO's"), (ax_extra, "extra seconds per completion (log-log)"),
-                      (ax_mem, "step's memory increase / GRPO's")):
+                      (ax_mem, memory_title)):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("completion tokens T")
         ax.set_title(title, fontsize=10)
-        ax.legend(fontsize=8)
+        if ax.get_lines():
+            ax.legend(fontsize=8)
     ax_extra.set_yscale("log")
     rows = ", ".join(f"{t}: {r}" for t, r in result["rows"].items())
     fig.suptitle(f"{result['model']}: cost of a step by completion length (rows per step {rows}; "

@@ -45,6 +45,11 @@ How it is measured:
          on free, and the heap top is trimmed on every free. Small blocks that fragment the heap can still
          be reused without showing up, so the CPU figure is a lower bound on a step's extra memory. (`main()`
          called in process leaves the caller's allocator alone; the JSON then says malloc_tuning null.)
+         The tuning costs time, and not evenly: on SmolLM2 (2-core CPU) it made generation 1.67x slower and a
+         forward + backward 1.16x slower, so it shrinks a probe's share of a step and pulls every time ratio
+         towards 1. `--malloc default` leaves glibc as a user's run has it: the times (and ratios) are then those
+         a user meets, and the memory figures are not a step's own (freed pages stay resident from step to step;
+         perf/step_memory.py measures a step's memory). perf/cost_curves.py times with `--malloc default`.
      Reported: the median over the timed steps of the peak increase, and the highest absolute peak of the
      process (`process_peak_mem_mb_max`: RSS, or max_memory_allocated). Every method's trainer lives in this
      process, so the absolute peak is not what a user's run (one trainer) reaches: perf/step_memory.py measures
@@ -174,6 +179,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "seeded by --seed and the same sequence for every method (timing only; module docstring)")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="any other config field for every trainer, e.g. --set task_style=words (repeatable)")
+    parser.add_argument("--malloc", choices=("tuned", "default"), default="tuned",
+                        help="tuned: glibc returns freed memory, so a step's memory is its own (default); default: "
+                        "glibc as a user's run has it, for times that are a user's (docstring, 4)")
     args = parser.parse_args(argv)
     try:
         args.fields = {k: v for k, _, v in (item.partition("=") for item in args.set)}
@@ -401,7 +409,9 @@ def run(args: argparse.Namespace, malloc_tuning: str | None) -> dict:
             "torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__,
             "python": platform.python_version(),
         },
-        "memory_measure": "cuda_max_allocated" if cuda else "cpu_rss_peak_increase_sampled_1ms",
+        "memory_measure": "cuda_max_allocated" if cuda else (
+            "cpu_rss_peak_increase_sampled_1ms" if malloc_tuning else
+            "cpu_rss_peak_increase_sampled_1ms, default allocator: not a step's own memory"),
         "malloc_tuning": None if cuda else malloc_tuning,
         "methods": results,
         "targets": targets,
@@ -421,5 +431,6 @@ _malloc_tuning: str | None = None  # set only when run as a script: mallopt is p
 # main() in process (the test) should not have its allocator changed; the JSON then says malloc_tuning null.
 
 if __name__ == "__main__":
-    _malloc_tuning = tune_glibc_malloc()  # before torch is imported (run() imports it)
+    if parse_args(None).malloc == "tuned":  # parse_args imports no torch
+        _malloc_tuning = tune_glibc_malloc()  # before torch is imported (run() imports it)
     sys.exit(main())

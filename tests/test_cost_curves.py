@@ -5,6 +5,7 @@ import json
 import math
 
 import pytest
+
 from perf_loading import load_perf_script
 
 
@@ -62,8 +63,11 @@ def test_smoke_measures_each_length_in_its_own_process_and_resumes(warm_cache, t
     for t in (16, 32):
         point = json.loads((out / f"T{t}.json").read_text())
         assert point["config"]["completion_tokens"] == t and point["config"]["reward"] == "coin"
+        argv_t = point["cost_curves_argv"]
+        assert argv_t[argv_t.index("--malloc") + 1] == "default"  # times as a user's run has them
     grail = result["curves"]["grail"]["points"]
     assert [p["tokens"] for p in grail] == [16, 32] and all(p["time_ratio_to_grpo"] > 0 for p in grail)
+    assert all(p["mem_ratio_to_grpo"] is None for p in grail)  # glibc untuned: no step's own memory to compare
     assert (tmp_path / "curves.png").stat().st_size > 0
     assert json.loads((tmp_path / "curves.json").read_text()) == result
 

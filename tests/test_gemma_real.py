@@ -70,9 +70,9 @@ def test_the_words_prompt_reaches_gemma_as_plain_text_with_one_bos(gemma_renderi
 def test_every_method_trains_two_steps_on_gemma_through_grail_train(gemma_model_dir, tmp_path, method, capsys):
     out = tmp_path / "run"
     code = main(["train", "--preset", "gemma-words", "--token_weighting", method, "--max_steps", "2",
-                 "--per_device_train_batch_size", "4", "--num_generations", "2", "--max_completion_length", "32",
-                 "--task_num_train", "8", "--learning_rate", "1e-5", "--save_strategy", "no", "--seed", "0",
-                 "--output_dir", str(out)])
+                 "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1", "--num_generations", "2",
+                 "--max_completion_length", "32", "--task_num_train", "8", "--learning_rate", "1e-5",
+                 "--save_strategy", "no", "--seed", "0", "--output_dir", str(out)])
     assert code == 0, capsys.readouterr().err
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     logged = [s for s in steps if "reward" in s]

@@ -145,6 +145,12 @@ SMOLLM_WORDS = {
     "top_p": 1.0,
     "top_k": 0,
     "max_completion_length": 64,  # completions average ~27 tokens; 64 holds ~95% of them whole
+    # One prompt x 8 completions per optimiser step, as TRL's default batch of 8, but the loss runs on micro-batches of
+    # 2 rows, 4 accumulated: the loss forward keeps every layer's activations of its rows for the backward, and that
+    # sets a step's memory peak (docs/results/step-cost.md). The same numbers to float rounding
+    # (tests/test_micro_batch.py); TRL still generates the 8 completions at once (steps_per_generation = 4).
+    "per_device_train_batch_size": 2,
+    "gradient_accumulation_steps": 4,
     "logging_steps": 1,
 }
 
