@@ -220,7 +220,7 @@ def plot(result: dict, path: str) -> None:
         ax.set_xscale("log", base=2)
         ax.set_xlabel("completion tokens T")
         ax.set_title(title, fontsize=10)
-        if ax.get_lines():
+        if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
     ax_extra.set_yscale("log")
     rows = ", ".join(f"{t}: {r}" for t, r in result["rows"].items())
