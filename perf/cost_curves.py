@@ -2,7 +2,7 @@
 per T (so one T's memory does not sit under the next), and the curves assembled from its JSON.
 
     python perf/cost_curves.py --model smollm2-135m --set task_style=words --out ~/curves/smollm2 \\
-        [--tokens 128,256,512,1024] [--rows 8,8,4,2] [--methods none,grail,oar_g,oar_p,random,entropy] \\
+        [--tokens 128,256,512,1024] [--rows 8,8,4,2] [--methods M1,M2,...] \\
         [--warmup 1] [--rounds 2] [--json curves.json] [--plot curves.png]
 
 Each T runs step_overhead with `--reward coin` (every group mixed with the same probability whatever the model
@@ -40,6 +40,12 @@ GOALS = {"grail_time": 1.15, "grail_probe_to_floor": 1.10, "oar_p_time_at_1024":
 SMOKE = {"tokens": "16,32", "rows": "4", "methods": "none,grail", "warmup": 0, "rounds": 1}
 
 
+def builtin_methods() -> str:
+    from grail.methods.builtin import BUILTIN
+
+    return ",".join(spec.name for spec in BUILTIN)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="cost_curves", description=__doc__.split("\n")[0],
                                      epilog="See the module docstring for what is measured and how.")
@@ -47,7 +53,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", required=True, help="directory of the per-T JSON files (kept: a rerun resumes)")
     parser.add_argument("--tokens", help="completion lengths T, comma-separated (default 128,256,512,1024)")
     parser.add_argument("--rows", help="completions per step, one per T or one for all (default 8,8,4,2)")
-    parser.add_argument("--methods", help="step_overhead's --methods (default none,grail,oar_g,oar_p,random,entropy)")
+    parser.add_argument("--methods", help="step_overhead's --methods (default: the built-in methods, "
+                        "grail.methods.builtin.BUILTIN)")
     parser.add_argument("--warmup", type=int, help="untimed steps per method at each T (default 1)")
     parser.add_argument("--rounds", type=int, help="timed rounds at each T (default 2)")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="passed to step_overhead")
@@ -60,7 +67,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--smoke", action="store_true", help="tiny settings to test the script (module docstring)")
     args = parser.parse_args(argv)
     defaults = SMOKE if args.smoke else {"tokens": "128,256,512,1024", "rows": "8,8,4,2",
-                                         "methods": "none,grail,oar_g,oar_p,random,entropy", "warmup": 1, "rounds": 2}
+                                         "methods": builtin_methods(), "warmup": 1, "rounds": 2}
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
