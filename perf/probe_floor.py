@@ -32,16 +32,12 @@ def input_only_backward(trainer, model, batch: dict, clock=time.perf_counter) ->
     ids_PL = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)[rows_B]
     mask_PL = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)[rows_B]
     leaf = probes.leaf_module(trainer.accelerator.unwrap_model(model), options.saliency_leaf)
-    captured: list[torch.Tensor] = []
-    handle = leaf.register_forward_hook(lambda module, args, out: captured.append(probes.leaf_output_tensor(out)))
-    try:
+    with probes.output_of(leaf) as captured:
         logps_PT = trainer._get_per_token_logps_and_entropies(model, ids_PL, mask_PL,
                                                               batch["completion_ids"].shape[1])[0]
-    finally:
-        handle.remove()
     if len(captured) != 1:
         raise RuntimeError(f"probe floor: the leaf module ran {len(captured)} times in one forward (expected 1).")
     nll = -(logps_PT * spans.probe_span(options.answer_nll_span)[rows_B]).sum()
     start = clock()
     probes.leaf_gradient(nll, captured[0])
-    return {"seconds": clock() - start, "rows": int(rows_B.sum()), "of_rows": int(rows_B.numel())}
+    return {"seconds": clock() - start, "rows": int(rows_B.sum())}

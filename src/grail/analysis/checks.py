@@ -241,13 +241,8 @@ def _fused(spec, model, run, options, batch) -> CheckResult:
     if not rows_B.any():
         return CheckResult("fused", False, "no selected row to compare")
     T = mask_BT.shape[1]
-    captured = []
-    leaf = probes.leaf_module(model, options.saliency_leaf)
-    handle = leaf.register_forward_hook(lambda module, args, out: captured.append(probes.leaf_output_tensor(out)))
-    try:
+    with probes.output_of(probes.leaf_module(model, options.saliency_leaf)) as captured:
         logits_BTV = model(input_ids=input_ids_BL, attention_mask=attention_mask_BL).logits[:, -T - 1:-1].float()
-    finally:
-        handle.remove()
     logp_BTV = torch.log_softmax(logits_BTV / options.temperature, dim=-1)
     logps_BT = logp_BTV.gather(-1, input_ids_BL[:, -T:, None]).squeeze(-1)
     entropies_BT = -(logp_BTV.exp() * logp_BTV).sum(-1)
