@@ -12,7 +12,7 @@ memory needs, slows generation more than the rest and pulls the ratios towards 1
 the list (fewer rows at larger T keeps a point affordable; completions per prompt are min(4, rows)). Its JSON goes
 to `--out/T<T>.json` and its log to `--out/T<T>.err`; a T whose JSON is already there is read, not run again, so an
 interrupted curve resumes where it stopped (a changed --rows, --methods, --model or --set for a T already
-measured is refused: delete that file to measure it again).
+measured is refused: delete that file to measure it again; another --cache-dir is not a change).
 
 Per method and T: the step-time ratio to GRPO and, with `--malloc tuned` only, the per-step memory-increase ratio
 (both measured side by side in that T's process, medians over its rounds; with the default allocator freed pages
@@ -102,6 +102,14 @@ def step_overhead_argv(args: argparse.Namespace, tokens: int) -> list[str]:
     return argv + (["--smoke"] if args.smoke else [])
 
 
+def _settings(argv: list[str]) -> list[str]:
+    """What a point measured: step_overhead's arguments less --cache-dir (where a model is kept changes nothing)."""
+    if "--cache-dir" not in argv:
+        return argv
+    at = argv.index("--cache-dir")
+    return argv[:at] + argv[at + 2:]
+
+
 def measure(args: argparse.Namespace, tokens: int) -> dict:
     """T's step_overhead result: read from --out when there, else run (and kept there)."""
     out = Path(args.out)
@@ -114,7 +122,7 @@ def measure(args: argparse.Namespace, tokens: int) -> dict:
         except (ValueError, KeyError) as exc:
             raise SystemExit(f"{path}: not a cost_curves point ({exc}); delete it to measure T = {tokens} "
                              f"again.") from None
-        if recorded != argv:
+        if _settings(recorded) != _settings(argv):
             raise SystemExit(f"{path} was measured with other settings ({' '.join(recorded)}); delete it to measure "
                              f"T = {tokens} with these, or give the same settings.")
         print(f"T = {tokens}: reusing {path}", file=sys.stderr)

@@ -1,21 +1,22 @@
 """GPU readiness check: every method's loss step on real-size models, as ratios to GRPO, in a few minutes.
 
-For each model shape (Qwen3-0.6B and Qwen3-4B by default, random-initialised from a config: no download) and each
-completion length (1024 and 4096 tokens by default), one synthetic TRL micro-batch (prompts left-padded,
-completions right-padded, each ending with a `\\boxed{}` answer, advantages of both signs) goes through
+For each model shape (Qwen3-0.6B and Qwen3-4B by default; also SmolLM2-135M's and Gemma 3 270M's, the two real models
+grail-rl fetches; random-initialised from a config: no download, and neither time nor memory depends on the weights'
+values) and each completion length (1024 and 4096 tokens by default), one synthetic TRL micro-batch (prompts
+left-padded, completions right-padded, each ending with a `\\boxed{}` answer, advantages of both signs) goes through
 `GRAILTrainer._compute_loss` and a backward, for GRPO and every method, fused and separate where fusing applies,
 with and without (non-reentrant) activation checkpointing. Methods are interleaved round by round; generation is
 not part of the step (on a GPU it is vLLM's or HF generate's cost, the same for every method).
 
 Printed (one JSON object on stdout; progress on stderr), per shape × length × checkpointing:
-  * per method: median step seconds (loss + backward, CUDA-synchronised), ratio to GRPO, peak memory
-    (`max_memory_allocated` during the step) and its ratio to GRPO, tokens/s (B·T / step);
+  * per method: median step seconds (loss + backward, CUDA-synchronised) and every timed round's, ratio to GRPO,
+    peak memory (`max_memory_allocated` during the step) and its ratio to GRPO, tokens/s (B·T / step);
   * fused = separate: the largest |w_fused − w_separate| of grail and entropy in bf16, and the fraction of
     reweighted tokens whose weights differ by more than 0.05 (bf16 rounding is ~1e-2 of a weight).
 
-Run on a CUDA machine: `python perf/gpu_check.py` (bf16; sized for minutes, not yet timed). `--smoke` runs a tiny shape
-on the CPU in fp32 to test the script. Nothing here was run on a GPU in this repository yet: see
-docs/getting-started/gpu-check.md.
+Run on a CUDA machine: `python perf/gpu_check.py` (bf16). `--jsonl FILE` appends each case as it is measured, so a
+run cut short keeps its cases; perf/gpu_curves.py turns such files into curves over T. `--smoke` runs a tiny shape
+on the CPU in fp32 to test the script. First run: an H200 on 2026-11-26 (docs/results/step-cost.md#on-a-gpu).
 """
 
 from __future__ import annotations
@@ -27,15 +28,22 @@ import sys
 import tempfile
 import time
 
-SHAPES = {  # Qwen3 configurations of the released sizes (hidden, layers, heads, kv heads, intermediate)
-    "0.6b": dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
-                 intermediate_size=3072, head_dim=128),
-    "4b": dict(hidden_size=2560, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
-               intermediate_size=9728, head_dim=128),
-    "smoke": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                  intermediate_size=128, head_dim=16),
+SHAPES = {  # name → (transformers model_type, the configuration fields that set the cost; the rest default)
+    "0.6b": ("qwen3", dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                           intermediate_size=3072, head_dim=128, vocab_size=151936, tie_word_embeddings=True)),
+    "4b": ("qwen3", dict(hidden_size=2560, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
+                         intermediate_size=9728, head_dim=128, vocab_size=151936, tie_word_embeddings=False)),
+    # the two real models grail-rl fetches (grail models list), as their converted config.json gives them
+    "smollm2-135m": ("llama", dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                                   intermediate_size=1536, head_dim=64, vocab_size=49152, tie_word_embeddings=True)),
+    "gemma3-270m": ("gemma3_text", dict(hidden_size=640, num_hidden_layers=18, num_attention_heads=4,
+                                        num_key_value_heads=1, intermediate_size=2048, head_dim=256,
+                                        query_pre_attn_scalar=256, vocab_size=262144, sliding_window=512,
+                                        layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 3,
+                                        tie_word_embeddings=True)),
+    "smoke": ("qwen3", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                            intermediate_size=128, head_dim=16, tie_word_embeddings=False)),  # the tiny vocabulary
 }
-VOCAB = 151936  # Qwen3's; the synthetic text uses the embedded tokenizer's first ids
 VARIANTS = {  # name → GRAILConfig fields
     "none": {"token_weighting": "none"},
     "grail_fused": {"token_weighting": "grail", "saliency_path": "fused", "rollout_symmetry": "both"},
@@ -61,6 +69,8 @@ def parse_args(argv):
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds after one warm-up (default 3)")
     parser.add_argument("--methods", default=",".join(VARIANTS), help="comma-separated from " + ", ".join(VARIANTS))
     parser.add_argument("--checkpointing", default="off,non_reentrant", help="off and/or non_reentrant")
+    parser.add_argument("--jsonl", help="append each case here as one JSON line as soon as it is measured, so a "
+                        "run cut short keeps what it measured")
     parser.add_argument("--smoke", action="store_true", help="tiny shape, 48 tokens, CPU fp32: tests the script")
     args = parser.parse_args(argv)
     if args.smoke:
@@ -96,17 +106,20 @@ def batch(tokenizer, rows: int, length: int, device):
 
 
 def build(shape: str, cuda: bool):
+    """A random-initialised model of `shape` (no download: time and memory do not depend on the weights' values) and
+    the embedded tokenizer, whose ids are the first of any of these vocabularies."""
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     from grail.models.tiny import build_tokenizer
 
     tokenizer = build_tokenizer()
-    config = Qwen3Config(vocab_size=VOCAB if shape != "smoke" else len(tokenizer), max_position_embeddings=8192,
-                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                         tie_word_embeddings=shape == "0.6b", **SHAPES[shape])
+    model_type, fields = SHAPES[shape]
+    fields = {"vocab_size": len(tokenizer), **fields, "max_position_embeddings": 8192,
+              "pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id}
+    config = AutoConfig.for_model(model_type, **fields)
     torch.manual_seed(0)
-    model = Qwen3ForCausalLM(config).to(torch.bfloat16 if cuda else torch.float32)
+    model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16 if cuda else torch.float32)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model.to("cuda" if cuda else "cpu"), tokenizer
 
@@ -169,7 +182,7 @@ def run_case(model, tokenizer, args, length: int, checkpointing: str, cuda: bool
     model.zero_grad(set_to_none=True)
     base_t, base_m = statistics.median(times["none"]), statistics.median(peaks["none"]) or 1
     tokens = args.rows * length
-    methods = {m: {"median_step_s": statistics.median(times[m]),
+    methods = {m: {"median_step_s": statistics.median(times[m]), "step_s": times[m],  # every timed round
                    "time_ratio_to_grpo": statistics.median(times[m]) / base_t,
                    "peak_mem_gb": statistics.median(peaks[m]) / 2**30,
                    "mem_ratio_to_grpo": statistics.median(peaks[m]) / base_m if cuda else None,
@@ -200,6 +213,7 @@ def main(argv=None) -> int:
         log("gpu_check: no CUDA device; run it on a GPU machine, or with --smoke to test the script on the CPU.")
         return 2
     cases = []
+    device = torch.cuda.get_device_name() if cuda else "cpu"
     with tempfile.TemporaryDirectory(prefix="grail-gpu-check-") as out:
         for shape in args.shapes:
             model, tokenizer = build(shape, cuda)
@@ -207,10 +221,13 @@ def main(argv=None) -> int:
             for length in args.lengths:
                 for checkpointing in args.checkpointing:
                     log(f"{shape} T={length} checkpointing {checkpointing} ...")
-                    cases.append({"shape": shape, **run_case(model, tokenizer, args, length, checkpointing, cuda,
-                                                             out)})
+                    case = {"shape": shape, "device": device, **run_case(model, tokenizer, args, length,
+                                                                          checkpointing, cuda, out)}
+                    cases.append(case)
+                    if args.jsonl:
+                        with open(args.jsonl, "a") as kept:
+                            kept.write(json.dumps(case) + "\n")
             del model
-    device = torch.cuda.get_device_name() if cuda else "cpu"
     print(json.dumps({"benchmark": "gpu_check", "device": device, "dtype": "bf16" if cuda else "fp32",
                       "torch": torch.__version__, "cases": cases}, indent=1))
     return 0

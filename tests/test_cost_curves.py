@@ -77,6 +77,10 @@ def test_smoke_measures_each_length_in_its_own_process_and_resumes(warm_cache, t
     captured = capsys.readouterr()
     assert json.loads(captured.out) == result and "T = 16: reusing" in captured.err
     assert {t: (out / f"T{t}.json").stat().st_mtime_ns for t in (16, 32)} == before
+    # where the model is cached is not a setting of the measurement: the points are reused from another cache too
+    moved = [*argv]
+    moved[moved.index("--cache-dir") + 1] = str(tmp_path / "elsewhere")
+    assert curves.main(moved) == 0 and "T = 32: reusing" in capsys.readouterr().err
     # other settings for a measured point are refused, naming the file
     with pytest.raises(SystemExit, match="T16.json was measured with other settings"):
         curves.main([*argv, "--rows", "2"])

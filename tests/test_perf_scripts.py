@@ -151,3 +151,59 @@ def test_position_claim_reads_a_u_and_its_depth_and_refuses_an_empty_bin():
     rising = claim.u_shape([0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.4], counts)
     assert rising["u_shape"] is False and rising["depth"] < 0  # recency alone is not a U
     assert claim.u_shape([1.0] * 10, [5] * 9 + [0])["u_shape"] is None
+
+
+def _gpu_case(shape: str, length: int, seconds: dict[str, float], rows: int = 4) -> str:
+    base = seconds["none"]
+    methods = {m: {"median_step_s": s, "time_ratio_to_grpo": s / base, "peak_mem_gb": 1.0, "mem_ratio_to_grpo": 1.0}
+               for m, s in seconds.items()}
+    return json.dumps({"shape": shape, "device": "test", "length": length, "checkpointing": "off", "rows": rows,
+                       "methods": methods})
+
+
+def test_gpu_curves_merges_files_by_case_and_fits_the_growth_of_the_extra_time(tmp_path):
+    """perf/gpu_curves.py: ratios stay inside their case (OAR-P's file brings its own GRPO), the extra seconds per
+    completion are (step - GRPO's) / rows, and an extra time made to grow as T^2 (OAR-P) or T (GRAIL) is fitted so."""
+    gpu_curves = load_perf_script("gpu_curves")
+    main, slow = tmp_path / "main.jsonl", tmp_path / "oar_p.jsonl"
+    main.write_text("\n".join(_gpu_case("m", t, {"none": 1.0, "grail_fused": 1.0 + 4e-4 * t}) for t in (256, 1024))
+                    + "\n")
+    slow.write_text("\n".join(_gpu_case("m", t, {"none": 2.0, "oar_p": 2.0 + 4e-6 * t * t}) for t in (256, 512, 1024)))
+    result = gpu_curves.assemble(gpu_curves.read_cases([str(main), str(slow)]))
+    curves = result["curves"]["m checkpointing off"]
+    assert [p["tokens"] for p in curves["oar_p"]["points"]] == [256, 512, 1024]
+    assert curves["oar_p"]["points"][2]["time_ratio_to_grpo"] == pytest.approx((2.0 + 4e-6 * 1024**2) / 2.0)
+    assert curves["grail_fused"]["points"][1]["extra_s_per_completion"] == pytest.approx(4e-4 * 1024 / 4)
+    assert curves["oar_p"]["growth_exponent"] == pytest.approx(2.0)
+    assert curves["grail_fused"]["growth_exponent"] == pytest.approx(1.0)
+    goals = {g["goal"]: g for g in result["goals"]["m checkpointing off"]}
+    assert goals["oar_p loss step / GRPO's at T = 1024"]["met"] is False  # 3.1x
+    assert goals["grail (fused) loss step / GRPO's, every T"]["measured"] == {256: pytest.approx(1.1024),
+                                                                             1024: pytest.approx(1.4096)}
+
+
+def test_gpu_curves_refuses_a_case_twice_and_a_file_that_is_not_gpu_check_s(tmp_path):
+    gpu_curves = load_perf_script("gpu_curves")
+    twice = tmp_path / "twice.jsonl"
+    twice.write_text(_gpu_case("m", 256, {"none": 1.0, "oar_p": 3.0}) + "\n" + _gpu_case("m", 256, {"none": 1.0,
+                                                                                                    "oar_p": 4.0}))
+    with pytest.raises(SystemExit, match="oar_p at T = 256 is in two cases"):
+        gpu_curves.assemble(gpu_curves.read_cases([str(twice)]))
+    other = tmp_path / "other.jsonl"
+    other.write_text('{"benchmark": "step_overhead"}\n')
+    with pytest.raises(SystemExit, match="other.jsonl:1: not a gpu_check case"):
+        gpu_curves.read_cases([str(other)])
+
+
+def test_gpu_check_keeps_each_case_for_gpu_curves(tmp_path, capsys):
+    """gpu_check --jsonl writes each case as it is measured; gpu_curves reads it and draws the shape's plot."""
+    gpu_check, gpu_curves = load_perf_script("gpu_check"), load_perf_script("gpu_curves")
+    kept = tmp_path / "cases.jsonl"
+    assert gpu_check.main(["--smoke", "--checkpointing", "off", "--methods", "grail_fused", "--jsonl",
+                           str(kept)]) == 0
+    capsys.readouterr()
+    assert gpu_curves.main([str(kept), "--plot-dir", str(tmp_path / "plots")]) == 0
+    result = json.loads(capsys.readouterr().out)
+    (curves,) = result["curves"].values()
+    assert set(curves) == {"none", "grail_fused"} and curves["grail_fused"]["growth_exponent"] is None  # one T
+    assert (tmp_path / "plots" / "smoke-checkpointing-off.png").stat().st_size > 0

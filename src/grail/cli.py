@@ -104,7 +104,7 @@ def _close_process_group() -> None:
 
 
 def _demo(args, rest: list[str]) -> int:
-    from grail.methods.table import METHODS, parse_methods, read_by_any, scoped_values
+    from grail.methods.table import METHODS, parse_methods, refuse_unread, scoped_values
     from grail.training.demo import run_demo
     from grail.training.overrides import build_config, merge, parse_flags
     from grail.training.run import quiet_libraries
@@ -115,11 +115,8 @@ def _demo(args, rest: list[str]) -> int:
     values = merge(None, parse_flags(rest), base=TINY_CPU)
     values.setdefault("output_dir", _default_run_dir("demo"))
     values.setdefault("disable_tqdm", True)
-    specs = [METHODS[m] for m in methods]
-    unread = [key for key in values if not read_by_any(key, specs)]
-    if unread:  # each method gets the options it reads; one that none of them reads would do nothing
-        raise ValueError(f"--{unread[0]} is read by none of the demo's methods ({', '.join(methods)}); remove it, or "
-                         f"add a method that reads it to --method (`grail methods` lists each method's options).")
+    # each method gets the options it reads; one that none of them reads would do nothing
+    refuse_unread(values, [METHODS[m] for m in methods], f"the demo's methods ({', '.join(methods)})")
     shared = {k: v for k, v in values.items() if k != "token_weighting"}
     run_demo(build_config(scoped_values(shared, METHODS["none"])), shared, methods=methods)
     return 0

@@ -25,10 +25,11 @@ from grail.methods.spans import AnswerSpans
 from grail.methods.spec import SCOPED_OPTIONS, MethodOption, MethodSpec, ProbeBatch, TokenWeights
 from grail.options.choices import WeightingOptions
 
-__all__ = ["ENTRY_POINT_GROUP", "METHODS", "OAR_P_FLOOR", "MethodOption", "MethodSpec", "ProbeBatch", "TokenWeights",
-           "check_combination", "checked", "describe", "method_names", "method_option", "method_spec", "oar_p_floor",
-           "options_for", "own_options", "parse_methods", "probed_rows", "read_by_any", "register_method",
-           "scored_tokens", "scoped_values", "unread_options", "unregister_method", "zscore_tokens"]
+__all__ = ["ENTRY_POINT_GROUP", "FIX_UNREAD", "METHODS", "OAR_P_FLOOR", "MethodOption", "MethodSpec", "ProbeBatch",
+           "TokenWeights", "check_combination", "checked", "describe", "method_names", "method_option", "method_spec",
+           "oar_p_floor", "options_for", "own_options", "parse_methods", "probed_rows", "read_by_any", "refuse_unread",
+           "register_method", "scored_tokens", "scoped_values", "unread_options", "unregister_method",
+           "zscore_tokens"]
 
 ENTRY_POINT_GROUP = "grail.methods"  # a package's `[project.entry-points."grail.methods"]`: name = "module:SPEC"
 BUILTIN_SOURCE = "built-in"
@@ -240,6 +241,17 @@ def read_by_any(key: str, specs) -> bool:
     if method_option(key) is not None:
         return any(key in {o.name for o in spec.options} for spec in specs)
     return True
+
+
+FIX_UNREAD = "add a method that reads it to --method (`grail methods` lists each method's options)"
+
+
+def refuse_unread(values, specs, whose: str, fix: str = FIX_UNREAD) -> None:
+    """ValueError naming the first key of `values` that none of `specs` reads (it would do nothing): "--KEY is read by
+    none of <whose>; remove it, or <fix>" (`fix` may name the key as {key})."""
+    unread = [key for key in values if not read_by_any(key, specs)]
+    if unread:
+        raise ValueError(f"--{unread[0]} is read by none of {whose}; remove it, or {fix.format(key=unread[0])}.")
 
 
 def options_for(spec: MethodSpec, options: WeightingOptions) -> WeightingOptions:

@@ -167,7 +167,8 @@ def fused_signal(spec: MethodSpec, logps_BT: torch.Tensor, entropies_BT: torch.T
     TRL's token entropies (`"entropy"`), or GRAIL's saliency (`"saliency"`): the answer NLL is the sum of the
     forward's log-probs over `answer_BT`, and its gradient with respect to the leaf's output `hidden_BLD` (captured
     from the same forward) comes from that graph, which is kept for the loss's backward. The separate probe computes
-    the same signal from a forward of its own: `check_method` and tests/test_fused.py hold them equal.
+    the same signal from a forward of its own: `check_method` and tests/test_trainer.py (test_fused_equals_separate)
+    hold them equal.
 
     Args:
         logps_BT: (B, T) log-probs of the completion tokens, part of the autograd graph of the forward.

@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 from accelerate.utils import is_peft_model
@@ -283,17 +283,9 @@ class GRAILTrainer(GRPOTrainer):
         options = self.weighting
         rows_B = probe_rows(adv_B, spans, mask_BT, options, spec=self.method)
         need_grad = self.method.fuse == "saliency" and bool(rows_B.any())
-        captured: list[torch.Tensor] = []
-        handle = None
-        if need_grad:
-            leaf = probes.leaf_module(self.accelerator.unwrap_model(model), options.saliency_leaf)
-            handle = leaf.register_forward_hook(
-                lambda module, args, out: captured.append(probes.leaf_output_tensor(out)))
-        try:
+        leaf = probes.leaf_module(self.accelerator.unwrap_model(model), options.saliency_leaf) if need_grad else None
+        with probes.output_of(leaf) if need_grad else nullcontext([]) as captured:
             result = trl_forward(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
-        finally:
-            if handle is not None:
-                handle.remove()
         if not (isinstance(result, tuple) and len(result) == 3):
             raise RuntimeError(f"fused saliency: TRL's _get_per_token_logps_and_entropies returned "
                                f"{type(result).__name__}, not (logps, entropies, aux_loss) (a TRL change); set "

@@ -104,14 +104,10 @@ def _scoped_config(values: dict, methods, build_config):
     its own, as a compare arm does). An option that none of the shown methods reads is refused."""
     from dataclasses import replace
 
-    from grail.methods.table import METHODS, read_by_any, scoped_values
+    from grail.methods.table import METHODS, refuse_unread, scoped_values
     from grail.options.choices import WeightingOptions
 
-    specs = [METHODS[m] for m in methods]
-    unread = [key for key in values if not read_by_any(key, specs)]
-    if unread:
-        raise ValueError(f"--{unread[0]} is read by none of the methods shown ({', '.join(methods)}); remove it, or "
-                         f"add a method that reads it to --method (`grail methods` lists each method's options).")
+    refuse_unread(values, [METHODS[m] for m in methods], f"the methods shown ({', '.join(methods)})")
     cfg = build_config(scoped_values(values, METHODS[values.get("token_weighting", "none")]))
     shared = {k: v for k, v in values.items() if k in WeightingOptions.__dataclass_fields__ and k != "method_options"}
     return cfg, replace(cfg.weighting_options(), **shared)

@@ -1,0 +1,170 @@
+"""Cost curves from perf/gpu_check.py's kept cases: each method's loss step against GRPO's as the completion grows.
+
+    python perf/gpu_check.py --shapes smollm2-135m,gemma3-270m --lengths 256,512,1024,2048,4096 \\
+        --checkpointing off --jsonl cases.jsonl          # on a CUDA machine; one JSON line per (shape, T)
+    python perf/gpu_curves.py cases.jsonl [more.jsonl ...] [--json curves.json] [--plot-dir DIR]
+
+Each gpu_check case times every variant of a method (fused or separate where that applies) side by side on one
+synthetic micro-batch, GRPO (`none`) among them, so a ratio is only ever taken inside one case: a file that measures
+OAR-P with its own `none` at other lengths (OAR-P is the slow one) merges with the others by (shape, checkpointing,
+T). Per shape and checkpointing, per variant and T: the loss step's time ratio to GRPO, its peak-memory ratio
+(`max_memory_allocated`), and the extra seconds per completion, (median step - GRPO's) / rows, whose growth exponent in
+T is fitted as in perf/cost_curves.py (`growth_exponent`). The goals of perf/cost_curves.py are printed against the
+methods' default paths (GRAIL and entropy fused): these are loss steps, generation excluded, so a whole step's ratio
+is closer to 1 by the share generation takes of it. One PNG per shape and checkpointing goes to --plot-dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_PATHS = {"grail": "grail_fused", "entropy": "entropy_fused"}  # the variant a run takes by default
+
+
+def _cost_curves():
+    spec = importlib.util.spec_from_file_location("cost_curves", HERE / "cost_curves.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def read_cases(paths: list[str]) -> list[dict]:
+    cases = []
+    for path in paths:
+        for number, line in enumerate(Path(path).read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                case = json.loads(line)
+                case["methods"]["none"], case["shape"], case["length"], case["rows"]  # noqa: B018 (the fields used)
+            except (ValueError, KeyError, TypeError) as exc:
+                raise SystemExit(f"{path}:{number}: not a gpu_check case with a GRPO baseline ({exc}); "
+                                 "give the --jsonl files of perf/gpu_check.py.") from None
+            cases.append(case)
+    if not cases:
+        raise SystemExit(f"no gpu_check cases in {', '.join(paths)}.")
+    return cases
+
+
+def assemble(cases: list[dict]) -> dict:
+    """{"curves": {"<shape> checkpointing <c>": {variant: {"points": [...], "growth_exponent": x}}}, "goals": ...}"""
+    exponent_of = _cost_curves().growth_exponent
+    groups: dict[str, dict[str, dict[int, dict]]] = {}
+    for case in cases:
+        key = f"{case['shape']} checkpointing {case['checkpointing']}"
+        base = case["methods"]["none"]
+        for variant, result in case["methods"].items():
+            points = groups.setdefault(key, {}).setdefault(variant, {})
+            if case["length"] in points and variant != "none":
+                raise SystemExit(f"{key}: {variant} at T = {case['length']} is in two cases; keep one.")
+            points[case["length"]] = {
+                "tokens": case["length"], "rows": case["rows"], "median_step_s": result["median_step_s"],
+                "grpo_step_s": base["median_step_s"], "time_ratio_to_grpo": result["time_ratio_to_grpo"],
+                "peak_mem_gb": result["peak_mem_gb"], "mem_ratio_to_grpo": result["mem_ratio_to_grpo"],
+                "extra_s_per_completion": (result["median_step_s"] - base["median_step_s"]) / case["rows"]}
+    curves = {}
+    for key, variants in groups.items():
+        curves[key] = {}
+        for variant, by_t in variants.items():
+            points = [by_t[t] for t in sorted(by_t)]
+            exponent = None if variant == "none" else exponent_of(
+                [p["tokens"] for p in points], [p["extra_s_per_completion"] for p in points])
+            curves[key][variant] = {"points": points, "growth_exponent": exponent}
+    devices = sorted({case.get("device", "unrecorded") for case in cases})
+    return {"benchmark": "gpu_curves", "measures": "loss step (GRAILTrainer._compute_loss + backward), generation "
+            "excluded; random-initialised bf16 models", "devices": devices, "curves": curves,
+            "goals": {key: goals(variants) for key, variants in curves.items()}}
+
+
+def goals(variants: dict) -> list[dict]:
+    limits = _cost_curves().GOALS
+    out = []
+
+    def goal(name: str, limit: float, measured: list[tuple[int, float | None]]):
+        values = [(t, v) for t, v in measured if v is not None]
+        out.append({"goal": name, "at_most": limit, "measured": dict(values) if values else None,
+                    "met": all(v <= limit for _, v in values) if values else None})
+
+    grail = variants.get(DEFAULT_PATHS["grail"])
+    if grail:
+        goal("grail (fused) loss step / GRPO's, every T", limits["grail_time"],
+             [(p["tokens"], p["time_ratio_to_grpo"]) for p in grail["points"]])
+    if "oar_p" in variants:
+        goal("oar_p loss step / GRPO's at T = 1024", limits["oar_p_time_at_1024"],
+             [(p["tokens"], p["time_ratio_to_grpo"]) for p in variants["oar_p"]["points"] if p["tokens"] == 1024])
+    for variant, curve in variants.items():
+        if variant != "none":
+            goal(f"{variant} peak memory / GRPO's, every T", limits["memory"],
+                 [(p["tokens"], p["mem_ratio_to_grpo"]) for p in curve["points"]])
+    return out
+
+
+def plot(key: str, variants: dict, devices: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_time, ax_extra, ax_mem) = plt.subplots(1, 3, figsize=(15, 4.2))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for number, (variant, curve) in enumerate(variants.items()):
+        style = {"marker": "o", "color": colours[number % len(colours)]}  # one colour per variant in every panel
+        tokens = [p["tokens"] for p in curve["points"]]
+        ax_time.plot(tokens, [p["time_ratio_to_grpo"] for p in curve["points"]], label=variant, **style)
+        memory = [(t, p["mem_ratio_to_grpo"]) for t, p in zip(tokens, curve["points"], strict=True)
+                  if p["mem_ratio_to_grpo"] is not None]
+        if memory:
+            ax_mem.plot([t for t, _ in memory], [m for _, m in memory], label=variant, **style)
+        extra = [(t, p["extra_s_per_completion"]) for t, p in zip(tokens, curve["points"], strict=True)
+                 if p["extra_s_per_completion"] > 0]
+        if variant != "none" and extra:
+            exponent = curve["growth_exponent"]
+            label = f"{variant} (T^{exponent:.2f})" if exponent is not None else variant
+            ax_extra.plot([t for t, _ in extra], [e for _, e in extra], label=label, **style)
+    limits = _cost_curves().GOALS
+    ax_time.axhline(limits["grail_time"], color="grey", ls=":", lw=1)
+    ax_mem.axhline(limits["memory"], color="grey", ls=":", lw=1)
+    for ax, title in ((ax_time, "loss step time / GRPO's"), (ax_extra, "extra seconds per completion (log-log)"),
+                      (ax_mem, "peak memory / GRPO's")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("completion tokens T")
+        ax.set_title(title, fontsize=10)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    ax_time.set_yscale("log")
+    ax_extra.set_yscale("log")
+    fig.suptitle(f"{key}: loss step by completion length ({', '.join(devices)}; generation excluded)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gpu_curves", description=__doc__.split("\n")[0])
+    parser.add_argument("jsonl", nargs="+", help="perf/gpu_check.py --jsonl files")
+    parser.add_argument("--json", help="write the curves here too (they always go to stdout)")
+    parser.add_argument("--plot-dir", help="one PNG per shape and checkpointing here")
+    args = parser.parse_args(argv)
+    result = assemble(read_cases(args.jsonl))
+    if args.plot_dir:
+        Path(args.plot_dir).mkdir(parents=True, exist_ok=True)
+        for key, variants in result["curves"].items():
+            plot(key, variants, result["devices"], Path(args.plot_dir) / f"{key.replace(' ', '-')}.png")
+    for key, listed in result["goals"].items():
+        for g in listed:
+            verdict = {True: "met", False: "NOT met", None: "not measured"}[g["met"]]
+            print(f"{key}: goal {g['goal']} <= {g['at_most']}: {verdict} {g['measured']}", file=sys.stderr)
+    text = json.dumps(result, indent=2)
+    if args.json:
+        Path(args.json).write_text(text)
+    print(text, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
