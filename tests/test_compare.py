@@ -19,7 +19,7 @@ import pytest
 from conftest import WARM_STEPS
 from grail.analysis.compare import plan as compare
 from grail.analysis.compare import run as compare_run
-from grail.analysis.compare.stats import seeds_needed, t_cdf, t_interval, t_quantile
+from grail.analysis.compare.stats import bootstrap_interval, seeds_needed, sign_flip_p, t_cdf, t_interval, t_quantile
 from grail.analysis.compare.summary import RESULT_FILE
 from grail.cli import main
 
@@ -262,6 +262,24 @@ def test_a_rerun_with_other_arguments_is_refused(comparison, capsys, change, nam
     assert (out / "compare.json").read_text() == plan
 
 
+def test_first_seed_moves_every_run_s_seed_and_a_rerun_or_resume_must_keep_it(comparison, capsys, tmp_path):
+    from grail.analysis.compare.summary import plan_seeds
+    from grail.options.presets import TINY_CPU
+
+    plan = compare.make_plan(compare.parse_arms("none,grail", []), 2, dict(TINY_CPU), tmp_path / "pilot",
+                             first_seed=100)
+    assert list(plan_seeds(plan)) == [100, 101] and plan["first_seed"] == 100
+    grail = plan["arms"][1]
+    runs = [compare_run.run_values(plan, grail, seed, tmp_path / "pilot") for seed in plan_seeds(plan)]
+    assert [(r["seed"], r["data_seed"]) for r in runs] == [(100, 100), (101, 101)]
+    assert runs[0]["output_dir"].endswith("seed100")
+    out, cache = comparison
+    assert main(_argv(cache, out) + ["--first-seed", "7"]) == 2  # the stored comparison's seeds start at 0
+    assert "first_seed" in capsys.readouterr().err
+    assert main(["compare", "--resume", str(out), "--first-seed", "7"]) == 2
+    assert "drop --first-seed" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("arms, extra, named", [
     ("none,,grail", [], "none empty"),
     ("gral", [], "not a method"),
@@ -329,6 +347,37 @@ def test_seeds_needed_is_the_first_count_that_is_enough(sd, d, power):
 
     s = seeds_needed(sd, d, power=power)
     assert enough(s) and (s == 2 or not enough(s - 1))
+
+
+def test_sign_flip_p_counts_the_sign_assignments_by_hand():
+    # 5 positive differences: only all-plus and all-minus reach |mean|, so p = 2 / 32, the smallest 5 seeds allow
+    assert sign_flip_p([1.0, 2.0, 3.0, 4.0, 5.0]) == pytest.approx(2 / 32)
+    # 1, 1, -1: the 8 assignments' sums are ±3 (2 of them) and ±1 (6): all reach |1|
+    assert sign_flip_p([1.0, 1.0, -1.0]) == 1.0
+    # 3, 1, 1: sums 5, 3, 3, 1 and their negatives; |sum| >= 5 for 2 of 8
+    assert sign_flip_p([3.0, 1.0, 1.0]) == pytest.approx(2 / 8)
+    assert sign_flip_p([]) is None
+    # beyond the exact range, the random assignments agree with the exact count
+    d = [0.3, -0.1, 0.5, 0.2, 0.4, -0.2, 0.1, 0.6]
+    assert sign_flip_p(d, exact_up_to=4, draws=40_000) == pytest.approx(sign_flip_p(d), abs=0.01)
+
+
+def test_bootstrap_interval_brackets_the_mean_and_is_reproducible():
+    values = [2.0, -1.0, 4.0, 0.5, 3.0, 1.5]
+    low, high = bootstrap_interval(values)
+    assert low < statistics.fmean(values) < high and min(values) <= low and high <= max(values)
+    assert bootstrap_interval(values) == (low, high)  # a fixed seed
+    assert bootstrap_interval([1.0, 1.0, 1.0]) == (1.0, 1.0) and bootstrap_interval([1.0]) is None
+
+
+def test_the_report_gives_the_paired_checks_without_normality(comparison):
+    out, _ = comparison
+    report = json.loads((out / "report.json").read_text())
+    for stats in report["metrics"].values():
+        paired = stats["paired"]["grail@saliency_leaf=middle"]
+        assert paired["sign_flip_p"] == pytest.approx(sign_flip_p(paired["values"]))
+        assert paired["bootstrap"] == pytest.approx(list(bootstrap_interval(paired["values"])))
+    assert "sign-flip permutation test" in (out / "report.md").read_text()
 
 
 def _workers_of(out) -> list[int]:

@@ -30,8 +30,8 @@ diagnostics.
 
 arms:   METHOD or METHOD@field=value@field=value, comma-separated, e.g.
         --arms none,grail,grail@weights_from=rollout_policy,grail@saliency_leaf=middle@weight_std=1.0
-seeds:  seed s = 0..S-1 sets seed and data_seed (and dataset_shuffle_seed when the base sets one) for every
-        arm, so arms are paired by seed.
+seeds:  seed s = 0..S-1 (N..N+S-1 with --first-seed N) sets seed and data_seed (and dataset_shuffle_seed when
+        the base sets one) for every arm, so arms are paired by seed.
 base:   the tiny-cpu preset unless --preset or --config is given; --FIELD VALUE flags win. Evaluation
         settings come from the base config (default: the synthetic held-out split, greedy acc@1 and sampled
         acc@4, as `grail demo`; with --eval_benchmarks: those benchmarks, as checkpoint evaluation).
@@ -54,6 +54,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         help="resume, or only re-render, the comparison in DIR with the plan in DIR/compare.json "
                              "(no other plan arguments): nothing finished is trained or evaluated again")
     parser.add_argument("--seeds", type=int, default=None, help="training seeds per arm: 0..S-1 (default 5)")
+    parser.add_argument("--first-seed", type=int, default=None,
+                        help="start the seeds here: N..N+S-1 (default 0), e.g. a pilot on seeds the comparison it "
+                             "sizes will not use")
     parser.add_argument("--auroc-rows", type=int, default=None,
                         help="synthetic task only: the saliency AUROC of critical vs filler tokens "
                         "(grail.analysis.compare.auroc) of each final model and of the starting model, on this many "
@@ -76,7 +79,8 @@ def _resumed_plan(args, rest: list[str]) -> tuple[dict, Path]:
 
     from grail.analysis.compare.plan import PLAN_FILE
 
-    given = [flag for flag, value in (("--arms", args.arms), ("--seeds", args.seeds), ("--auroc-rows", args.auroc_rows),
+    given = [flag for flag, value in (("--arms", args.arms), ("--seeds", args.seeds), ("--first-seed", args.first_seed),
+                                      ("--auroc-rows", args.auroc_rows),
                                       ("--sweep", args.sweep), ("--config", args.config), ("--preset", args.preset))
              if value not in (None, [])] + [r for r in rest if r.startswith("--")]
     if given:
@@ -130,7 +134,7 @@ def run(args, rest: list[str]) -> int:
         print(f"compare: output in {out_dir}; to resume after a stop: grail compare --resume {out_dir}")
     plan = make_plan(arms, 5 if args.seeds is None else args.seeds, values, out_dir,
                      auroc_rows=64 if args.auroc_rows is None else args.auroc_rows, sweeps=args.sweep,
-                     base_source=source)
+                     base_source=source, first_seed=args.first_seed or 0)
     check_plan(plan, out_dir)  # before anything is written or trained
     return _run(run_comparison, plan, out_dir, args.jobs)
 

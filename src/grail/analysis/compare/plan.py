@@ -38,7 +38,7 @@ from grail.analysis.compare.run import (
     run_one,
     run_values,
 )
-from grail.methods.table import METHODS, read_by_any
+from grail.methods.table import METHODS, refuse_unread
 from grail.options.fields import SYNTHETIC_DATASET
 from grail.training.config import GRAILConfig
 from grail.training.overrides import build_config, coerce
@@ -147,13 +147,17 @@ def _jsonable(values: dict) -> dict:
 
 
 def make_plan(arms: list[Arm], seeds: int, base: dict, out_dir: str | Path, auroc_rows: int = 0,
-              sweeps: list[str] | tuple[str, ...] = (), base_source: str | None = None) -> dict:
+              sweeps: list[str] | tuple[str, ...] = (), base_source: str | None = None, first_seed: int = 0) -> dict:
     """The plan (compare.json), after building every arm's config: a bad field stops here, before any training.
     `sweeps`: the `--sweep FIELD=v1,v2` texts the arms were crossed with (parse_arms), recorded as
     [{"field": F, "values": [text, ...]}] for the report's sweep table and plot (grail.analysis.compare.sweep).
-    `base_source`: where the base values came from, in words (preset, file, flags), for the report's first lines."""
+    `base_source`: where the base values came from, in words (preset, file, flags), for the report's first lines.
+    `first_seed`: the seeds are first_seed .. first_seed + seeds − 1 (recorded only when not 0), so that a pilot and
+    the comparison it sizes train on different seeds."""
     if seeds < 1:
         raise ValueError(f"--seeds {seeds}: give 1 or more (seeds 0..S-1; 3 or more for an interval worth having).")
+    if first_seed < 0:
+        raise ValueError(f"--first-seed {first_seed}: give 0 or more.")
     base = _jsonable({k: v for k, v in base.items() if k != "output_dir"})
     seed_fields = [*SEED_FIELDS, *(["dataset_shuffle_seed"] if base.get("dataset_shuffle_seed") is not None else [])]
     if auroc_rows < 0:
@@ -162,18 +166,16 @@ def make_plan(arms: list[Arm], seeds: int, base: dict, out_dir: str | Path, auro
             "base_source": base_source,
             "sweeps": [dict(zip(("field", "values"), parse_sweep(text), strict=True)) for text in sweeps],
             "arms": [{"label": a.label, "slug": a.slug, "method": a.method, "fields": _jsonable(a.fields)}
-                     for a in arms]}
-    specs = [METHODS[a.method] for a in arms]
-    unread = [key for key in base if not read_by_any(key, specs)]
-    if unread:  # shared options go to the arms that read them; one that no arm reads would do nothing
-        raise ValueError(f"--{unread[0]} is read by none of the arms' methods; remove it, or set it on an arm that "
-                         f"reads it (METHOD@{unread[0]}=VALUE).")
+                     for a in arms], **({"first_seed": first_seed} if first_seed else {})}
+    # shared options go to the arms that read them; one that no arm reads would do nothing
+    refuse_unread(base, [METHODS[a.method] for a in arms], "the arms' methods",
+                  "set it on an arm that reads it (METHOD@{key}=VALUE)")
     for arm in plan["arms"]:
         try:
-            build_config(run_values(plan, arm, 0, out_dir))
+            build_config(run_values(plan, arm, first_seed, out_dir))
         except ValueError as err:
             raise ValueError(f"arm {arm['label']!r}: {err}") from err
-    plan["protocol"] = _protocol(build_config(run_values(plan, None, 0, out_dir)))
+    plan["protocol"] = _protocol(build_config(run_values(plan, None, first_seed, out_dir)))
     return plan
 
 
@@ -183,7 +185,7 @@ def check_plan(plan: dict, out_dir: str | Path) -> None:
     if not path.is_file():
         return
     stored = json.loads(path.read_text())
-    for key in ("seeds", "arms", "seed_fields", "protocol", "base", "auroc_rows"):
+    for key in ("seeds", "first_seed", "arms", "seed_fields", "protocol", "base", "auroc_rows"):
         old, new = stored.get(key), plan.get(key)
         if old == new:
             continue

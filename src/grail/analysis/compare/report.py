@@ -86,7 +86,28 @@ def _stat_tables(title: str, stats: dict, arms: list[str], scale: float, digits:
                         [[arm, paired[arm]["reference"], str(paired[arm]["n"]),
                           *(_cell(stats[m]["paired"][arm], scale, digits, signed=True) for m in names)]
                          for arm in paired])
-    return lines + [""]
+    return lines + _robust_lines(stats, names, scale, digits) + [""]
+
+
+def _robust(stat: dict, scale: float, digits: int) -> str:
+    p, boot = stat.get("sign_flip_p"), stat.get("bootstrap")
+    if p is None:
+        return "–"
+    interval = "" if boot is None else f", [{scale * boot[0]:+.{digits}f}, {scale * boot[1]:+.{digits}f}]"
+    return f"p = {p:.3g}{interval}"
+
+
+def _robust_lines(stats: dict, names: list[str], scale: float, digits: int) -> list[str]:
+    """The paired differences' checks that do not assume normality (grail.analysis.compare.stats)."""
+    paired = stats[names[0]]["paired"]
+    if not paired:
+        return []
+    n = max(d["n"] for d in paired.values())
+    return ["", "The same differences without assuming them normal: the exact sign-flip permutation test's "
+            "two-sided p over seeds, and a 95% percentile bootstrap interval of the mean over seeds "
+            f"(with {n} seeds no p can be below {2 / 2**n:.3g}):", "",
+            *_table(["arm", *names], [[arm, *(_robust(stats[m]["paired"][arm], scale, digits) for m in names)]
+                                      for arm in paired])]
 
 
 def _warmstart_text(warm: dict, arms: list[str]) -> str:
@@ -215,11 +236,16 @@ def _change_lines(s: dict) -> list[str]:
                            "change, over seeds"], rows) + [""]
 
 
+def _seed_range(s: dict) -> str:
+    first = s.get("first_seed", 0)
+    return f" (seeds {first}..{first + s['seeds'] - 1})" if first else ""
+
+
 def render_markdown(s: dict, plots: list[str], plot_note: str, jobs: int) -> str:
     arms, seeds = s["arms"], s["seeds"]
     proto = s["protocol"]
     lines = ["# grail compare", "", *_setting_lines(s),
-             f"{len(arms)} arms × {seeds} seeds; {_start_phrase(s)}, and seed s sets "
+             f"{len(arms)} arms × {seeds} seeds{_seed_range(s)}; {_start_phrase(s)}, and seed s sets "
              f"{', '.join(s['seed_fields'])} = s for every arm, so the arms are paired by seed. "
              f"Evaluation ({proto['kind']}): {proto['description']}.", "",
              "Intervals are 95% Student t-intervals over the training seeds (mean ± t_{0.975,S−1}·sd/√S): they "

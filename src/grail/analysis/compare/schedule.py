@@ -35,7 +35,7 @@ from grail.analysis.compare.run import (
     run_values,
     write_json,
 )
-from grail.analysis.compare.summary import RESULT_FILE, WARMSTART_AUROC_FILE, run_path
+from grail.analysis.compare.summary import RESULT_FILE, WARMSTART_AUROC_FILE, plan_seeds, run_path
 from grail.options.fields import SYNTHETIC_DATASET
 from grail.training.overrides import build_config
 
@@ -177,7 +177,7 @@ def run_comparison(plan: dict, out_dir: str | Path, jobs: int = 1, log: Log = pr
                 old.get("sweeps") != plan.get("sweeps")):
             write_json(stored, plan)  # new, or written before sweeps / base_source were recorded (check_plan: the rest
             # is equal)
-        keys = [(arm["slug"], seed) for seed in range(plan["seeds"]) for arm in plan["arms"]]  # seed-major: pairs early
+        keys = [(arm["slug"], seed) for seed in plan_seeds(plan) for arm in plan["arms"]]  # seed-major: pairs early
         done = {}
         for slug, seed in keys:
             marker = run_path(out_dir, slug, seed) / RESULT_FILE

@@ -4,6 +4,10 @@
     paired     d_s = arm_s − base_s for each seed s both have; the same t-interval over the d_s
     seeds      half-width(S) = t_{0.975, S−1} · sd_d / √S; the S that brings it under d points, and the S that
                gives 80% power at a true difference d: (t_{0.975, S−1} + t_{0.80, S−1}) · sd_d / √S ≤ d
+    no normal  two checks of the paired differences that do not assume the d_s normal: the sign-flip permutation
+               test (under H0 each d_s is as likely −d_s: the two-sided p is the share of the 2^S sign assignments
+               whose |mean| reaches the observed one; exact, so with S seeds p ≥ 2 / 2^S: S ≥ 6 to reach 0.05), and
+               a percentile bootstrap interval of the mean over seeds (resampled with replacement, a fixed seed)
 
 The Student t quantile is computed here (regularised incomplete beta, bisection)."""
 
@@ -13,7 +17,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["Interval", "LEVEL", "POWER", "paired_interval", "seeds_needed", "t_cdf", "t_interval", "t_quantile"]
+__all__ = ["Interval", "LEVEL", "POWER", "bootstrap_interval", "paired_interval", "seeds_needed", "sign_flip_p",
+           "t_cdf", "t_interval", "t_quantile"]
 
 LEVEL = 0.95
 POWER = 0.80
@@ -124,3 +129,41 @@ def seeds_needed(sd: float, difference: float, level: float = LEVEL, power: floa
         mid = (low + high) // 2
         low, high = (mid + 1, high) if factor(mid) * sd / math.sqrt(mid) > difference else (low, mid)
     return low
+
+
+def sign_flip_p(differences: Sequence[float], exact_up_to: int = 20, draws: int = 200_000,
+                seed: int = 0) -> float | None:
+    """Two-sided p of the mean of `differences` under the sign-flip null (module docstring): exact over all 2^n
+    assignments for n ≤ exact_up_to, else `draws` random assignments from random.Random(seed) (counting the observed
+    one). None for no differences."""
+    import itertools
+    import random
+
+    d = [float(v) for v in differences]
+    n = len(d)
+    if n == 0:
+        return None
+    observed = abs(sum(d)) - 1e-12 * (1.0 + sum(abs(v) for v in d))  # ties count as reaching it
+    if n <= exact_up_to:
+        hits = sum(abs(sum(s * v for s, v in zip(signs, d, strict=True))) >= observed
+                   for signs in itertools.product((1.0, -1.0), repeat=n))
+        return hits / 2**n
+    rng = random.Random(seed)
+    hits = 1 + sum(abs(sum(v if rng.random() < 0.5 else -v for v in d)) >= observed for _ in range(draws))
+    return hits / (draws + 1)
+
+
+def bootstrap_interval(values: Sequence[float], level: float = LEVEL, resamples: int = 20_000,
+                       seed: int = 0) -> tuple[float, float] | None:
+    """Percentile bootstrap interval of the mean of `values` (resampled with replacement, random.Random(seed));
+    None for fewer than 2 values."""
+    import random
+
+    v = [float(x) for x in values]
+    n = len(v)
+    if n < 2:
+        return None
+    rng = random.Random(seed)
+    means = sorted(sum(rng.choice(v) for _ in range(n)) / n for _ in range(resamples))
+    tail = (1.0 - level) / 2.0
+    return means[int(math.floor(tail * (resamples - 1)))], means[int(math.ceil((1.0 - tail) * (resamples - 1)))]

@@ -32,7 +32,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from grail.analysis.compare.plots import POSITION_KEYS, WEIGHT_KEYS
-from grail.analysis.compare.stats import LEVEL, POWER, paired_interval, seeds_needed, t_interval, t_quantile
+from grail.analysis.compare.stats import (
+    LEVEL,
+    POWER,
+    bootstrap_interval,
+    paired_interval,
+    seeds_needed,
+    sign_flip_p,
+    t_interval,
+    t_quantile,
+)
 from grail.analysis.compare.sweep import Layout, layout
 
 __all__ = ["BEFORE_RL_FILE", "CHECKPOINT_AUROC_FILE", "EXTRA_METRICS_FILE", "RESULT_FILE", "WARMSTART_AUROC_FILE",
@@ -48,6 +57,12 @@ RESOLVE_POINTS = (1.0, 2.0, 5.0)  # differences (points) the seeds-needed table 
 SEED_COUNTS = (2, 3, 5, 10, 20, 50)
 COMPLETION_KEYS = ("completions/mean_length", "completions/clipped_ratio")  # TRL's logged completion statistics
 LAST_STEPS = 10
+
+
+def plan_seeds(plan: dict) -> range:
+    """The plan's training seeds: first_seed .. first_seed + seeds − 1 (first_seed 0 unless the plan sets it)."""
+    first = plan.get("first_seed", 0)
+    return range(first, first + plan["seeds"])
 
 
 def run_path(out_dir: str | Path, slug: str, seed: int) -> Path:
@@ -123,7 +138,7 @@ def load_runs(out_dir: str | Path, plan: dict, start: StartData | None = None) -
     warm = (start or load_start(out_dir, [a["label"] for a in plan["arms"]])).auroc
     runs = []
     for arm in plan["arms"]:
-        for seed in range(plan["seeds"]):
+        for seed in plan_seeds(plan):
             path = run_path(out_dir, arm["slug"], seed)
             result_file, extra_file = path / RESULT_FILE, path / EXTRA_METRICS_FILE
             result = json.loads(result_file.read_text()) if result_file.is_file() else None
@@ -161,9 +176,15 @@ def _stats(table: dict[str, dict[int, float]], arms: list[str], lay: Layout) -> 
     """Per-arm intervals and paired differences against each arm's reference, JSON-ready."""
     return {"per_arm": {arm: {**asdict(t_interval(list(table[arm].values()))), "seeds": sorted(table[arm])}
                         for arm in arms},
-            "paired": {arm: {**asdict(paired_interval(table[lay.baseline[arm]], table[arm])),
-                             "seeds": sorted(set(table[lay.baseline[arm]]) & set(table[arm])), "reference":
-                             lay.baseline[arm]} for arm in lay.paired}}
+            "paired": {arm: _paired(table[lay.baseline[arm]], table[arm], lay.baseline[arm]) for arm in lay.paired}}
+
+
+def _paired(base: dict[int, float], other: dict[int, float], reference: str) -> dict:
+    """The paired t-interval over seeds and the two checks that do not assume normality (compare.stats)."""
+    seeds = sorted(set(base) & set(other))
+    differences = [other[s] - base[s] for s in seeds]
+    return {**asdict(paired_interval(base, other)), "seeds": seeds, "reference": reference,
+            "sign_flip_p": sign_flip_p(differences), "bootstrap": bootstrap_interval(differences)}
 
 
 def _auroc_training(runs: list[RunData], arms: list[str]) -> dict:
@@ -265,7 +286,7 @@ def summarize(plan: dict, runs: list[RunData], start: StartData | None = None) -
                 "seeds_for_80pct_power": {f"{p:g}": seeds_needed(sd_points, p, power=POWER) for p in RESOLVE_POINTS},
             }
     return {
-        "arms": arms, "seeds": plan["seeds"], "level": LEVEL,
+        "arms": arms, "seeds": plan["seeds"], "first_seed": plan.get("first_seed", 0), "level": LEVEL,
         "interval": "Student t over seeds: mean ± t_{0.975, S-1} · sd / sqrt(S); paired: the same over per-seed "
                     "differences from each arm's reference (the first arm; with --sweep, the first arm at the same "
                     "swept value)",
