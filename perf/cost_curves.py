@@ -181,13 +181,18 @@ def assemble(args: argparse.Namespace, points: dict[int, dict]) -> dict:
             "curves": curves, "goals": goals(curves)}
 
 
+def goal_entry(name: str, limit: float, measured: list[tuple[int, float | None]]) -> dict:
+    """One goal's record: the values measured (by T; None where none was) and whether every one is within limit."""
+    values = [(t, v) for t, v in measured if v is not None]
+    return {"goal": name, "at_most": limit, "measured": dict(values) if values else None,
+            "met": all(v <= limit for _, v in values) if values else None}
+
+
 def goals(curves: dict) -> list[dict]:
     out = []
 
     def goal(name: str, limit: float, measured: list[tuple[int, float | None]]):
-        values = [(t, v) for t, v in measured if v is not None]
-        out.append({"goal": name, "at_most": limit, "measured": dict(values) if values else None,
-                    "met": all(v <= limit for _, v in values) if values else None})
+        out.append(goal_entry(name, limit, measured))
 
     if "grail" in curves:
         points = curves["grail"]["points"]
@@ -205,44 +210,54 @@ def goals(curves: dict) -> list[dict]:
     return out
 
 
-def plot(result: dict, path: str) -> None:
+def plot_curves(curves: dict, path, title: str, memory_title: str, log_time: bool = False) -> None:
+    """Three panels of {method: {"points": [...], "growth_exponent": x}}: the time ratio to GRPO, the extra seconds per
+    completion (log-log, with the fitted exponent) and the memory ratio, one colour per method in every panel."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (ax_time, ax_extra, ax_mem) = plt.subplots(1, 3, figsize=(15, 4.2))
-    for method, curve in result["curves"].items():
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for number, (method, curve) in enumerate(curves.items()):
+        style = {"marker": "o", "color": colours[number % len(colours)]}
         tokens = [p["tokens"] for p in curve["points"]]
-        ax_time.plot(tokens, [p["time_ratio_to_grpo"] for p in curve["points"]], marker="o", label=method)
+        ax_time.plot(tokens, [p["time_ratio_to_grpo"] for p in curve["points"]], label=method, **style)
         memory = [(t, p["mem_ratio_to_grpo"]) for t, p in zip(tokens, curve["points"], strict=True)
                   if p["mem_ratio_to_grpo"] is not None]
         if memory:
-            ax_mem.plot([t for t, _ in memory], [m for _, m in memory], marker="o", label=method)
-        if method != "none":
-            extra = [(t, p["extra_s_per_completion"]) for t, p in zip(tokens, curve["points"], strict=True)
-                     if p["extra_s_per_completion"] > 0]
+            ax_mem.plot([t for t, _ in memory], [m for _, m in memory], label=method, **style)
+        extra = [(t, p["extra_s_per_completion"]) for t, p in zip(tokens, curve["points"], strict=True)
+                 if p["extra_s_per_completion"] > 0]
+        if method != "none" and extra:
             exponent = curve["growth_exponent"]
             label = f"{method} (T^{exponent:.2f})" if exponent is not None else method
-            if extra:
-                ax_extra.plot([t for t, _ in extra], [e for _, e in extra], marker="o", label=label)
+            ax_extra.plot([t for t, _ in extra], [e for _, e in extra], label=label, **style)
     ax_time.axhline(GOALS["grail_time"], color="grey", ls=":", lw=1)
     ax_mem.axhline(GOALS["memory"], color="grey", ls=":", lw=1)
-    memory_title = ("step's memory increase / GRPO's" if result["malloc"] == "tuned" else
-                    "memory: not measured here (--malloc default)")
-    for ax, title in ((ax_time, "step time / GRPO's"), (ax_extra, "extra seconds per completion (log-log)"),
-                      (ax_mem, memory_title)):
+    for ax, name in ((ax_time, "step time / GRPO's"), (ax_extra, "extra seconds per completion (log-log)"),
+                     (ax_mem, memory_title)):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("completion tokens T")
-        ax.set_title(title, fontsize=10)
+        ax.set_title(name, fontsize=10)
         if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
+            ax.legend(fontsize=7)
+    if log_time:
+        ax_time.set_yscale("log")
     ax_extra.set_yscale("log")
-    rows = ", ".join(f"{t}: {r}" for t, r in result["rows"].items())
-    fig.suptitle(f"{result['model']}: cost of a step by completion length (rows per step {rows}; "
-                 f"{result['device']})", fontsize=10)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot(result: dict, path: str) -> None:
+    memory_title = ("step's memory increase / GRPO's" if result["malloc"] == "tuned" else
+                    "memory: not measured here (--malloc default)")
+    rows = ", ".join(f"{t}: {r}" for t, r in result["rows"].items())
+    plot_curves(result["curves"], path, f"{result['model']}: cost of a step by completion length (rows per step "
+                f"{rows}; {result['device']})", memory_title)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,6 +22,7 @@ on the CPU in fp32 to test the script. First run: an H200 on 2026-11-26 (docs/re
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -214,7 +215,9 @@ def main(argv=None) -> int:
         return 2
     cases = []
     device = torch.cuda.get_device_name() if cuda else "cpu"
-    with tempfile.TemporaryDirectory(prefix="grail-gpu-check-") as out:
+    stdout = sys.stdout
+    # libraries' prints (DeepSpeed's accelerator notice, imported with the model classes) must not corrupt the JSON
+    with tempfile.TemporaryDirectory(prefix="grail-gpu-check-") as out, contextlib.redirect_stdout(sys.stderr):
         for shape in args.shapes:
             model, tokenizer = build(shape, cuda)
             log(f"{shape}: {sum(p.numel() for p in model.parameters()) / 1e9:.2f} B parameters")
@@ -229,7 +232,7 @@ def main(argv=None) -> int:
                             kept.write(json.dumps(case) + "\n")
             del model
     print(json.dumps({"benchmark": "gpu_check", "device": device, "dtype": "bf16" if cuda else "fp32",
-                      "torch": torch.__version__, "cases": cases}, indent=1))
+                      "torch": torch.__version__, "cases": cases}, indent=1), file=stdout, flush=True)
     return 0
 
 

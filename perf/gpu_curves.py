@@ -82,13 +82,12 @@ def assemble(cases: list[dict]) -> dict:
 
 
 def goals(variants: dict) -> list[dict]:
-    limits = _cost_curves().GOALS
+    cost_curves = _cost_curves()
+    limits = cost_curves.GOALS
     out = []
 
     def goal(name: str, limit: float, measured: list[tuple[int, float | None]]):
-        values = [(t, v) for t, v in measured if v is not None]
-        out.append({"goal": name, "at_most": limit, "measured": dict(values) if values else None,
-                    "met": all(v <= limit for _, v in values) if values else None})
+        out.append(cost_curves.goal_entry(name, limit, measured))
 
     grail = variants.get(DEFAULT_PATHS["grail"])
     if grail:
@@ -105,43 +104,8 @@ def goals(variants: dict) -> list[dict]:
 
 
 def plot(key: str, variants: dict, devices: list[str], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax_time, ax_extra, ax_mem) = plt.subplots(1, 3, figsize=(15, 4.2))
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for number, (variant, curve) in enumerate(variants.items()):
-        style = {"marker": "o", "color": colours[number % len(colours)]}  # one colour per variant in every panel
-        tokens = [p["tokens"] for p in curve["points"]]
-        ax_time.plot(tokens, [p["time_ratio_to_grpo"] for p in curve["points"]], label=variant, **style)
-        memory = [(t, p["mem_ratio_to_grpo"]) for t, p in zip(tokens, curve["points"], strict=True)
-                  if p["mem_ratio_to_grpo"] is not None]
-        if memory:
-            ax_mem.plot([t for t, _ in memory], [m for _, m in memory], label=variant, **style)
-        extra = [(t, p["extra_s_per_completion"]) for t, p in zip(tokens, curve["points"], strict=True)
-                 if p["extra_s_per_completion"] > 0]
-        if variant != "none" and extra:
-            exponent = curve["growth_exponent"]
-            label = f"{variant} (T^{exponent:.2f})" if exponent is not None else variant
-            ax_extra.plot([t for t, _ in extra], [e for _, e in extra], label=label, **style)
-    limits = _cost_curves().GOALS
-    ax_time.axhline(limits["grail_time"], color="grey", ls=":", lw=1)
-    ax_mem.axhline(limits["memory"], color="grey", ls=":", lw=1)
-    for ax, title in ((ax_time, "loss step time / GRPO's"), (ax_extra, "extra seconds per completion (log-log)"),
-                      (ax_mem, "peak memory / GRPO's")):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("completion tokens T")
-        ax.set_title(title, fontsize=10)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    ax_time.set_yscale("log")
-    ax_extra.set_yscale("log")
-    fig.suptitle(f"{key}: loss step by completion length ({', '.join(devices)}; generation excluded)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _cost_curves().plot_curves(variants, path, f"{key}: loss step by completion length ({', '.join(devices)}; "
+                               "generation excluded)", "peak memory / GRPO's", log_time=True)
 
 
 def main(argv: list[str] | None = None) -> int:
