@@ -17,6 +17,7 @@ is closer to 1 by the share generation takes of it. One PNG per shape and checkp
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import sys
@@ -26,7 +27,8 @@ HERE = Path(__file__).resolve().parent
 DEFAULT_PATHS = {"grail": "grail_fused", "entropy": "entropy_fused"}  # the variant a run takes by default
 
 
-def _cost_curves():
+@functools.cache
+def _cost_curves():  # loaded once: assemble, goals and plot each need it
     spec = importlib.util.spec_from_file_location("cost_curves", HERE / "cost_curves.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
