@@ -280,6 +280,48 @@ def test_first_seed_moves_every_run_s_seed_and_a_rerun_or_resume_must_keep_it(co
     assert "drop --first-seed" in capsys.readouterr().err
 
 
+def test_auroc_set_is_recorded_checked_and_refused_where_it_would_compute_nothing(comparison, capsys, tmp_path):
+    from grail.options.presets import TINY_CPU
+
+    arms = compare.parse_arms("none,grail", [])
+    plan = compare.make_plan(arms, 2, dict(TINY_CPU), tmp_path / "c", auroc_rows=8, auroc_set="natural_contrast")
+    assert plan["auroc_set"] == "natural_contrast"
+    assert "auroc_set" not in compare.make_plan(arms, 2, dict(TINY_CPU), tmp_path / "c", auroc_rows=8)  # the default
+    with pytest.raises(ValueError, match="multi_step_filler, natural_contrast"):
+        compare.make_plan(arms, 2, dict(TINY_CPU), tmp_path / "c", auroc_rows=8, auroc_set="filler")
+    with pytest.raises(ValueError, match="--auroc-rows N"):
+        compare.make_plan(arms, 2, dict(TINY_CPU), tmp_path / "c", auroc_rows=0, auroc_set="multi_step_filler")
+    out, cache = comparison
+    assert main(_argv(cache, out) + ["--auroc-set", "multi_step_filler"]) == 2  # the stored one used the task's rows
+    assert "auroc_set" in capsys.readouterr().err
+    assert main(["compare", "--resume", str(out), "--auroc-set", "multi_step_filler"]) == 2
+    assert "drop --auroc-set" in capsys.readouterr().err
+
+
+def test_run_auroc_on_a_label_set_is_the_saliency_auroc_of_its_rows_pooled_and_position_matched(warm_cache):
+    """A label set works for any run (here a non-synthetic dataset's config): its rows' AUROCs, the matched one
+    included, exactly as grail.analysis.saliency.quality computes them."""
+    from grail.analysis.compare.auroc import auroc_names, run_auroc
+    from grail.analysis.saliency.label_sets import label_set_rows
+    from grail.analysis.saliency.quality import SaliencyQualityOptions, model_dir_saliency_auroc
+    from grail.training.overrides import build_config
+
+    _, warm_dir = warm_cache
+    cfg = build_config({"token_weighting": "grail", "dataset": "openai/gsm8k", "output_dir": "unused"})
+    assert run_auroc(warm_dir, cfg, 4) == {}  # the task's rows need the synthetic task
+    got = run_auroc(warm_dir, cfg, 4, "multi_step_filler")
+    assert set(got) == auroc_names(cfg)
+    expected = model_dir_saliency_auroc(warm_dir, label_set_rows("multi_step_filler", 4, 0), ["grail", "position"],
+                                        SaliencyQualityOptions(weighting=cfg.weighting_options()))
+    for method in ("grail", "position"):
+        assert got[f"auroc/{method}/signal"] == expected[method]["signal"].auroc
+        assert got[f"auroc/{method}/weights"] == expected[method]["weights"].auroc
+        assert got[f"auroc/{method}/signal_matched"] == expected[method]["signal"].matched.auroc
+    assert got["auroc/position/signal_matched"] == 0.5  # position alone separates nothing at a fixed distance
+    with pytest.raises(ValueError, match="natural_contrast"):
+        run_auroc(warm_dir, cfg, 4, "bogus")
+
+
 @pytest.mark.parametrize("arms, extra, named", [
     ("none,,grail", [], "none empty"),
     ("gral", [], "not a method"),
@@ -360,6 +402,25 @@ def test_sign_flip_p_counts_the_sign_assignments_by_hand():
     # beyond the exact range, the random assignments agree with the exact count
     d = [0.3, -0.1, 0.5, 0.2, 0.4, -0.2, 0.1, 0.6]
     assert sign_flip_p(d, exact_up_to=4, draws=40_000) == pytest.approx(sign_flip_p(d), abs=0.01)
+
+
+def test_sign_flip_p_meets_in_the_middle_as_the_whole_enumeration_counts():
+    import itertools
+    import random
+
+    def brute(d):
+        observed = abs(sum(d)) - 1e-12 * (1.0 + sum(abs(v) for v in d))
+        return sum(abs(sum(s * v for s, v in zip(signs, d, strict=True))) >= observed
+                   for signs in itertools.product((1.0, -1.0), repeat=len(d))) / 2 ** len(d)
+
+    rng = random.Random(3)
+    for n in range(1, 12):
+        # accuracy-like differences (multiples of 100/256 points, many ties) and continuous ones
+        ties = [100 * rng.randint(-6, 9) / 256 for _ in range(n)]
+        smooth = [rng.gauss(0.5, 2.0) for _ in range(n)]
+        for d in (ties, smooth, [0.0] * n):
+            assert sign_flip_p(d) == pytest.approx(brute(d), abs=1e-12), d
+    assert 0.0 < sign_flip_p([rng.gauss(1.0, 1.0) for _ in range(30)]) < 0.05  # 2^30 assignments, counted exactly
 
 
 def test_bootstrap_interval_brackets_the_mean_and_is_reproducible():

@@ -58,9 +58,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         help="start the seeds here: N..N+S-1 (default 0), e.g. a pilot on seeds the comparison it "
                              "sizes will not use")
     parser.add_argument("--auroc-rows", type=int, default=None,
-                        help="synthetic task only: the saliency AUROC of critical vs filler tokens "
-                        "(grail.analysis.compare.auroc) of each final model and of the starting model, on this many "
-                        "held-out problems (default 64; 0 off)")
+                        help="the saliency AUROC of critical vs filler tokens (grail.analysis.compare.auroc) of each "
+                        "final model and of the starting model, on this many rows of --auroc-set (default 64; 0 off)")
+    parser.add_argument("--auroc-set", default=None,
+                        help="the AUROC's rows: task (the default: the synthetic task's held-out problems) or a label "
+                             "set for any model and data (multi_step_filler, natural_contrast)")
     parser.add_argument("--jobs", type=int, default=1,
                         help="runs at a time (default 1: one after another in this process; N > 1: N worker "
                              "processes with cpu_count // N threads each, one GPU each where several are visible)")
@@ -80,7 +82,7 @@ def _resumed_plan(args, rest: list[str]) -> tuple[dict, Path]:
     from grail.analysis.compare.plan import PLAN_FILE
 
     given = [flag for flag, value in (("--arms", args.arms), ("--seeds", args.seeds), ("--first-seed", args.first_seed),
-                                      ("--auroc-rows", args.auroc_rows),
+                                      ("--auroc-rows", args.auroc_rows), ("--auroc-set", args.auroc_set),
                                       ("--sweep", args.sweep), ("--config", args.config), ("--preset", args.preset))
              if value not in (None, [])] + [r for r in rest if r.startswith("--")]
     if given:
@@ -134,7 +136,7 @@ def run(args, rest: list[str]) -> int:
         print(f"compare: output in {out_dir}; to resume after a stop: grail compare --resume {out_dir}")
     plan = make_plan(arms, 5 if args.seeds is None else args.seeds, values, out_dir,
                      auroc_rows=64 if args.auroc_rows is None else args.auroc_rows, sweeps=args.sweep,
-                     base_source=source, first_seed=args.first_seed or 0)
+                     base_source=source, first_seed=args.first_seed or 0, auroc_set=args.auroc_set)
     check_plan(plan, out_dir)  # before anything is written or trained
     return _run(run_comparison, plan, out_dir, args.jobs)
 

@@ -33,6 +33,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from grail.analysis.compare.auroc import AUROC_SETS, TASK_SET
 from grail.analysis.compare.run import (
     EXTRA_EVALUATIONS,
     run_one,
@@ -147,13 +148,15 @@ def _jsonable(values: dict) -> dict:
 
 
 def make_plan(arms: list[Arm], seeds: int, base: dict, out_dir: str | Path, auroc_rows: int = 0,
-              sweeps: list[str] | tuple[str, ...] = (), base_source: str | None = None, first_seed: int = 0) -> dict:
+              sweeps: list[str] | tuple[str, ...] = (), base_source: str | None = None, first_seed: int = 0,
+              auroc_set: str | None = None) -> dict:
     """The plan (compare.json), after building every arm's config: a bad field stops here, before any training.
     `sweeps`: the `--sweep FIELD=v1,v2` texts the arms were crossed with (parse_arms), recorded as
     [{"field": F, "values": [text, ...]}] for the report's sweep table and plot (grail.analysis.compare.sweep).
     `base_source`: where the base values came from, in words (preset, file, flags), for the report's first lines.
     `first_seed`: the seeds are first_seed .. first_seed + seeds − 1 (recorded only when not 0), so that a pilot and
-    the comparison it sizes train on different seeds."""
+    the comparison it sizes train on different seeds. `auroc_set`: the rows of the saliency AUROC
+    (grail.analysis.compare.auroc.AUROC_SETS; None: "task"; recorded only when not "task")."""
     if seeds < 1:
         raise ValueError(f"--seeds {seeds}: give 1 or more (seeds 0..S-1; 3 or more for an interval worth having).")
     if first_seed < 0:
@@ -162,11 +165,18 @@ def make_plan(arms: list[Arm], seeds: int, base: dict, out_dir: str | Path, auro
     seed_fields = [*SEED_FIELDS, *(["dataset_shuffle_seed"] if base.get("dataset_shuffle_seed") is not None else [])]
     if auroc_rows < 0:
         raise ValueError(f"--auroc-rows {auroc_rows}: give 0 (off) or a number of held-out problems.")
+    auroc_set = auroc_set or TASK_SET
+    if auroc_set not in AUROC_SETS:
+        raise ValueError(f"--auroc-set {auroc_set!r}: give one of {', '.join(AUROC_SETS)}.")
+    if auroc_set != TASK_SET and not auroc_rows:
+        raise ValueError(f"--auroc-set {auroc_set} with --auroc-rows 0 computes no AUROC: give --auroc-rows N "
+                         f"(rows of the label set; 32 is the size of the published tables), or drop --auroc-set.")
     plan = {"version": 1, "seeds": seeds, "seed_fields": seed_fields, "base": base, "auroc_rows": auroc_rows,
             "base_source": base_source,
             "sweeps": [dict(zip(("field", "values"), parse_sweep(text), strict=True)) for text in sweeps],
             "arms": [{"label": a.label, "slug": a.slug, "method": a.method, "fields": _jsonable(a.fields)}
-                     for a in arms], **({"first_seed": first_seed} if first_seed else {})}
+                     for a in arms], **({"first_seed": first_seed} if first_seed else {}),
+            **({"auroc_set": auroc_set} if auroc_set != TASK_SET else {})}
     # shared options go to the arms that read them; one that no arm reads would do nothing
     refuse_unread(base, [METHODS[a.method] for a in arms], "the arms' methods",
                   "set it on an arm that reads it (METHOD@{key}=VALUE)")
@@ -185,7 +195,7 @@ def check_plan(plan: dict, out_dir: str | Path) -> None:
     if not path.is_file():
         return
     stored = json.loads(path.read_text())
-    for key in ("seeds", "first_seed", "arms", "seed_fields", "protocol", "base", "auroc_rows"):
+    for key in ("seeds", "first_seed", "arms", "seed_fields", "protocol", "base", "auroc_rows", "auroc_set"):
         old, new = stored.get(key), plan.get(key)
         if old == new:
             continue

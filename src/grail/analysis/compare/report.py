@@ -9,6 +9,7 @@ import json
 import os
 from pathlib import Path
 
+from grail.analysis.compare.auroc import TASK_SET, describe_rows
 from grail.analysis.compare.plots import POSITION_KEYS, SWEEP_EXTRA, WEIGHT_KEYS, write_plots
 from grail.analysis.compare.summary import (
     CHECKPOINT_AUROC_FILE,
@@ -266,9 +267,11 @@ def render_markdown(s: dict, plots: list[str], plot_note: str, jobs: int) -> str
     lines += _resolution_lines(s)
     lines += _sweep_lines(s)
     if s["extra_metrics"]:
+        rows = describe_rows(s.get("auroc_rows", 0), s.get("auroc_set", TASK_SET))
         lines += ["## Extra per-run metrics", "", f"From each run's `{EXTRA_METRICS_FILE}`. `auroc/<method>/<signal|"
                   "weights>`: the AUROC of critical vs filler tokens of the final model's per-token signal or weights "
-                  "under that method (grail.analysis.compare.auroc: held-out synthetic problems, 0.5 = no separation)."
+                  f"under that method (grail.analysis.compare.auroc, on {rows}; 0.5 = no separation); "
+                  "`signal_matched`: the signal's, comparing only tokens at the same distance from the answer."
                   + _warmstart_text(s.get("auroc_warmstart") or {}, arms), ""]
         lines += _stat_tables("Extra metrics", s["extra_metrics"], arms, 1.0, 3, "raw values")
     lines += _auroc_training_lines(s)

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from grail.analysis.compare.auroc import auroc_methods, run_auroc
+from grail.analysis.compare.auroc import TASK_SET, auroc_names, describe_rows, run_auroc
 from grail.analysis.compare.summary import CHECKPOINT_AUROC_FILE, EXTRA_METRICS_FILE, RESULT_FILE, run_path
 from grail.methods.table import METHODS, scoped_values
 from grail.options.checkpoint_dirs import checkpoint_dirs
@@ -169,7 +169,8 @@ def run_one(plan: dict, out_dir: str | Path, slug: str, seed: int, log: Log = pr
                                               grading_workers)
         evaluations = list(EXTRA_EVALUATIONS)
         if plan.get("auroc_rows"):  # saliency quality of the final model (grail.analysis.compare.auroc)
-            evaluations.append(lambda model_dir, cfg, log: run_auroc(model_dir, cfg, plan["auroc_rows"]))
+            evaluations.append(lambda model_dir, cfg, log: run_auroc(model_dir, cfg, plan["auroc_rows"],
+                                                                     plan.get("auroc_set", TASK_SET)))
         if evaluations:
             extra_path = run_dir / EXTRA_METRICS_FILE
             extra = json.loads(extra_path.read_text()) if extra_path.is_file() else {}
@@ -204,8 +205,9 @@ def checkpoint_auroc(plan: dict, out_dir: str | Path, slug: str, seed: int, log:
         if step == final_step and final:  # the last checkpoint holds final/'s weights: its AUROC, not a second pass
             found[str(step)] = final
             continue
-        found[str(step)] = run_auroc(checkpoint, cfg, plan["auroc_rows"])
-        log(f"{arm['label']}/seed{seed}: saliency AUROC of {checkpoint.name} on {plan['auroc_rows']} held-out problems")
+        found[str(step)] = run_auroc(checkpoint, cfg, plan["auroc_rows"], plan.get("auroc_set", TASK_SET))
+        log(f"{arm['label']}/seed{seed}: saliency AUROC of {checkpoint.name} on "
+            f"{describe_rows(plan['auroc_rows'], plan.get('auroc_set', TASK_SET))}")
     write_json(path, dict(sorted(found.items(), key=lambda item: int(item[0]))))
     return found
 
@@ -218,5 +220,5 @@ def _final_auroc(run_dir: Path, cfg: GRAILConfig) -> tuple[int | None, dict[str,
     if not trained_path.is_file() or not extra_path.is_file():
         return None, {}
     extra = json.loads(extra_path.read_text())
-    names = {f"auroc/{method}/{kind}" for method in auroc_methods(cfg) for kind in ("signal", "weights")}
+    names = auroc_names(cfg)
     return json.loads(trained_path.read_text()).get("steps"), {k: v for k, v in extra.items() if k in names}
