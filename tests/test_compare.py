@@ -298,6 +298,25 @@ def test_auroc_set_is_recorded_checked_and_refused_where_it_would_compute_nothin
     assert "drop --auroc-set" in capsys.readouterr().err
 
 
+def test_drop_checkpoints_deletes_a_finished_run_s_checkpoints_and_keeps_its_final_model(warm_cache, tmp_path, capsys):
+    cache, _ = warm_cache
+    out = tmp_path / "cmp"
+    argv = ["compare", "--arms", "none", "--seeds", "1", *FAST, "--auroc-rows", "0", "--cache_dir", str(cache),
+            "--output_dir", str(out), "--drop-checkpoints"]
+    assert main(argv) == 0
+    run_dir = out / "runs" / "none" / "seed0"
+    # --save_steps 1 over 2 steps saved two; the run's own log says so
+    assert "dropped 2 checkpoint folder(s)" in (run_dir / "compare.log").read_text()
+    assert (run_dir / RESULT_FILE).is_file() and (run_dir / "final" / "config.json").is_file()
+    assert not list(run_dir.glob("checkpoint-*"))
+    assert json.loads((out / "compare.json").read_text())["drop_checkpoints"] is True
+    (run_dir / "checkpoint-2").mkdir()  # killed between the finished marker and the deletion: the rerun drops it
+    assert main(["compare", "--resume", str(out)]) == 0
+    assert not list(run_dir.glob("checkpoint-*"))
+    assert main(argv[:-1]) == 2  # the stored plan drops them: a rerun must say so too
+    assert "drop_checkpoints" in capsys.readouterr().err
+
+
 def test_run_auroc_on_a_label_set_is_the_saliency_auroc_of_its_rows_pooled_and_position_matched(warm_cache):
     """A label set works for any run (here a non-synthetic dataset's config): its rows' AUROCs, the matched one
     included, exactly as grail.analysis.saliency.quality computes them."""

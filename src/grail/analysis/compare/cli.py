@@ -55,14 +55,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
                              "(no other plan arguments): nothing finished is trained or evaluated again")
     parser.add_argument("--seeds", type=int, default=None, help="training seeds per arm: 0..S-1 (default 5)")
     parser.add_argument("--first-seed", type=int, default=None,
-                        help="start the seeds here: N..N+S-1 (default 0), e.g. a pilot on seeds the comparison it "
-                             "sizes will not use")
+                        help="start the seeds here: N..N+S-1 (default 0), e.g. a pilot on other seeds")
     parser.add_argument("--auroc-rows", type=int, default=None,
                         help="the saliency AUROC of critical vs filler tokens (grail.analysis.compare.auroc) of each "
                         "final model and of the starting model, on this many rows of --auroc-set (default 64; 0 off)")
     parser.add_argument("--auroc-set", default=None,
                         help="the AUROC's rows: task (the default: the synthetic task's held-out problems) or a label "
                              "set for any model and data (multi_step_filler, natural_contrast)")
+    parser.add_argument("--drop-checkpoints", action="store_true",
+                        help="delete a run's checkpoint-N folders once it has finished (final/ stays)")
     parser.add_argument("--jobs", type=int, default=1,
                         help="runs at a time (default 1: one after another in this process; N > 1: N worker "
                              "processes with cpu_count // N threads each, one GPU each where several are visible)")
@@ -83,6 +84,7 @@ def _resumed_plan(args, rest: list[str]) -> tuple[dict, Path]:
 
     given = [flag for flag, value in (("--arms", args.arms), ("--seeds", args.seeds), ("--first-seed", args.first_seed),
                                       ("--auroc-rows", args.auroc_rows), ("--auroc-set", args.auroc_set),
+                                      ("--drop-checkpoints", args.drop_checkpoints or None),
                                       ("--sweep", args.sweep), ("--config", args.config), ("--preset", args.preset))
              if value not in (None, [])] + [r for r in rest if r.startswith("--")]
     if given:
@@ -136,7 +138,8 @@ def run(args, rest: list[str]) -> int:
         print(f"compare: output in {out_dir}; to resume after a stop: grail compare --resume {out_dir}")
     plan = make_plan(arms, 5 if args.seeds is None else args.seeds, values, out_dir,
                      auroc_rows=64 if args.auroc_rows is None else args.auroc_rows, sweeps=args.sweep,
-                     base_source=source, first_seed=args.first_seed or 0, auroc_set=args.auroc_set)
+                     base_source=source, first_seed=args.first_seed or 0, auroc_set=args.auroc_set,
+                     drop_checkpoints=args.drop_checkpoints)
     check_plan(plan, out_dir)  # before anything is written or trained
     return _run(run_comparison, plan, out_dir, args.jobs)
 

@@ -17,7 +17,7 @@ Comparison directory (`--output_dir`):
     runs/<arm-slug>/seed<s>/    one `grail train` run directory (grail.training.run), plus compare.log (its training and
                                 evaluation log) and the files of grail.analysis.compare.run (compare_trained.json,
                                 eval/, extra_metrics.json, auroc_checkpoints.json, compare_result.json: the finished
-                                marker)
+                                marker); with drop_checkpoints, its checkpoint-N folders go once it has finished
     report.md, report.json, *.png   grail.analysis.compare.report
 
 A sweep `--sweep FIELD=v1,v2` pairs each arm with the first arm at the same value (grail.analysis.compare.sweep), not
@@ -149,14 +149,16 @@ def _jsonable(values: dict) -> dict:
 
 def make_plan(arms: list[Arm], seeds: int, base: dict, out_dir: str | Path, auroc_rows: int = 0,
               sweeps: list[str] | tuple[str, ...] = (), base_source: str | None = None, first_seed: int = 0,
-              auroc_set: str | None = None) -> dict:
+              auroc_set: str | None = None, drop_checkpoints: bool = False) -> dict:
     """The plan (compare.json), after building every arm's config: a bad field stops here, before any training.
     `sweeps`: the `--sweep FIELD=v1,v2` texts the arms were crossed with (parse_arms), recorded as
     [{"field": F, "values": [text, ...]}] for the report's sweep table and plot (grail.analysis.compare.sweep).
     `base_source`: where the base values came from, in words (preset, file, flags), for the report's first lines.
     `first_seed`: the seeds are first_seed .. first_seed + seeds − 1 (recorded only when not 0), so that a pilot and
     the comparison it sizes train on different seeds. `auroc_set`: the rows of the saliency AUROC
-    (grail.analysis.compare.auroc.AUROC_SETS; None: "task"; recorded only when not "task")."""
+    (grail.analysis.compare.auroc.AUROC_SETS; None: "task"; recorded only when not "task"). `drop_checkpoints`: delete a
+    run's checkpoint-N folders once it has finished (grail.analysis.compare.run.drop_checkpoints; recorded when
+    true)."""
     if seeds < 1:
         raise ValueError(f"--seeds {seeds}: give 1 or more (seeds 0..S-1; 3 or more for an interval worth having).")
     if first_seed < 0:
@@ -176,7 +178,8 @@ def make_plan(arms: list[Arm], seeds: int, base: dict, out_dir: str | Path, auro
             "sweeps": [dict(zip(("field", "values"), parse_sweep(text), strict=True)) for text in sweeps],
             "arms": [{"label": a.label, "slug": a.slug, "method": a.method, "fields": _jsonable(a.fields)}
                      for a in arms], **({"first_seed": first_seed} if first_seed else {}),
-            **({"auroc_set": auroc_set} if auroc_set != TASK_SET else {})}
+            **({"auroc_set": auroc_set} if auroc_set != TASK_SET else {}),
+            **({"drop_checkpoints": True} if drop_checkpoints else {})}
     # shared options go to the arms that read them; one that no arm reads would do nothing
     refuse_unread(base, [METHODS[a.method] for a in arms], "the arms' methods",
                   "set it on an arm that reads it (METHOD@{key}=VALUE)")
@@ -195,7 +198,8 @@ def check_plan(plan: dict, out_dir: str | Path) -> None:
     if not path.is_file():
         return
     stored = json.loads(path.read_text())
-    for key in ("seeds", "first_seed", "arms", "seed_fields", "protocol", "base", "auroc_rows", "auroc_set"):
+    for key in ("seeds", "first_seed", "arms", "seed_fields", "protocol", "base", "auroc_rows", "auroc_set",
+                "drop_checkpoints"):
         old, new = stored.get(key), plan.get(key)
         if old == new:
             continue

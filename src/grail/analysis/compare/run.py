@@ -10,6 +10,8 @@ What a run writes besides the training run's own files (grail.training.run), in 
     auroc_checkpoints.json  with auroc_rows: the same AUROC for every checkpoint-N still on disk, {"N": {name: v}};
                             the last checkpoint (final/'s weights) takes the final model's, computed once
     compare_result.json     the finished marker, written last: metrics, per-problem results, timings
+With the plan's drop_checkpoints, the run's checkpoint-N folders (kept only to resume a killed run) are deleted once
+the marker is written; final/ (the model evaluated) stays.
 
 Hook for more per-run evaluations: append a function `(final_dir: Path, cfg: GRAILConfig, log) -> dict[str, float]`
 to EXTRA_EVALUATIONS (also reachable as grail.analysis.compare.plan.EXTRA_EVALUATIONS); after the run's evaluation its
@@ -32,7 +34,8 @@ from grail.training.config import GRAILConfig
 from grail.training.overrides import build_config
 from grail.training.resume import RUN_FILES, complete_checkpoints
 
-__all__ = ["EXTRA_EVALUATIONS", "LOG_FILE", "Log", "TRAINED_FILE", "checkpoint_auroc", "evaluate_model", "lock",
+__all__ = ["EXTRA_EVALUATIONS", "LOG_FILE", "Log", "TRAINED_FILE", "checkpoint_auroc", "drop_checkpoints",
+           "evaluate_model", "lock",
            "run_one", "run_values", "write_json"]
 
 Log = Callable[[str], None]
@@ -183,7 +186,24 @@ def run_one(plan: dict, out_dir: str | Path, slug: str, seed: int, log: Log = pr
         result = {"arm": arm["label"], "seed": seed, **trained, "eval_seconds": time.perf_counter() - eval_start,
                   "wall_seconds": time.perf_counter() - start, "metrics": metrics, "evaluations": per_problem}
         write_json(run_dir / RESULT_FILE, result)  # last: the finished marker
+    if plan.get("drop_checkpoints"):
+        drop_checkpoints(run_dir, log)
     return result
+
+
+def drop_checkpoints(run_dir: Path, log: Log = print) -> int:
+    """Delete the checkpoint-N folders of a finished run (its compare_result.json exists; else nothing is deleted);
+    returns how many. final/ is not a checkpoint and stays."""
+    import shutil
+
+    if not (run_dir / RESULT_FILE).is_file():
+        return 0
+    dropped = checkpoint_dirs(run_dir)
+    for _, folder in dropped:
+        shutil.rmtree(folder)
+    if dropped:
+        log(f"{run_dir}: finished; dropped {len(dropped)} checkpoint folder(s) (final/ kept)")
+    return len(dropped)
 
 
 def checkpoint_auroc(plan: dict, out_dir: str | Path, slug: str, seed: int, log: Log = print) -> dict[str, dict]:

@@ -30,6 +30,7 @@ from grail.analysis.compare.run import (
     LOG_FILE,
     Log,
     checkpoint_auroc,
+    drop_checkpoints,
     lock,
     run_one,
     run_values,
@@ -191,10 +192,12 @@ def run_comparison(plan: dict, out_dir: str | Path, jobs: int = 1, log: Log = pr
         if failed:
             raise RuntimeError(f"{len(failed)} run(s) failed: " + "; ".join(failed) + ". Fix the cause and rerun the "
                                "same command: finished runs are kept, the others resume.")
-        if plan.get("auroc_rows"):  # runs finished by a grail-rl without auroc_checkpoints.json get it now
-            for slug, seed in keys:
-                if f"{slug}/seed{seed}" in done:
+        for slug, seed in keys:
+            if f"{slug}/seed{seed}" in done:
+                if plan.get("auroc_rows"):  # runs finished by a grail-rl without auroc_checkpoints.json get it now
                     checkpoint_auroc(plan, out_dir, slug, seed, log)
+                if plan.get("drop_checkpoints"):  # a run killed between its marker and the deletion
+                    drop_checkpoints(run_path(out_dir, slug, seed), log)
         summary = write_report(out_dir, plan, jobs)
     log(f"compare: report in {out_dir / 'report.md'} (and report.json, {', '.join(summary['plots']) or 'no plots'})")
     return summary
