@@ -217,6 +217,17 @@ def test_a_resumed_comparison_redoes_only_what_is_missing(comparison, tmp_path, 
     assert probe["per_arm"]["grail@saliency_leaf=middle"]["mean"] == pytest.approx(0.5)
     assert probe["paired"]["grail@saliency_leaf=middle"]["values"] == [0.0, 0.0]
     assert report["timing"]["train_seconds"]["none"]["n"] == 1  # the resumed run's clock is left out
+    # ... but its steps are counted: each step's time once, from metrics.jsonl as cut back on resume
+    step_times = [json.loads(line)["step_time"] for line in (resumed / "metrics.jsonl").read_text().splitlines()
+                  if "step_time" in json.loads(line)]
+    assert len(step_times) == 2
+    assert report["timing"]["step_seconds"]["none"]["n"] == 2
+    assert sum(step_times) in report["timing"]["step_seconds"]["none"]["values"]
+    total = report["timing"]["total"]
+    assert total["runs"] == 4 and total["resumed"] == 1
+    assert total["step_seconds"] == pytest.approx(sum(v for arm in report["timing"]["step_seconds"].values()
+                                                      for v in arm["values"]))
+    assert "1 of them resumed" in (out / "report.md").read_text()
 
 
 def test_a_killed_comparison_resumes_without_redoing_finished_runs(tmp_path, warm_cache):

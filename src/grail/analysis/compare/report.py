@@ -298,9 +298,20 @@ def render_markdown(s: dict, plots: list[str], plot_note: str, jobs: int) -> str
               f"Seconds per run, mean [min, max] over the runs that were not resumed (a resumed run's clock covers "
               f"only its last part); {jobs} run(s) at a time"
               f"{'' if jobs == 1 else ', sharing the machine, so each ran slower than it would alone'}:", ""]
-    lines += _table(["arm", "runs timed", "training wall time (s)", "median s/step", "evaluation (s)"],
+    step = t.get("step_seconds") or {arm: {"mean": None, "n": 0} for arm in arms}  # a report.json of earlier versions
+    lines += _table(["arm", "runs timed", "training wall time (s)", "median s/step", "evaluation (s)",
+                     "sum of step times (s), every run"],
                     [[arm, str(t["train_seconds"][arm]["n"]), _spread(t["train_seconds"][arm], 1),
-                      _spread(t["seconds_per_step"][arm], 3), _spread(t["eval_seconds"][arm], 1)] for arm in arms])
+                      _spread(t["seconds_per_step"][arm], 3), _spread(t["eval_seconds"][arm], 1),
+                      _spread(step[arm], 1) + (f" ({step[arm]['n']})" if step[arm]["mean"] is not None else "")]
+                     for arm in arms])
+    total = t.get("total")
+    if total and total["runs"]:
+        lines += ["", f"The last column sums TRL's per-step time (generation and loss) over each finished run's steps, "
+                      f"resumed runs included (their steps count once; work lost to a kill does not), with the number "
+                      f"of runs. In total: {total['runs']} finished run(s), {total['resumed']} of them resumed; "
+                      f"{total['step_seconds'] / 3600:.2f} h of training steps and "
+                      f"{total['eval_seconds'] / 3600:.2f} h of evaluation (the start's included)."]
     lines += ["", "## Plots", ""]
     lines += [f"![{p}]({p})" for p in plots] or [plot_note]
     return "\n".join(lines) + "\n"

@@ -153,6 +153,14 @@ def load_runs(out_dir: str | Path, plan: dict, start: StartData | None = None) -
     return runs
 
 
+def step_seconds(log: list[dict]) -> float | None:
+    """The sum of TRL's `step_time` (generation and loss of one optimiser step) over the run's logged steps: its
+    training time as if it had run uninterrupted, also for a resumed run (grail.training.resume cuts metrics.jsonl
+    back to the checkpoint, so no step is counted twice; work lost to a kill is not counted)."""
+    values = [line["step_time"] for line in log if isinstance(line.get("step_time"), int | float)]
+    return sum(values) if values else None
+
+
 def _key_mean(log: list[dict], key: str, last: int | None = None) -> float | None:
     """Mean of `key` over the log lines that hold it (the last `last` of them, if given)."""
     values = [line[key] for line in log if isinstance(line.get(key), int | float)]
@@ -271,6 +279,13 @@ def summarize(plan: dict, runs: list[RunData], start: StartData | None = None) -
     timing = {k: _stats(_per_arm([r for r in finished if not r.result.get("resumed")], arms,
                                  lambda r, k=k: r.result.get(k)), arms, lay)["per_arm"]
               for k in ("train_seconds", "seconds_per_step", "eval_seconds")}
+    timing["step_seconds"] = _stats(_per_arm(finished, arms, lambda r: step_seconds(r.log)), arms, lay)["per_arm"]
+    timing["total"] = {
+        "runs": len(finished), "resumed": sum(bool(r.result.get("resumed")) for r in finished),
+        "step_seconds": sum(step_seconds(r.log) or 0.0 for r in finished),
+        "eval_seconds": sum(r.result.get("eval_seconds") or 0.0 for r in finished)
+        + sum(s.get("eval_seconds") or 0.0 for s in (start.starts.values() if start else ())),
+    }
     primary = plan["protocol"]["primary"]
     resolution = {}
     if primary in metrics:
