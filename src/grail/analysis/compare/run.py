@@ -35,8 +35,7 @@ from grail.training.overrides import build_config
 from grail.training.resume import RUN_FILES, complete_checkpoints
 
 __all__ = ["EXTRA_EVALUATIONS", "LOG_FILE", "Log", "TRAINED_FILE", "checkpoint_auroc", "drop_checkpoints",
-           "evaluate_model", "lock",
-           "run_one", "run_values", "write_json"]
+           "evaluate_model", "lock", "run_one", "run_values", "write_json"]
 
 Log = Callable[[str], None]
 TRAINED_FILE = "compare_trained.json"
