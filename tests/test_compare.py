@@ -94,7 +94,7 @@ def test_the_report_is_the_t_interval_of_the_runs_results(comparison):
 def test_each_run_reports_the_saliency_auroc_of_its_final_model_and_of_the_warm_start(comparison, warm_cache):
     """extra_metrics.json holds grail.analysis.compare.auroc's figures, which recomputing on the final model reproduces;
     the warm start's are in auroc_warmstart.json and in report.md."""
-    from grail.analysis.compare.auroc import run_auroc
+    from grail.analysis.compare.auroc import AurocPlan, run_auroc
     from grail.methods.table import method_names
     from grail.training.overrides import build_config
 
@@ -111,10 +111,10 @@ def test_each_run_reports_the_saliency_auroc_of_its_final_model_and_of_the_warm_
     if not run_dir.is_dir():
         run_dir = next(p / "seed0" for p in (out / "runs").iterdir() if p.name != "none")
     cfg = build_config(compare.run_values(plan, plan["arms"][1], 0, out))
-    assert run_auroc(run_dir / "final", cfg, 8) == json.loads((run_dir / "extra_metrics.json").read_text())
+    assert run_auroc(run_dir / "final", cfg, AurocPlan(8)) == json.loads((run_dir / "extra_metrics.json").read_text())
     warm = json.loads((out / "auroc_warmstart.json").read_text())
     assert set(warm) == {a["label"] for a in plan["arms"]}  # one entry per arm, with that arm's weighting options
-    assert warm["grail@saliency_leaf=middle"] == run_auroc(warm_start_dir, cfg, 8)
+    assert warm["grail@saliency_leaf=middle"] == run_auroc(warm_start_dir, cfg, AurocPlan(8))
     assert warm["none"]["auroc/entropy/signal"] == warm["grail@saliency_leaf=middle"]["auroc/entropy/signal"]
     assert set(warm["none"]) >= {f"auroc/{m}/weights" for m in method_names(auroc=True)}
     text = (out / "report.md").read_text()
@@ -127,7 +127,7 @@ def test_each_checkpoint_gets_the_saliency_auroc_and_the_report_follows_it_over_
     """auroc_checkpoints.json holds run_auroc of every checkpoint (recomputed here); report.json's AUROC-over-training
     curve is step 0 = the warm start, then the checkpoints' mean over seeds. A run finished without the file (an
     earlier grail-rl) gets it on the next rerun, and nothing else is redone."""
-    from grail.analysis.compare.auroc import run_auroc
+    from grail.analysis.compare.auroc import AurocPlan, run_auroc
     from grail.training.overrides import build_config
 
     source, cache = comparison
@@ -137,7 +137,7 @@ def test_each_checkpoint_gets_the_saliency_auroc_and_the_report_follows_it_over_
     steps = json.loads((run_dir / "auroc_checkpoints.json").read_text())
     assert list(steps) == ["1", "2"]  # --save_steps 1, --max_steps 2
     cfg = build_config(compare.run_values(plan, arm, 1, source))
-    assert steps["1"] == run_auroc(run_dir / "checkpoint-1", cfg, 8)
+    assert steps["1"] == run_auroc(run_dir / "checkpoint-1", cfg, AurocPlan(8))
     report = json.loads((source / "report.json").read_text())
     warm = json.loads((source / "auroc_warmstart.json").read_text())
     curve = report["auroc_training"]["auroc/grail/signal"][arm["label"]]
@@ -302,11 +302,17 @@ def test_auroc_set_is_recorded_checked_and_refused_where_it_would_compute_nothin
         compare.make_plan(arms, 2, dict(TINY_CPU), tmp_path / "c", auroc_rows=8, auroc_set="filler")
     with pytest.raises(ValueError, match="--auroc-rows N"):
         compare.make_plan(arms, 2, dict(TINY_CPU), tmp_path / "c", auroc_rows=0, auroc_set="multi_step_filler")
+    with pytest.raises(ValueError, match="oar_q"):  # not a method with a per-token signal
+        compare.make_plan(arms, 2, dict(TINY_CPU), tmp_path / "c", auroc_rows=8, auroc_methods=["grail", "oar_q"])
+    plan = compare.make_plan(arms, 2, dict(TINY_CPU), tmp_path / "c", auroc_rows=8, auroc_methods=["grail"])
+    assert plan["auroc_methods"] == ["grail"]
     out, cache = comparison
     assert main(_argv(cache, out) + ["--auroc-set", "multi_step_filler"]) == 2  # the stored one used the task's rows
     assert "auroc_set" in capsys.readouterr().err
     assert main(["compare", "--resume", str(out), "--auroc-set", "multi_step_filler"]) == 2
     assert "drop --auroc-set" in capsys.readouterr().err
+    assert main(_argv(cache, out) + ["--auroc-methods", "grail"]) == 2  # the stored one measured the default set
+    assert "auroc_methods" in capsys.readouterr().err
 
 
 def test_drop_checkpoints_deletes_a_finished_run_s_checkpoints_and_keeps_its_final_model(warm_cache, tmp_path, capsys):
@@ -330,17 +336,19 @@ def test_drop_checkpoints_deletes_a_finished_run_s_checkpoints_and_keeps_its_fin
 
 def test_run_auroc_on_a_label_set_is_the_saliency_auroc_of_its_rows_pooled_and_position_matched(warm_cache):
     """A label set works for any run (here a non-synthetic dataset's config): its rows' AUROCs, the matched one
-    included, exactly as grail.analysis.saliency.quality computes them."""
-    from grail.analysis.compare.auroc import auroc_names, run_auroc
+    included, exactly as grail.analysis.saliency.quality computes them, for the methods asked for and the run's own."""
+    from grail.analysis.compare.auroc import AurocPlan, run_auroc
     from grail.analysis.saliency.label_sets import label_set_rows
     from grail.analysis.saliency.quality import SaliencyQualityOptions, model_dir_saliency_auroc
     from grail.training.overrides import build_config
 
     _, warm_dir = warm_cache
-    cfg = build_config({"token_weighting": "grail", "dataset": "openai/gsm8k", "output_dir": "unused"})
-    assert run_auroc(warm_dir, cfg, 4) == {}  # the task's rows need the synthetic task
-    got = run_auroc(warm_dir, cfg, 4, "multi_step_filler")
-    assert set(got) == auroc_names(cfg)
+    cfg = build_config({"token_weighting": "random", "dataset": "openai/gsm8k", "output_dir": "unused"})
+    assert run_auroc(warm_dir, cfg, AurocPlan(4)) == {}  # the task's rows need the synthetic task
+    auroc = AurocPlan(4, "multi_step_filler", ("grail", "position"))
+    got = run_auroc(warm_dir, cfg, auroc)
+    assert set(got) == auroc.names(cfg) == {f"auroc/{m}/{k}" for m in ("grail", "position", "random")
+                                            for k in ("signal", "weights", "signal_matched")}
     expected = model_dir_saliency_auroc(warm_dir, label_set_rows("multi_step_filler", 4, 0), ["grail", "position"],
                                         SaliencyQualityOptions(weighting=cfg.weighting_options()))
     for method in ("grail", "position"):
@@ -348,8 +356,10 @@ def test_run_auroc_on_a_label_set_is_the_saliency_auroc_of_its_rows_pooled_and_p
         assert got[f"auroc/{method}/weights"] == expected[method]["weights"].auroc
         assert got[f"auroc/{method}/signal_matched"] == expected[method]["signal"].matched.auroc
     assert got["auroc/position/signal_matched"] == 0.5  # position alone separates nothing at a fixed distance
-    with pytest.raises(ValueError, match="natural_contrast"):
-        run_auroc(warm_dir, cfg, 4, "bogus")
+    for bad, named in ((AurocPlan(4, "bogus"), "natural_contrast"), (AurocPlan(4, methods=("none",)), "grail"),
+                       (AurocPlan(0, "multi_step_filler"), "--auroc-rows N")):
+        with pytest.raises(ValueError, match=named):
+            run_auroc(warm_dir, cfg, bad)
 
 
 @pytest.mark.parametrize("arms, extra, named", [

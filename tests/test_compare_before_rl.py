@@ -33,7 +33,7 @@ def _argv(cache, out):
 def _fake_auroc(calls):
     """A stand-in for run_auroc: records (model dir, the arm's weighting options) and returns a number derived from
     the directory, so that a value shows which model it came from."""
-    def fake(model_dir, cfg, rows, label_set="task"):
+    def fake(model_dir, cfg, auroc):
         calls.append((str(model_dir), repr(cfg.weighting_options())))
         return {"auroc/grail/signal": (sum(map(ord, str(model_dir))) % 97) / 97, "auroc/grail/weights": 0.5}
     return fake

@@ -3,7 +3,7 @@
 A page asks for generated content with a marker line, which `on_page_markdown` replaces:
 
     <!-- grail:config-fields [only="SECTION"] [skip="SECTION"] -->   GRAILFields, from each field's help
-    <!-- grail:cli -->                                               the argparse parsers of grail.cli
+    <!-- grail:cli [only="CMD,..."] [skip="CMD,..."] -->              the argparse parsers of grail.cli
     <!-- grail:presets -->                                           PRESETS of grail.options.presets
     <!-- grail:methods -->                                           the method table (grail.methods.table.METHODS)
     <!-- grail:method-contract -->                                   MethodSpec's fields and the probe/pipeline contract
@@ -179,17 +179,25 @@ def _command(path: list[str], help_text: str, parser: argparse.ArgumentParser, f
     return out
 
 
-def cli() -> str:
+def cli(only: str = "", skip: str = "") -> str:
+    """The command table and each command's arguments. only / skip: comma-separated commands whose arguments this page
+    shows / leaves to another page (`skip="compare"`; the table still lists every command, a skipped one linked to
+    `cli-<command>.md`)."""
     from grail import cli as grail_cli
 
     parser = grail_cli._parser()
     fields_epilog = grail_cli._fields_help()
-    out = ["| command | what it does |", "|---|---|"]
+    shown, skipped = set(filter(None, only.split(","))), set(filter(None, skip.split(",")))
     commands = _subcommands(parser)
-    for name, help_text, _ in commands:
-        out.append(f"| [`grail {name}`](#grail-{name}) | {_escape(help_text)} |")
-    out.append("")
-    for name, help_text, sub in commands:
+    here = [c for c in commands if (not shown or c[0] in shown) and c[0] not in skipped]
+    out = []
+    if not shown:
+        out = ["| command | what it does |", "|---|---|"]
+        for name, help_text, _ in commands:
+            page = f"cli-{name}.md" if name in skipped else ""
+            out.append(f"| [`grail {name}`]({page}#grail-{name}) | {_escape(help_text)} |")
+        out.append("")
+    for name, help_text, sub in here:
         out += _command(["grail", name], help_text, sub, fields_epilog)
     return "\n".join(out)
 

@@ -3,19 +3,19 @@ run's final model, and of the warm start it began from. Rows, by the plan's auro
 task only): `synthetic_rows` of the run's task settings, with filler_rate 0.6 where the run's is 0 (no filler, no
 AUROC), the first `rows` held-out problems (seed: the run's task_seed); or a label set of
 grail.analysis.saliency.label_sets (`multi_step_filler`, `natural_contrast`: teacher-forced stories whose critical and
-filler or format tokens occur at every distance from the answer), its first `rows` rows of seed 0, for any run.
-Methods: those of the table marked for it (`method_names(auroc=True)`: every method with a probe except the slow ones,
-OAR-P and span masking), plus the arm's own method if it has a probe and is not among them; each gives
-`auroc/<method>/signal` and `auroc/<method>/weights` (within-trace pairs, the default of `saliency_auroc`), with the
-run's weighting options, and `auroc/<method>/signal_matched`, the signal's AUROC with position held fixed (tokens
-compared only at the same distance from the answer: grail.analysis.saliency.position). The "task" rows exist only for
-the synthetic task: other data carries no character roles (use a label set, or `grail.analysis.saliency.quality` on
-your own labelled rows)."""
+filler or format tokens occur at every distance from the answer), its first `rows` rows of seed 0, for any run. Methods
+(AurocPlan.methods, `--auroc-methods`): by default those of the table marked for it (`method_names(auroc=True)`: every
+method with a probe except the slow ones, OAR-P and span masking), plus the arm's own method if it has a probe and is
+not among them; each gives `auroc/<method>/signal` and `auroc/<method>/weights` (within-trace pairs, the default of
+`saliency_auroc`), with the run's weighting options, and `auroc/<method>/signal_matched`, the signal's AUROC with
+position held fixed (tokens compared only at the same distance from the answer: grail.analysis.saliency.position). The
+"task" rows exist only for the synthetic task: other data carries no character roles (use a label set, or
+`grail.analysis.saliency.quality` on your own labelled rows)."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from grail.analysis.saliency.label_sets import LABEL_SETS, label_set_rows
@@ -24,50 +24,77 @@ from grail.analysis.saliency.token_labels import synthetic_rows
 from grail.methods.table import METHODS, method_names
 from grail.options.fields import SYNTHETIC_DATASET
 
-__all__ = ["AUROC_SETS", "TASK_SET", "auroc_methods", "auroc_names", "describe_rows", "run_auroc"]
+__all__ = ["AUROC_SETS", "AurocPlan", "TASK_SET", "run_auroc"]
 
 TASK_SET = "task"
 AUROC_SETS = (TASK_SET, *LABEL_SETS)
 KINDS = ("signal", "weights", "signal_matched")
 
 
-def auroc_methods(cfg) -> list[str]:
-    """`method_names(auroc=True)`, plus the run's own method when it has a probe and is not among them."""
-    own, default = cfg.token_weighting, method_names(auroc=True)
-    return [*default, *([own] if METHODS[own].probe is not None and own not in default else [])]
+@dataclass(frozen=True)
+class AurocPlan:
+    """What a comparison measures the saliency AUROC on: `rows` rows (0: off) of `label_set` (AUROC_SETS), for
+    `methods` (None: `method_names(auroc=True)`), plus each run's own method when it has a probe."""
+
+    rows: int = 0
+    label_set: str = TASK_SET
+    methods: tuple[str, ...] | None = None
+
+    @classmethod
+    def of(cls, plan: dict) -> AurocPlan:
+        """The AUROC settings of a plan (compare.json) or of a report (report.json); absent keys are the defaults."""
+        methods = plan.get("auroc_methods")
+        return cls(plan.get("auroc_rows", 0) or 0, plan.get("auroc_set", TASK_SET), tuple(methods) if methods else None)
+
+    def check(self) -> None:
+        """ValueError naming the bad setting and the choices."""
+        if self.rows < 0:
+            raise ValueError(f"--auroc-rows {self.rows}: give 0 (off) or a number of rows.")
+        if self.label_set not in AUROC_SETS:
+            raise ValueError(f"--auroc-set {self.label_set!r}: give one of {', '.join(AUROC_SETS)}.")
+        if not self.rows and (self.label_set != TASK_SET or self.methods):
+            raise ValueError("--auroc-set and --auroc-methods with --auroc-rows 0 compute no AUROC: give --auroc-rows "
+                             "N (32 is the size of the published label-set tables), or drop them.")
+        probed = method_names(probed=True)
+        bad = [m for m in self.methods or () if m not in probed]
+        if bad or self.methods == ():
+            raise ValueError(f"--auroc-methods: {', '.join(bad) or 'none given'}; give methods with a per-token "
+                             f"signal, from {', '.join(probed)}.")
+
+    def methods_for(self, cfg) -> list[str]:
+        """The methods measured for a run of config `cfg`: the plan's, plus the run's own when it has a probe."""
+        own, chosen = cfg.token_weighting, list(self.methods or method_names(auroc=True))
+        return [*chosen, *([own] if METHODS[own].probe is not None and own not in chosen else [])]
+
+    def names(self, cfg) -> set[str]:
+        """Every name run_auroc can return for a run of config `cfg`."""
+        return {f"auroc/{method}/{kind}" for method in self.methods_for(cfg) for kind in KINDS}
+
+    def describe(self) -> str:
+        """The rows in words, for logs and the report."""
+        if self.label_set == TASK_SET:
+            return f"{self.rows} held-out synthetic problems"
+        return f"{self.rows} rows of the label set {self.label_set} (seed 0)"
 
 
-def auroc_names(cfg) -> set[str]:
-    """Every name run_auroc can return for this config."""
-    return {f"auroc/{method}/{kind}" for method in auroc_methods(cfg) for kind in KINDS}
-
-
-def describe_rows(rows: int, label_set: str = TASK_SET) -> str:
-    """The AUROC's rows in words, for logs and the report."""
-    if label_set == TASK_SET:
-        return f"{rows} held-out synthetic problems"
-    return f"{rows} rows of the label set {label_set} (seed 0)"
-
-
-def run_auroc(model_dir: str | Path, cfg, rows: int, label_set: str = TASK_SET) -> dict[str, float]:
-    """{"auroc/<method>/<signal|weights|signal_matched>": AUROC} of the model in `model_dir` on `rows` rows of
-    `label_set` (module docstring); {} when rows is 0, or for the task's rows when cfg is not the synthetic task.
+def run_auroc(model_dir: str | Path, cfg, auroc: AurocPlan) -> dict[str, float]:
+    """{"auroc/<method>/<signal|weights|signal_matched>": AUROC} of the model in `model_dir` on `auroc`'s rows
+    (module docstring); {} when its rows are 0, or for the task's rows when cfg is not the synthetic task.
     `cfg`: the run's GRAILConfig (task and weighting fields)."""
-    if label_set not in AUROC_SETS:
-        raise ValueError(f"AUROC rows {label_set!r}: give one of {', '.join(AUROC_SETS)}.")
-    if rows <= 0:
+    auroc.check()
+    if not auroc.rows:
         return {}
-    if label_set == TASK_SET:
+    if auroc.label_set == TASK_SET:
         if cfg.dataset != SYNTHETIC_DATASET:
             return {}
         task = cfg.synthetic_set().task
         if task.filler_rate == 0:
             task = replace(task, filler_rate=0.6)
-        labelled = synthetic_rows(task, rows, "heldout", cfg.task_seed)
+        labelled = synthetic_rows(task, auroc.rows, "heldout", cfg.task_seed)
     else:
-        labelled = label_set_rows(label_set, rows, 0)
+        labelled = label_set_rows(auroc.label_set, auroc.rows, 0)
     options = SaliencyQualityOptions(weighting=cfg.weighting_options())
-    results = model_dir_saliency_auroc(model_dir, labelled, auroc_methods(cfg), options)
+    results = model_dir_saliency_auroc(model_dir, labelled, auroc.methods_for(cfg), options)
     values = {}
     for method, kinds in results.items():
         for kind, value in kinds.items():

@@ -62,6 +62,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     parser.add_argument("--auroc-set", default=None,
                         help="the AUROC's rows: task (the default: the synthetic task's held-out problems) or a label "
                              "set for any model and data (multi_step_filler, natural_contrast)")
+    parser.add_argument("--auroc-methods", default=None,
+                        help="comma-separated methods the AUROC measures (default: every probed one but the slow)")
     parser.add_argument("--drop-checkpoints", action="store_true",
                         help="delete a run's checkpoint-N folders once it has finished (final/ stays)")
     parser.add_argument("--jobs", type=int, default=1,
@@ -84,6 +86,7 @@ def _resumed_plan(args, rest: list[str]) -> tuple[dict, Path]:
 
     given = [flag for flag, value in (("--arms", args.arms), ("--seeds", args.seeds), ("--first-seed", args.first_seed),
                                       ("--auroc-rows", args.auroc_rows), ("--auroc-set", args.auroc_set),
+                                      ("--auroc-methods", args.auroc_methods),
                                       ("--drop-checkpoints", args.drop_checkpoints or None),
                                       ("--sweep", args.sweep), ("--config", args.config), ("--preset", args.preset))
              if value not in (None, [])] + [r for r in rest if r.startswith("--")]
@@ -139,7 +142,9 @@ def run(args, rest: list[str]) -> int:
     plan = make_plan(arms, 5 if args.seeds is None else args.seeds, values, out_dir,
                      auroc_rows=64 if args.auroc_rows is None else args.auroc_rows, sweeps=args.sweep,
                      base_source=source, first_seed=args.first_seed or 0, auroc_set=args.auroc_set,
-                     drop_checkpoints=args.drop_checkpoints)
+                     drop_checkpoints=args.drop_checkpoints,
+                     auroc_methods=None if args.auroc_methods is None else
+                     [m.strip() for m in args.auroc_methods.split(",") if m.strip()])
     check_plan(plan, out_dir)  # before anything is written or trained
     return _run(run_comparison, plan, out_dir, args.jobs)
 

@@ -33,7 +33,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from grail.analysis.compare.auroc import AUROC_SETS, TASK_SET
+from grail.analysis.compare.auroc import TASK_SET, AurocPlan
 from grail.analysis.compare.run import (
     EXTRA_EVALUATIONS,
     run_one,
@@ -149,14 +149,16 @@ def _jsonable(values: dict) -> dict:
 
 def make_plan(arms: list[Arm], seeds: int, base: dict, out_dir: str | Path, auroc_rows: int = 0,
               sweeps: list[str] | tuple[str, ...] = (), base_source: str | None = None, first_seed: int = 0,
-              auroc_set: str | None = None, drop_checkpoints: bool = False) -> dict:
+              auroc_set: str | None = None, drop_checkpoints: bool = False,
+              auroc_methods: list[str] | None = None) -> dict:
     """The plan (compare.json), after building every arm's config: a bad field stops here, before any training.
     `sweeps`: the `--sweep FIELD=v1,v2` texts the arms were crossed with (parse_arms), recorded as
     [{"field": F, "values": [text, ...]}] for the report's sweep table and plot (grail.analysis.compare.sweep).
     `base_source`: where the base values came from, in words (preset, file, flags), for the report's first lines.
     `first_seed`: the seeds are first_seed .. first_seed + seeds − 1 (recorded only when not 0), so that a pilot and
     the comparison it sizes train on different seeds. `auroc_set`: the rows of the saliency AUROC
-    (grail.analysis.compare.auroc.AUROC_SETS; None: "task"; recorded only when not "task"). `drop_checkpoints`: delete a
+    (grail.analysis.compare.auroc.AUROC_SETS; None: "task"; recorded only when not "task"); `auroc_methods`: the methods
+    measured (None: the default set; recorded when given). `drop_checkpoints`: delete a
     run's checkpoint-N folders once it has finished (grail.analysis.compare.run.drop_checkpoints; recorded when
     true)."""
     if seeds < 1:
@@ -165,20 +167,15 @@ def make_plan(arms: list[Arm], seeds: int, base: dict, out_dir: str | Path, auro
         raise ValueError(f"--first-seed {first_seed}: give 0 or more.")
     base = _jsonable({k: v for k, v in base.items() if k != "output_dir"})
     seed_fields = [*SEED_FIELDS, *(["dataset_shuffle_seed"] if base.get("dataset_shuffle_seed") is not None else [])]
-    if auroc_rows < 0:
-        raise ValueError(f"--auroc-rows {auroc_rows}: give 0 (off) or a number of held-out problems.")
     auroc_set = auroc_set or TASK_SET
-    if auroc_set not in AUROC_SETS:
-        raise ValueError(f"--auroc-set {auroc_set!r}: give one of {', '.join(AUROC_SETS)}.")
-    if auroc_set != TASK_SET and not auroc_rows:
-        raise ValueError(f"--auroc-set {auroc_set} with --auroc-rows 0 computes no AUROC: give --auroc-rows N "
-                         f"(rows of the label set; 32 is the size of the published tables), or drop --auroc-set.")
+    AurocPlan(auroc_rows, auroc_set, None if auroc_methods is None else tuple(auroc_methods)).check()
     plan = {"version": 1, "seeds": seeds, "seed_fields": seed_fields, "base": base, "auroc_rows": auroc_rows,
             "base_source": base_source,
             "sweeps": [dict(zip(("field", "values"), parse_sweep(text), strict=True)) for text in sweeps],
             "arms": [{"label": a.label, "slug": a.slug, "method": a.method, "fields": _jsonable(a.fields)}
                      for a in arms], **({"first_seed": first_seed} if first_seed else {}),
             **({"auroc_set": auroc_set} if auroc_set != TASK_SET else {}),
+            **({"auroc_methods": list(auroc_methods)} if auroc_methods is not None else {}),
             **({"drop_checkpoints": True} if drop_checkpoints else {})}
     # shared options go to the arms that read them; one that no arm reads would do nothing
     refuse_unread(base, [METHODS[a.method] for a in arms], "the arms' methods",
@@ -199,7 +196,7 @@ def check_plan(plan: dict, out_dir: str | Path) -> None:
         return
     stored = json.loads(path.read_text())
     for key in ("seeds", "first_seed", "arms", "seed_fields", "protocol", "base", "auroc_rows", "auroc_set",
-                "drop_checkpoints"):
+                "auroc_methods", "drop_checkpoints"):
         old, new = stored.get(key), plan.get(key)
         if old == new:
             continue

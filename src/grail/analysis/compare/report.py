@@ -9,7 +9,7 @@ import json
 import os
 from pathlib import Path
 
-from grail.analysis.compare.auroc import TASK_SET, describe_rows
+from grail.analysis.compare.auroc import AurocPlan
 from grail.analysis.compare.plots import POSITION_KEYS, SWEEP_EXTRA, WEIGHT_KEYS, write_plots
 from grail.analysis.compare.summary import (
     CHECKPOINT_AUROC_FILE,
@@ -267,7 +267,7 @@ def render_markdown(s: dict, plots: list[str], plot_note: str, jobs: int) -> str
     lines += _resolution_lines(s)
     lines += _sweep_lines(s)
     if s["extra_metrics"]:
-        rows = describe_rows(s.get("auroc_rows", 0), s.get("auroc_set", TASK_SET))
+        rows = AurocPlan.of(s).describe()
         lines += ["## Extra per-run metrics", "", f"From each run's `{EXTRA_METRICS_FILE}`. `auroc/<method>/<signal|"
                   "weights>`: the AUROC of critical vs filler tokens of the final model's per-token signal or weights "
                   f"under that method (grail.analysis.compare.auroc, on {rows}; 0.5 = no separation); "

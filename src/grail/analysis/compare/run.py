@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from grail.analysis.compare.auroc import TASK_SET, auroc_names, describe_rows, run_auroc
+from grail.analysis.compare.auroc import AurocPlan, run_auroc
 from grail.analysis.compare.summary import CHECKPOINT_AUROC_FILE, EXTRA_METRICS_FILE, RESULT_FILE, run_path
 from grail.methods.table import METHODS, scoped_values
 from grail.options.checkpoint_dirs import checkpoint_dirs
@@ -171,8 +171,7 @@ def run_one(plan: dict, out_dir: str | Path, slug: str, seed: int, log: Log = pr
                                               grading_workers)
         evaluations = list(EXTRA_EVALUATIONS)
         if plan.get("auroc_rows"):  # saliency quality of the final model (grail.analysis.compare.auroc)
-            evaluations.append(lambda model_dir, cfg, log: run_auroc(model_dir, cfg, plan["auroc_rows"],
-                                                                     plan.get("auroc_set", TASK_SET)))
+            evaluations.append(lambda model_dir, cfg, log: run_auroc(model_dir, cfg, AurocPlan.of(plan)))
         if evaluations:
             extra_path = run_dir / EXTRA_METRICS_FILE
             extra = json.loads(extra_path.read_text()) if extra_path.is_file() else {}
@@ -219,19 +218,19 @@ def checkpoint_auroc(plan: dict, out_dir: str | Path, slug: str, seed: int, log:
     if not missing:
         return found
     cfg = build_config(run_values(plan, arm, seed, out_dir))
-    final_step, final = _final_auroc(run_dir, cfg)
+    auroc = AurocPlan.of(plan)
+    final_step, final = _final_auroc(run_dir, cfg, auroc)
     for step, checkpoint in missing:
         if step == final_step and final:  # the last checkpoint holds final/'s weights: its AUROC, not a second pass
             found[str(step)] = final
             continue
-        found[str(step)] = run_auroc(checkpoint, cfg, plan["auroc_rows"], plan.get("auroc_set", TASK_SET))
-        log(f"{arm['label']}/seed{seed}: saliency AUROC of {checkpoint.name} on "
-            f"{describe_rows(plan['auroc_rows'], plan.get('auroc_set', TASK_SET))}")
+        found[str(step)] = run_auroc(checkpoint, cfg, auroc)
+        log(f"{arm['label']}/seed{seed}: saliency AUROC of {checkpoint.name} on {auroc.describe()}")
     write_json(path, dict(sorted(found.items(), key=lambda item: int(item[0]))))
     return found
 
 
-def _final_auroc(run_dir: Path, cfg: GRAILConfig) -> tuple[int | None, dict[str, float]]:
+def _final_auroc(run_dir: Path, cfg: GRAILConfig, auroc: AurocPlan) -> tuple[int | None, dict[str, float]]:
     """(the step training ended at, the final model's run_auroc values from extra_metrics.json), or (None, {}) while
     either file is missing. Training saves final/ after its last step, so checkpoint-<that step> has the same
     weights."""
@@ -239,5 +238,5 @@ def _final_auroc(run_dir: Path, cfg: GRAILConfig) -> tuple[int | None, dict[str,
     if not trained_path.is_file() or not extra_path.is_file():
         return None, {}
     extra = json.loads(extra_path.read_text())
-    names = auroc_names(cfg)
+    names = auroc.names(cfg)
     return json.loads(trained_path.read_text()).get("steps"), {k: v for k, v in extra.items() if k in names}

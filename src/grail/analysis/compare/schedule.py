@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from grail.analysis.compare.auroc import TASK_SET, auroc_methods, run_auroc
+from grail.analysis.compare.auroc import AurocPlan, run_auroc
 from grail.analysis.compare.plan import PLAN_FILE, STATUS_EVERY_S, check_plan
 from grail.analysis.compare.report import write_report
 from grail.analysis.compare.run import (
@@ -150,9 +150,10 @@ def _prepare(plan: dict, out_dir: Path, log: Log) -> None:
             if sid not in paths:
                 paths[sid] = resolve_model_path(cfg, log)
             if plan.get("auroc_rows") and label not in warm_auroc:  # the start each arm's AUROC moves from
-                key = (sid, repr(cfg.synthetic_set()), repr(cfg.weighting_options()), tuple(auroc_methods(cfg)))
+                auroc = AurocPlan.of(plan)
+                key = (sid, repr(cfg.synthetic_set()), repr(cfg.weighting_options()), tuple(auroc.methods_for(cfg)))
                 if key not in computed:
-                    computed[key] = run_auroc(paths[sid], cfg, plan["auroc_rows"], plan.get("auroc_set", TASK_SET))
+                    computed[key] = run_auroc(paths[sid], cfg, auroc)
                 warm_auroc[label] = computed[key]
     if computed:
         write_json(auroc_path, warm_auroc)
