@@ -42,9 +42,10 @@ class AurocPlan:
 
     @classmethod
     def of(cls, plan: dict) -> AurocPlan:
-        """The AUROC settings of a plan (compare.json) or of a report (report.json); absent keys are the defaults."""
+        """The AUROC settings of a plan (compare.json) or of a report (report.json); absent or null keys are the
+        defaults."""
         methods = plan.get("auroc_methods")
-        return cls(plan.get("auroc_rows", 0) or 0, plan.get("auroc_set", TASK_SET), tuple(methods) if methods else None)
+        return cls(plan.get("auroc_rows") or 0, plan.get("auroc_set") or TASK_SET, tuple(methods) if methods else None)
 
     def check(self) -> None:
         """ValueError naming the bad setting and the choices."""

@@ -158,9 +158,8 @@ def make_plan(arms: list[Arm], seeds: int, base: dict, out_dir: str | Path, auro
     `first_seed`: the seeds are first_seed .. first_seed + seeds − 1 (recorded only when not 0), so that a pilot and
     the comparison it sizes train on different seeds. `auroc_set`: the rows of the saliency AUROC
     (grail.analysis.compare.auroc.AUROC_SETS; None: "task"; recorded only when not "task"); `auroc_methods`: the methods
-    measured (None: the default set; recorded when given). `drop_checkpoints`: delete a
-    run's checkpoint-N folders once it has finished (grail.analysis.compare.run.drop_checkpoints; recorded when
-    true)."""
+    measured (None: the default set; recorded when given). `drop_checkpoints`: delete a run's checkpoint-N folders
+    once it has finished (grail.analysis.compare.run.drop_checkpoints; recorded when true)."""
     if seeds < 1:
         raise ValueError(f"--seeds {seeds}: give 1 or more (seeds 0..S-1; 3 or more for an interval worth having).")
     if first_seed < 0:

@@ -143,14 +143,13 @@ def _prepare(plan: dict, out_dir: Path, log: Log) -> None:
         if data not in seen:
             seen.add(data)
             load_prompts(cfg)  # the rows, checked (the prompt format needs the model's tokenizer: each run's own)
-    computed, paths = {}, {}
+    computed, paths, auroc = {}, {}, AurocPlan.of(plan)
     for sid, (_, labels) in start_groups(plan, out_dir).items():
         for label in labels:
             cfg = configs[label]
             if sid not in paths:
                 paths[sid] = resolve_model_path(cfg, log)
-            if plan.get("auroc_rows") and label not in warm_auroc:  # the start each arm's AUROC moves from
-                auroc = AurocPlan.of(plan)
+            if auroc.rows and label not in warm_auroc:  # the start each arm's AUROC moves from
                 key = (sid, repr(cfg.synthetic_set()), repr(cfg.weighting_options()), tuple(auroc.methods_for(cfg)))
                 if key not in computed:
                     computed[key] = run_auroc(paths[sid], cfg, auroc)

@@ -302,7 +302,7 @@ def summarize(plan: dict, runs: list[RunData], start: StartData | None = None) -
             }
     return {
         "arms": arms, "seeds": plan["seeds"], "first_seed": plan.get("first_seed", 0), "level": LEVEL,
-        "auroc_rows": plan.get("auroc_rows", 0), "auroc_set": plan.get("auroc_set", "task"),
+        "auroc_rows": plan.get("auroc_rows", 0), "auroc_set": plan.get("auroc_set"),
         "auroc_methods": plan.get("auroc_methods"),
         "interval": "Student t over seeds: mean ± t_{0.975, S-1} · sd / sqrt(S); paired: the same over per-seed "
                     "differences from each arm's reference (the first arm; with --sweep, the first arm at the same "
