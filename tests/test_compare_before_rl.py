@@ -168,19 +168,12 @@ def test_a_pretrained_start_is_named_with_its_source_and_no_warm_start(counted, 
     assert "warm-started model" not in head
 
 
-@pytest.mark.parametrize("how", ["--resume", "same command"])
-def test_a_resumed_comparison_trains_and_evaluates_nothing_and_writes_the_same_report(counted, tmp_path, monkeypatch,
-                                                                                       how):
+def _forbid_work(monkeypatch) -> collections.Counter:
+    """Make training, evaluation and the AUROC fail (and count) if called: a finished comparison needs none."""
     import grail.evaluation.harness as harness
     import grail.training.heldout as heldout
     import grail.training.run as training
 
-    source, cache, *_ = counted
-    out = tmp_path / "cmp"
-    shutil.copytree(source, out)
-    expected = (source / "report.md").read_text()
-    for name in ("report.md", "report.json"):
-        (out / name).unlink()
     work = collections.Counter()
 
     def forbidden(name):
@@ -194,6 +187,19 @@ def test_a_resumed_comparison_trains_and_evaluates_nothing_and_writes_the_same_r
     monkeypatch.setattr(harness, "run_evaluation", forbidden("run_evaluation"))
     for module in (compare_run, schedule):
         monkeypatch.setattr(module, "run_auroc", forbidden("run_auroc"))
+    return work
+
+
+@pytest.mark.parametrize("how", ["--resume", "same command"])
+def test_a_resumed_comparison_trains_and_evaluates_nothing_and_writes_the_same_report(counted, tmp_path, monkeypatch,
+                                                                                       how):
+    source, cache, *_ = counted
+    out = tmp_path / "cmp"
+    shutil.copytree(source, out)
+    expected = (source / "report.md").read_text()
+    for name in ("report.md", "report.json"):
+        (out / name).unlink()
+    work = _forbid_work(monkeypatch)
     argv = ["compare", "--resume", str(out)] if how == "--resume" else _argv(cache, out)
     assert main(argv) == 0
     assert not work
@@ -213,3 +219,39 @@ def test_resume_of_a_directory_without_a_comparison_is_refused(tmp_path, capsys)
     assert main(["compare", "--resume", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "compare.json" in err and "--arms" in err
+
+
+def test_resume_may_change_only_checkpointing_which_is_recorded_and_retrains_nothing(counted, tmp_path, monkeypatch,
+                                                                                     capsys):
+    """A comparison started without checkpoints can take them on resume (what a kill costs, never a number): bad
+    values and other fields are refused with compare.json unchanged; the change applies to unfinished runs, is
+    recorded once, shown in the report, and finished runs are neither trained nor evaluated again."""
+    source, cache, *_ = counted
+    out = tmp_path / "cmp"
+    shutil.copytree(source, out)
+    stored = (out / "compare.json").read_text()
+    work = _forbid_work(monkeypatch)
+    resume = ["compare", "--resume", str(out)]
+    for extra, named in ((["--save_steps", "often"], "save_steps"), (["--save_steps", "5", "--learning_rate", "1"],
+                                                                      "drop --learning_rate")):
+        assert main(resume + extra) == 2
+        assert named in capsys.readouterr().err
+        assert (out / "compare.json").read_text() == stored
+
+    amend = ["--save_steps", "5", "--save_total_limit", "1", "--drop-checkpoints"]
+    assert main(resume + amend) == 0 and not work
+    plan = _plan(out)
+    assert plan["base"]["save_steps"] == 5 and plan["base"]["save_total_limit"] == 1 and plan["drop_checkpoints"]
+    (record,) = plan["amendments"]
+    assert record["fields"] == {"save_steps": 5, "save_total_limit": 1} and record["drop_checkpoints"] is True
+    run = compare_run.run_values(plan, plan["arms"][1], 0, out)
+    assert run["save_steps"] == 5 and run["save_total_limit"] == 1  # what an unfinished run would train with
+    assert {k: v for k, v in plan.items() if k not in ("base", "amendments", "drop_checkpoints")} == {
+        k: v for k, v in json.loads(stored).items() if k != "base"}
+    report = (out / "report.md").read_text()
+    assert "Checkpointing changed on resume" in report and "save_steps 5, save_total_limit 1" in report
+    assert not list(out.glob("runs/*/seed*/checkpoint-*"))  # finished runs' checkpoints dropped, final/ kept
+    assert all((run_dir / "final").is_dir() for run_dir in out.glob("runs/*/seed*"))
+    assert main(resume + amend) == 0 and len(_plan(out)["amendments"]) == 1  # nothing new: nothing recorded
+    assert main(_argv(cache, out)) == 2  # the first command again: its save_steps is no longer the plan's
+    assert f"changed on resume: continue with grail compare --resume {out}" in capsys.readouterr().err

@@ -83,12 +83,47 @@ def test_resuming_cuts_the_metrics_back_to_the_checkpoint_and_records_the_resume
     assert record["from"] == str(checkpoint) and record["step"] == 2
 
 
-def test_a_run_killed_after_its_first_checkpoint_resumes_to_the_uninterrupted_result(tmp_path, warm_cache):
+@pytest.fixture(scope="module")
+def whole_run(tmp_path_factory, warm_cache):
+    """An uninterrupted run that saves every SAVE_EVERY steps."""
+    cache, _ = warm_cache
+    whole = tmp_path_factory.mktemp("resume") / "whole"
+    subprocess.run(_command(cache, whole), env=_env(), check=True, capture_output=True, timeout=600)
+    return whole
+
+
+def _assert_same_run(got_dir, expected_dir):
+    """The same metrics lines (wall-clock figures aside) and the same final parameters."""
+    assert [m["step"] for m in _metrics(got_dir)] == [m["step"] for m in _metrics(expected_dir)]  # no duplicate/gap
+    for got, expected in zip(_metrics(got_dir), _metrics(expected_dir), strict=True):
+        assert got.keys() == expected.keys()
+        for key in expected:
+            assert got[key] == pytest.approx(expected[key], rel=1e-4, abs=1e-6), (got["step"], key)
+    final, reference = load_file(str(got_dir / "final" / "model.safetensors")), load_file(
+        str(expected_dir / "final" / "model.safetensors"))
+    for name, tensor in reference.items():
+        torch.testing.assert_close(final[name], tensor, rtol=1e-5, atol=1e-6)
+
+
+def test_checkpointing_changes_no_number(tmp_path, warm_cache, whole_run):
+    """A run that never saves while training equals one that saves every SAVE_EVERY steps: what `grail compare --resume` may change
+    (grail.analysis.compare.plan.RESUME_FIELDS) decides only what a kill costs."""
+    cache, _ = warm_cache
+    never = tmp_path / "never"
+    subprocess.run(_command(cache, never, "--save_steps", str(10 * STEPS)), env=_env(), check=True,
+                   capture_output=True, timeout=600)
+    saved = {path.name for path in complete_checkpoints(never)}
+    assert saved <= {f"checkpoint-{STEPS}"}  # at most the save at the end: none while training
+    assert {path.name for path in complete_checkpoints(whole_run)} > {f"checkpoint-{SAVE_EVERY}"}
+    _assert_same_run(never, whole_run)
+
+
+def test_a_run_killed_after_its_first_checkpoint_resumes_to_the_uninterrupted_result(tmp_path, warm_cache,
+                                                                                       whole_run):
     """SIGKILL at a random step after the first checkpoint, then `--resume_from_checkpoint true`: the same final
     step, the same metrics lines (wall-clock figures aside), and the same parameters as an uninterrupted run."""
     cache, _ = warm_cache
-    whole, killed = tmp_path / "whole", tmp_path / "killed"
-    subprocess.run(_command(cache, whole), env=_env(), check=True, capture_output=True, timeout=600)
+    whole, killed = whole_run, tmp_path / "killed"
     kill_after = random.Random(int(time.time())).randint(SAVE_EVERY + 1, STEPS - 1)  # a step after checkpoint-2
     process = subprocess.Popen(_command(cache, killed), env=_env(), stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
@@ -111,13 +146,5 @@ def test_a_run_killed_after_its_first_checkpoint_resumes_to_the_uninterrupted_re
                              capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"done: {STEPS} steps" in resumed.stdout
-    assert [m["step"] for m in _metrics(killed)] == [m["step"] for m in _metrics(whole)]  # no duplicate, no gap
-    for got, expected in zip(_metrics(killed), _metrics(whole), strict=True):
-        assert got.keys() == expected.keys()
-        for key in expected:
-            assert got[key] == pytest.approx(expected[key], rel=1e-4, abs=1e-6), (got["step"], key)
-    final, reference = load_file(str(killed / "final" / "model.safetensors")), load_file(
-        str(whole / "final" / "model.safetensors"))
-    for name, tensor in reference.items():
-        torch.testing.assert_close(final[name], tensor, rtol=1e-5, atol=1e-6)
+    _assert_same_run(killed, whole)
     assert json.loads((killed / "resumed.jsonl").read_text())["step"] >= SAVE_EVERY

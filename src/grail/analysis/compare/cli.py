@@ -37,7 +37,9 @@ base:   the tiny-cpu preset unless --preset or --config is given; --FIELD VALUE 
         acc@4, as `grail demo`; with --eval_benchmarks: those benchmarks, as checkpoint evaluation).
 resume: `grail compare --resume DIR` (or the same command again with --output_dir DIR) takes the plan stored in
         DIR/compare.json: finished runs and the before-RL evaluation are reused, the others resume, and the report
-        is written again.
+        is written again. Only checkpointing may change on resume (--save_steps, --save_total_limit,
+        --drop-checkpoints: they decide what a kill costs, never a number); the change is recorded in the plan
+        and the report, and applies to the runs not finished yet.
 """
 
 
@@ -46,13 +48,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "compare", help="arms × seeds from one starting model, resumable, with a report over seeds",
         description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False,
         usage="grail compare --arms A,B,... [--seeds S] [--jobs N] [--sweep FIELD=v1,v2] [--preset NAME | "
-              "--config FILE] [--output_dir DIR] [--FIELD VALUE ...]\n       grail compare --resume DIR [--jobs N]")
+              "--config FILE] [--output_dir DIR] [--FIELD VALUE ...]\n       grail compare --resume DIR [--jobs N] "
+              "[--save_steps N] [--save_total_limit N] [--drop-checkpoints]")
     parser.add_argument("--arms",
                         help="comma-separated arms: METHOD[@field=value...] (the first arm is the reference of "
                              "the paired differences); required unless --resume")
     parser.add_argument("--resume", metavar="DIR",
                         help="resume, or only re-render, the comparison in DIR with the plan in DIR/compare.json "
-                             "(no other plan arguments): nothing finished is trained or evaluated again")
+                             "(no other plan arguments but checkpointing: --save_steps, --save_total_limit, "
+                             "--drop-checkpoints): nothing finished is trained or evaluated again")
     parser.add_argument("--seeds", type=int, default=None, help="training seeds per arm: 0..S-1 (default 5)")
     parser.add_argument("--first-seed", type=int, default=None,
                         help="start the seeds here: N..N+S-1 (default 0), e.g. a pilot on other seeds")
@@ -82,14 +86,14 @@ def _resumed_plan(args, rest: list[str]) -> tuple[dict, Path]:
     """The plan stored in `--resume DIR` (refusing plan arguments beside it: the stored plan decides)."""
     import json
 
-    from grail.analysis.compare.plan import PLAN_FILE
+    from grail.analysis.compare.plan import PLAN_FILE, amend_plan
+    from grail.training.overrides import parse_flags
 
     given = [flag for flag, value in (("--arms", args.arms), ("--seeds", args.seeds), ("--first-seed", args.first_seed),
                                       ("--auroc-rows", args.auroc_rows), ("--auroc-set", args.auroc_set),
                                       ("--auroc-methods", args.auroc_methods),
-                                      ("--drop-checkpoints", args.drop_checkpoints or None),
                                       ("--sweep", args.sweep), ("--config", args.config), ("--preset", args.preset))
-             if value not in (None, [])] + [r for r in rest if r.startswith("--")]
+             if value not in (None, [])]
     if given:
         raise ValueError(f"--resume takes the plan from its directory's {PLAN_FILE}; drop {', '.join(given)} (to "
                          f"change the plan, start a new comparison with another --output_dir).")
@@ -98,6 +102,9 @@ def _resumed_plan(args, rest: list[str]) -> tuple[dict, Path]:
     if not path.is_file():
         raise ValueError(f"--resume {args.resume}: no {PLAN_FILE} there; give the --output_dir of an earlier grail "
                          f"compare, or start one with --arms.")
+    fields = parse_flags(rest)
+    if fields or args.drop_checkpoints:  # checkpointing only (amend_plan refuses the rest)
+        return amend_plan(out_dir, fields, args.drop_checkpoints), out_dir
     return json.loads(path.read_text()), out_dir
 
 

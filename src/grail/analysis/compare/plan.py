@@ -36,22 +36,27 @@ from pathlib import Path
 from grail.analysis.compare.auroc import TASK_SET, AurocPlan
 from grail.analysis.compare.run import (
     EXTRA_EVALUATIONS,
+    lock,
     run_one,
     run_values,
+    write_json,
 )
 from grail.methods.table import METHODS, refuse_unread
 from grail.options.fields import SYNTHETIC_DATASET
 from grail.training.config import GRAILConfig
 from grail.training.overrides import build_config, coerce
 
-__all__ = ["Arm", "check_plan", "EXTRA_EVALUATIONS", "make_plan", "parse_arms", "parse_sweep", "PLAN_FILE",
-           "run_one", "run_values"]
+__all__ = ["amend_plan", "Arm", "check_plan", "EXTRA_EVALUATIONS", "make_plan", "parse_arms", "parse_sweep",
+           "PLAN_FILE", "RESUME_FIELDS", "run_one", "run_values"]
 
 PLAN_FILE = "compare.json"
 SEED_FIELDS = ("seed", "data_seed")  # plus dataset_shuffle_seed when the base config sets it
 RESERVED = ("token_weighting", "output_dir", "resume_from_checkpoint", "overwrite_output_dir", *SEED_FIELDS,
             "dataset_shuffle_seed")
 STATUS_EVERY_S = 30.0
+# what `--resume DIR` may change: checkpointing only, which decides what a kill costs and never a number a run reports
+# (saving reads no random state and changes no step; resume from a checkpoint is exact, tests/test_resume.py)
+RESUME_FIELDS = ("save_steps", "save_total_limit")
 _FIELD_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -206,5 +211,48 @@ def check_plan(plan: dict, out_dir: str | Path) -> None:
             old, new = [a["label"] for a in old], [a["label"] for a in new]
             if old == new:
                 key, old, new = "arm fields", stored["arms"], plan["arms"]
+        amendments = stored.get("amendments", [])
+        amended = {f"config field {f}" for a in amendments for f in a["fields"]} | {
+            "drop_checkpoints" for a in amendments if a.get("drop_checkpoints")}
+        how = (f"It was changed on resume: continue with grail compare --resume {out_dir}" if key in amended else
+               "Rerun with the same arguments to resume it")
         raise ValueError(f"{path} holds a comparison with other arguments: {key} is {old!r} there and {new!r} now. "
-                         f"Rerun with the same arguments to resume it, or give a new --output_dir.")
+                         f"{how}, or give a new --output_dir.")
+
+
+def amend_plan(out_dir: str | Path, fields: dict[str, str], drop_checkpoints: bool = False) -> dict:
+    """Change the checkpointing of the comparison in out_dir (`grail compare --resume DIR --save_steps N ...`):
+    `fields` are RESUME_FIELDS as raw strings, `drop_checkpoints` turns the plan's on. Runs not finished yet (re)start
+    with them; finished runs are untouched. Every arm's config is built first (a bad value changes nothing), the
+    change is recorded in the plan's "amendments" (the report lists them), and compare.json is written under the
+    comparison's lock. Returns the plan."""
+    import time
+
+    other = sorted(set(fields) - set(RESUME_FIELDS))
+    if other:
+        raise ValueError(f"--resume takes the plan from its directory's {PLAN_FILE}; beside it only checkpointing "
+                         f"may change ({', '.join('--' + f for f in RESUME_FIELDS)}, --drop-checkpoints); drop "
+                         f"{', '.join('--' + f for f in other)} (to change the plan, start a new comparison with "
+                         f"another --output_dir).")
+    out_dir = Path(out_dir)
+    path = out_dir / PLAN_FILE
+    with lock(out_dir / ".compare.lock", wait=False):
+        plan = json.loads(path.read_text())
+        typed = {key: coerce(key, value, "--resume") for key, value in fields.items()}
+        change = {k: v for k, v in typed.items() if plan["base"].get(k) != v}
+        turn_on = drop_checkpoints and not plan.get("drop_checkpoints")
+        if not change and not turn_on:
+            return plan
+        amended = {**plan, "base": {**plan["base"], **_jsonable(change)}}
+        if turn_on:
+            amended["drop_checkpoints"] = True
+        for arm in amended["arms"]:
+            try:
+                build_config(run_values(amended, arm, plan.get("first_seed", 0), out_dir))
+            except ValueError as err:
+                raise ValueError(f"--resume: arm {arm['label']!r}: {err}") from err
+        record = {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "fields": _jsonable(change),
+                  **({"drop_checkpoints": True} if turn_on else {})}
+        amended["amendments"] = [*plan.get("amendments", []), record]
+        write_json(path, amended)
+    return amended

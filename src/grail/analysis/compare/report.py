@@ -192,8 +192,13 @@ def _setting_lines(s: dict) -> list[str]:
     steps = setting["max_steps"]
     steps = f"{steps} per run" if isinstance(steps, int) else "per arm: " + ", ".join(map(str, steps))
     lines += [f"**Training data**: {setting['data']}.  ", f"**Steps**: {steps}.  ",
-              f"**Base config**: {setting['base_source']}.", ""]
-    return lines
+              f"**Base config**: {setting['base_source']}." + ("  " if setting.get("amendments") else "")]
+    for amendment in setting.get("amendments", []):
+        changed = [f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in amendment["fields"].items()]
+        changed += ["checkpoints dropped once a run finishes"] if amendment.get("drop_checkpoints") else []
+        lines.append(f"**Checkpointing changed on resume** ({amendment['at']}; for the runs not finished then, no "
+                     f"number depends on it): {', '.join(changed)}.  ")
+    return lines + [""]
 
 
 def _start_phrase(s: dict) -> str:

@@ -100,7 +100,8 @@ def describe_setting(plan: dict, out_dir: str | Path) -> dict:
     return {"starts": [{"id": sid, "arms": arms, **describe_start(cfg)} for sid, (cfg, arms) in groups.items()],
             "data": data[0] if len(data) == 1 else "per arm: " + "; ".join(data),
             "max_steps": steps[0] if len(steps) == 1 else steps,
-            "base_source": plan.get("base_source") or "not recorded (a comparison of an earlier grail-rl)"}
+            "base_source": plan.get("base_source") or "not recorded (a comparison of an earlier grail-rl)",
+            **({"amendments": plan["amendments"]} if plan.get("amendments") else {})}
 
 
 def evaluate_starts(plan: dict, out_dir: str | Path, paths: dict[str, str], log: Log = print) -> dict:
