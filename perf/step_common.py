@@ -20,6 +20,9 @@ VARIANTS = {
     "grail_separate": {"token_weighting": "grail", "saliency_path": "separate"},
     "grail_rollout": {"token_weighting": "grail", "weights_from": "rollout_policy"},  # once per rollout (μ > 1)
     "oar_g_release": {"token_weighting": "oar_g", "oar_variant": "grail_release"},
+    # each prompt computed once for the rows that share it, in the loss (grail.training.shared_prompt)
+    "none_shared": {"token_weighting": "none", "shared_prompt": True},
+    "grail_shared": {"token_weighting": "grail", "saliency_path": "fused", "shared_prompt": True},
 }
 
 

@@ -106,8 +106,8 @@ def _assert_same_run(got_dir, expected_dir):
 
 
 def test_checkpointing_changes_no_number(tmp_path, warm_cache, whole_run):
-    """A run that never saves while training equals one that saves every SAVE_EVERY steps: what `grail compare --resume` may change
-    (grail.analysis.compare.plan.RESUME_FIELDS) decides only what a kill costs."""
+    """A run that never saves while training equals one that saves every SAVE_EVERY steps: what `grail compare
+    --resume` may change (grail.analysis.compare.plan.RESUME_FIELDS) decides only what a kill costs."""
     cache, _ = warm_cache
     never = tmp_path / "never"
     subprocess.run(_command(cache, never, "--save_steps", str(10 * STEPS)), env=_env(), check=True,

@@ -144,6 +144,14 @@ class GRAILFields:
                   "unless it cannot work (frozen embeddings, PEFT/LoRA, DeepSpeed, FSDP, reentrant activation "
                   "checkpointing), then separate; the metric weights/fused says which ran."},
     )
+    shared_prompt: bool = field(
+        default=False,
+        metadata={"help": "Compute each prompt once for the completions that share it in a micro-batch, in the "
+                  "loss's log-prob forward: the prompt runs once with a KV cache, each completion runs against it, "
+                  "and the gradient flows back through the cache. Exact to float rounding (log-probs, entropies, "
+                  "gradients and the fused saliency, tested on Llama, Qwen3 and Gemma 3); it pays where prompts are "
+                  "long beside completions. One process only, activation checkpointing off."},
+    )
     answer_box: AnswerBox = field(
         default=_W.answer_box,
         metadata={"help": "Which complete \\boxed{...} is the answer span 𝒜 of GRAIL (and of OAR's answer_mean): "

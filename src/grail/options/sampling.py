@@ -86,9 +86,11 @@ def new_token_limit(model, prompt_tokens: int, requested: int) -> int:
     return min(requested, positions - prompt_tokens)
 
 
-def generate_batch(model, tokenizer, prompts: Sequence[str], *, n: int, gen_kwargs: dict) -> list[list[Sample]]:
-    """One `model.generate` call: `n` samples per prompt, prompts tokenised as is (left-padded, no special tokens
-    added: the rendered prompt already holds the template's tokens). The caller owns the RNG state.
+def generate_batch(model, tokenizer, prompts: Sequence[str], *, n: int, gen_kwargs: dict,
+                   generate=None) -> list[list[Sample]]:
+    """One `model.generate` call (or `generate`, a stand-in with its signature: grail.training.shared_prompt's
+    shared prefill): `n` samples per prompt, prompts tokenised as is (left-padded, no special tokens added: the
+    rendered prompt already holds the template's tokens). The caller owns the RNG state.
     gen_kwargs["max_new_tokens"] is capped by `new_token_limit` for the batch's longest prompt."""
     import torch
 
@@ -98,7 +100,7 @@ def generate_batch(model, tokenizer, prompts: Sequence[str], *, n: int, gen_kwar
     prompt_tokens = batch["input_ids"].shape[1]
     gen_kwargs = {**gen_kwargs, "max_new_tokens": new_token_limit(model, prompt_tokens, gen_kwargs["max_new_tokens"])}
     with torch.no_grad():
-        ids_BL = model.generate(**batch, **gen_kwargs, num_return_sequences=n)
+        ids_BL = (generate or model.generate)(**batch, **gen_kwargs, num_return_sequences=n)
     new_BT = ids_BL[:, prompt_tokens:]
     eos = set(_eos_ids(model, tokenizer))
     texts = tokenizer.batch_decode(new_BT, skip_special_tokens=True)
@@ -119,12 +121,14 @@ class HFSampler:
     """`model.generate` in batches of `batch_size` prompts (each with its n samples); the model is put in eval
     mode for the call and restored after. `synced`: every process keeps running forwards until all processes'
     sequences are done (transformers' `synced_gpus`), for a model sharded over processes (FSDP2, ZeRO-3), where each
-    forward gathers parameters from all of them; the callers make as many `generate` calls on every process."""
+    forward gathers parameters from all of them; the callers make as many `generate` calls on every process.
+    `generate`: a stand-in for `model.generate` with its signature (a shared prefill, `shared_prompt=true`)."""
 
     name = "hf"
 
-    def __init__(self, model, tokenizer, batch_size: int = 16, synced: bool = False):
+    def __init__(self, model, tokenizer, batch_size: int = 16, synced: bool = False, generate=None):
         self.model, self.tokenizer, self.batch_size, self.synced = model, tokenizer, batch_size, synced
+        self.generate_call = generate
 
     def generate(self, prompts: Sequence[str], params: SamplingParams, seed: int) -> list[list[Sample]]:
         import torch
@@ -138,7 +142,7 @@ class HFSampler:
                 torch.manual_seed(seed)
                 for start in range(0, len(prompts), self.batch_size):
                     out.extend(generate_batch(self.model, self.tokenizer, prompts[start : start + self.batch_size],
-                                              n=params.n, gen_kwargs=kwargs))
+                                              n=params.n, gen_kwargs=kwargs, generate=self.generate_call))
         finally:
             self.model.train(was_training)
         return out

@@ -50,7 +50,7 @@ def run_demo(cfg: GRAILConfig, overrides: dict, log: Log = print, methods: tuple
     (heldout,) = specs["greedy"].load_benchmarks(synthetic_set=cfg.synthetic_set())  # the run's; both specs' problems
     base_path = resolve_model_path(cfg, log)
     log(f"evaluating the warm-started model on {len(heldout.problems)} held-out problems ...")
-    before = heldout_accuracy(base_path, specs, heldout, eval_dirs["before"], log)
+    before = heldout_accuracy(base_path, specs, heldout, eval_dirs["before"], log, shared_prompt=cfg.shared_prompt)
     runs = {}
     for method in methods:
         own = {**scoped_values(overrides, METHODS[method]), "token_weighting": method}  # options it reads
@@ -58,7 +58,8 @@ def run_demo(cfg: GRAILConfig, overrides: dict, log: Log = print, methods: tuple
         result = train(run_cfg, own, log, model_path=base_path)
         log(f"evaluating the {METHODS[method].label} model on the same held-out problems ...")
         runs[method] = {"result": result,
-                        "after": heldout_accuracy(str(result.final_dir), specs, heldout, eval_dirs[method], log)}
+                        "after": heldout_accuracy(str(result.final_dir), specs, heldout, eval_dirs[method], log,
+                                                  shared_prompt=cfg.shared_prompt)}
     base = methods[0]
     differences = {m: paired_difference(runs[base]["after"]["sampled"], runs[m]["after"]["sampled"])
                    for m in methods[1:]}

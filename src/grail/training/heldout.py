@@ -17,6 +17,7 @@ from grail.options.prompts import PromptFormat
 from grail.options.sampling import HFSampler, SamplingParams
 from grail.training.config import GRAILConfig
 from grail.training.run import Log
+from grail.training.shared_prompt import shared_prefill
 
 __all__ = ["ROWS_PER_CALL", "SAMPLES_PER_PROBLEM", "eval_specs", "heldout_accuracy"]
 
@@ -39,13 +40,15 @@ def eval_specs(cfg: GRAILConfig) -> dict[str, EvalSpec]:
 
 
 def heldout_accuracy(model_path: str, specs: dict[str, EvalSpec], heldout: LoadedBenchmark, out_dir: Path,
-                     log: Log = print) -> dict[str, BenchmarkScore]:
-    """Each of `specs` (see `eval_specs`) run by the harness on `heldout` into out_dir/<name>/; its score by name."""
+                     log: Log = print, shared_prompt: bool = False) -> dict[str, BenchmarkScore]:
+    """Each of `specs` (see `eval_specs`) run by the harness on `heldout` into out_dir/<name>/; its score by name.
+    `shared_prompt`: each prompt's prefill computed once for its samples (grail.training.shared_prompt)."""
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path)
+    generate = shared_prefill(model, model.generate) if shared_prompt else None
     scores = {}
     for name, spec in specs.items():
-        sampler = HFSampler(model, tokenizer, batch_size=spec.batch_size)
+        sampler = HFSampler(model, tokenizer, batch_size=spec.batch_size, generate=generate)
         # one grading process (this one): short integer answers grade faster than worker processes start
         report = run_evaluation(sampler, tokenizer, spec, out_dir / name, workers=1, log=log, progress=False,
                                 loaded=[heldout])

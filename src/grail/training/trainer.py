@@ -44,6 +44,7 @@ from grail.methods.spans import AnswerSpans
 from grail.methods.spec import TokenWeights
 from grail.methods.weight_metrics import WeightSums, pooled_metrics
 from grail.methods.weighting import batch_spans, fused_signal, probe_rows, token_weights, weights_from_signal
+from grail.training import shared_prompt
 
 __all__ = ["GRAILTrainer", "refuse_if_unshardable", "sharded_by"]
 
@@ -124,6 +125,24 @@ class GRAILTrainer(GRPOTrainer):
             raise ValueError(f"saliency_path='fused' cannot work here: {self.fused_unavailable}. Use "
                              f"saliency_path='auto' (falls back to a separate pass) or 'separate'.")
         self.last_token_weights: TokenWeights | None = None  # the latest micro-batch's weights (inspection, tests)
+        self.forward_passes = 0  # model passes of the latest log-prob forward: 2 where a prompt was shared
+        self._check_shared_prompt()
+
+    def _check_shared_prompt(self) -> None:
+        """shared_prompt=true needs one process and no activation checkpointing (grail.training.shared_prompt);
+        refused before any step otherwise."""
+        if not self.args.shared_prompt:
+            return
+        why = None
+        engine = sharded_by(self) or ("DeepSpeed" if getattr(self, "is_deepspeed_enabled", False) else None)
+        if self.accelerator.num_processes > 1 or engine:
+            why = (f"it runs on one process without an engine wrapper only (this launch: "
+                   f"{self.accelerator.num_processes} process(es), {engine or 'DDP'})")
+        elif self.args.activation_checkpointing or self.args.gradient_checkpointing:
+            why = ("transformers turns the KV cache off under activation checkpointing; set activation_checkpointing "
+                   "false")
+        if why:
+            raise ValueError(f"shared_prompt=true cannot work here: {why}. Set shared_prompt false (the default).")
 
     def _check_probe_reaches_the_model(self) -> None:
         """Before any step: a method with a probe needs the model's input embeddings (the saliency leaf by default,
@@ -226,6 +245,44 @@ class GRAILTrainer(GRPOTrainer):
             output.update(self._rollout_weights(output, mask_BT, spans).as_batch_entries())
         return output
 
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                                           compute_entropy=False, compute_aux_loss=False, **extra):  # S3
+        """TRL's log-prob forward; with shared_prompt, each distinct prompt of a chunk runs once and its rows run only
+        their completions against its cache (grail.training.shared_prompt). Multimodal inputs, the MoE aux loss, and
+        chunks where no two rows share a prompt take TRL's own forward. `forward_passes` counts the model passes."""
+        plain = super()._get_per_token_logps_and_entropies
+        if not self.args.shared_prompt or compute_aux_loss or any(value is not None for value in extra.values()):
+            self.forward_passes = -(-input_ids.size(0) // (batch_size or input_ids.size(0)))
+            return plain(model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
+                         compute_aux_loss, **extra)
+        size = batch_size or input_ids.size(0)
+        logps, entropies, self.forward_passes = [], [], 0
+        for start in range(0, input_ids.size(0), size):
+            ids_BL, mask_BL = input_ids[start:start + size], attention_mask[start:start + size]
+            groups = shared_prompt.prompt_groups(ids_BL, mask_BL, logits_to_keep)
+            if groups is None:
+                part = plain(model, ids_BL, mask_BL, logits_to_keep, compute_entropy=compute_entropy)[:2]
+                self.forward_passes += 1
+            else:
+                part = shared_prompt.shared_prompt_logps(model, ids_BL, mask_BL, logits_to_keep, *groups,
+                                                         compute_entropy, self.accelerator.autocast)
+                self.forward_passes += 2
+            logps.append(part[0])
+            entropies.append(part[1])
+        return torch.cat(logps), (torch.cat(entropies) if compute_entropy else None), None
+
+    def _generate_single_turn(self, prompt_ids, *args, **kwargs):
+        """TRL's generation; with shared_prompt and transformers' own generate (no vLLM, no continuous batching), each
+        distinct prompt's prefill runs once for its rows (grail.training.shared_prompt.shared_prefill)."""
+        if not self.args.shared_prompt or self.use_vllm or self.use_transformers_continuous_batching:
+            return super()._generate_single_turn(prompt_ids, *args, **kwargs)
+        model = self.accelerator.unwrap_model(self.model)  # what TRL's unwrap_model_for_generation yields here
+        model.generate = shared_prompt.shared_prefill(model, model.generate)  # an instance attribute, this call only
+        try:
+            return super()._generate_single_turn(prompt_ids, *args, **kwargs)
+        finally:
+            del model.generate
+
     def _compute_loss(self, model, inputs):  # S2
         adv_B = inputs["advantages"]
         if adv_B.dim() != 1:
@@ -292,11 +349,15 @@ class GRAILTrainer(GRPOTrainer):
                                f"saliency_path='separate'.")
         logps_BT, entropies_BT, _ = result
         start = time.perf_counter()
-        if need_grad and len(captured) != 1:
-            raise RuntimeError(f"fused saliency: the leaf module ran {len(captured)} times in one forward "
-                               f"(expected 1); set saliency_path='separate'.")
+        passes = self.forward_passes  # 2 with a shared prompt: the prompt's pass, then the rows' suffixes
+        if need_grad and (len(captured) != passes or passes > 2):
+            raise RuntimeError(f"fused saliency: the leaf module ran {len(captured)} times in one forward of "
+                               f"{passes} model pass(es) (expected one forward of the micro-batch); set "
+                               f"saliency_path='separate'.")
         answer_BT = spans.probe_span(options.answer_nll_span) & rows_B[:, None]
-        signal_BT = fused_signal(self.method, logps_BT, entropies_BT, captured[0] if need_grad else None, answer_BT)
+        # the last pass holds every completion position (with a shared prompt: the rows' suffixes, which is all the
+        # saliency reads: align_to_completion counts from the end)
+        signal_BT = fused_signal(self.method, logps_BT, entropies_BT, captured[-1] if need_grad else None, answer_BT)
         weights = weights_from_signal(signal_BT, adv_B, spans, mask_BT, rows_B, options, self._generator,
                                       spec=self.method)  # no probe, so no min_importance floor
         weights.path, weights.seconds = "fused", time.perf_counter() - start  # the signal and the pipeline, once

@@ -116,14 +116,16 @@ def evaluate_model(plan: dict, out_dir: Path, seed: int, model_dir: Path, eval_d
         from grail.options.sampling import HFSampler
         from grail.training.data import load_prompts
         from grail.training.run import CheckpointEval, resolve_prompt_fields
+        from grail.training.shared_prompt import shared_prefill
 
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         # the prompt format the model was trained with; a model grail did not train (the start) gets the one its
         # training would resolve for this tokenizer and data
         prompt = PromptFormat.load(model_dir) or resolve_prompt_fields(cfg, tokenizer, load_prompts(cfg))
         checkpoint_eval = CheckpointEval(cfg, eval_dir, log, prompt=prompt)  # its spec and problems
-        sampler = HFSampler(AutoModelForCausalLM.from_pretrained(model_dir), tokenizer,
-                            batch_size=checkpoint_eval.spec.batch_size)
+        model = AutoModelForCausalLM.from_pretrained(model_dir)
+        sampler = HFSampler(model, tokenizer, batch_size=checkpoint_eval.spec.batch_size,
+                            generate=shared_prefill(model, model.generate) if cfg.shared_prompt else None)
         report = run_evaluation(sampler, tokenizer, checkpoint_eval.spec, eval_dir / "benchmarks",
                                 workers=grading_workers, log=log, progress=False, loaded=checkpoint_eval.loaded)
         metrics = _flat_metrics("benchmarks", report.scores)
@@ -133,7 +135,7 @@ def evaluate_model(plan: dict, out_dir: Path, seed: int, model_dir: Path, eval_d
         return metrics, {"benchmarks": _per_problem(report.scores, checkpoint_eval.loaded)}
     specs = eval_specs(cfg)
     (heldout,) = specs["greedy"].load_benchmarks(synthetic_set=cfg.synthetic_set())
-    scores = heldout_accuracy(str(model_dir), specs, heldout, eval_dir, log)
+    scores = heldout_accuracy(str(model_dir), specs, heldout, eval_dir, log, shared_prompt=cfg.shared_prompt)
     metrics = {k: v for name, score in scores.items() for k, v in _flat_metrics(name, [score]).items()}
     return metrics, {name: _per_problem([score], [heldout]) for name, score in scores.items()}
 
