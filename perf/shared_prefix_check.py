@@ -7,7 +7,10 @@ families (Llama, which SmolLM2 is; Qwen3, the embedded model's; Gemma 3 with a s
 prompt). Why it matters: with a 411-token prompt and ~45-token completions (docs/results/does-it-pay.md), about 90%
 of a GRPO step's tokens are the same prompt, computed once per completion.
 
-    python perf/shared_prefix_check.py [--prompt 20] [--completion 7] [--rows 4] [--json out.json]
+    python perf/shared_prefix_check.py [--prompt 20] [--completion 7] [--rows 4] [--json out.json] [--real MODEL]
+
+`--real smollm2-135m` adds the check of grail.training.shared_prompt (what `shared_prompt=true` runs) on the real
+model and the word problems' real prompt, against TRL's own log-prob forward.
 """
 
 from __future__ import annotations
@@ -71,12 +74,69 @@ def compare(model, prompt_1P: torch.Tensor, completion_GT: torch.Tensor, mask_GT
             "parameters": len(plain)}
 
 
+def real_check(model_name: str, rows: int = 4, new_tokens: int = 40) -> dict:
+    """grail.training.shared_prompt on a real model and the word problems' real prompt (its chat template, worked
+    examples and first training problem): `rows` sampled completions, then TRL's log-prob forward (fused head) and the
+    shared one, each followed by the backward of the completions' summed log-probs."""
+    from contextlib import nullcontext
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOTrainer
+    from trl.trainer.utils import add_fused_lm_head
+
+    from grail.options.presets import SMOLLM_WORDS
+    from grail.training.data import load_prompts
+    from grail.training.overrides import build_config
+    from grail.training.run import resolve_model_path, resolve_prompt_fields
+    from grail.training.shared_prompt import prompt_groups, shared_prompt_logps
+
+    cfg = build_config({**SMOLLM_WORDS, "model_name_or_path": model_name, "task_num_steps": 2, "task_operand_max": 6,
+                        "task_max_value": 12, "output_dir": "/tmp/shared-prefix-check"})
+    path = resolve_model_path(cfg)
+    tokenizer, model = AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path)
+    model.train(False)
+    rows_data = load_prompts(cfg)
+    fmt = resolve_prompt_fields(cfg, tokenizer, rows_data)
+    text = fmt.render(tokenizer, rows_data[0]["prompt"])
+    prompt_1P = tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
+    torch.manual_seed(0)
+    with torch.no_grad():
+        out = model.generate(input_ids=prompt_1P.expand(rows, -1), attention_mask=torch.ones(rows, prompt_1P.shape[1],
+                             dtype=torch.long), do_sample=True, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                             pad_token_id=tokenizer.pad_token_id)
+    ids_BL, T = out, new_tokens
+    mask_BL = torch.ones_like(ids_BL)
+    add_fused_lm_head(model, outputs=("log_probs", "entropy"))
+    stand_in = SimpleNamespace(accelerator=SimpleNamespace(autocast=nullcontext, is_main_process=True))
+    results = {}
+    for name in ("plain", "shared"):
+        model.zero_grad(set_to_none=True)
+        if name == "plain":
+            logps_BT = GRPOTrainer._get_per_token_logps_and_entropies(stand_in, model, ids_BL, mask_BL, T)[0]
+        else:
+            groups = prompt_groups(ids_BL, mask_BL, T)
+            logps_BT = shared_prompt_logps(model, ids_BL, mask_BL, T, *groups, False, nullcontext)[0]
+        logps_BT.sum().backward()
+        results[name] = (logps_BT.detach(), {n: q.grad.clone() for n, q in model.named_parameters()
+                                             if q.grad is not None})
+    (plain, plain_g), (shared, shared_g) = results["plain"], results["shared"]
+    return {"model": model_name, "prompt_tokens": prompt_1P.shape[1], "completion_tokens": T, "rows": rows,
+            "logp_max_abs_diff": (plain - shared).abs().max().item(),
+            "grad_max_rel_diff": max((plain_g[n] - shared_g[n]).abs().max().item() / (plain_g[n].abs().max().item()
+                                                                                       + 1e-12) for n in plain_g),
+            "parameters": len(plain_g)}
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompt", type=int, default=20)
     parser.add_argument("--completion", type=int, default=7)
     parser.add_argument("--rows", type=int, default=4)
     parser.add_argument("--json")
+    parser.add_argument("--real", metavar="MODEL",
+                        help="also check grail.training.shared_prompt on a real model (e.g. smollm2-135m) and the word "
+                             "problems' prompt: TRL's fused-head forward against the shared one")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     results = {}
@@ -89,6 +149,11 @@ def main(argv: list[str] | None = None) -> dict:
         r = results[name]
         print(f"{name}: max |Δ log-prob| {r['logp_max_abs_diff']:.1e}, max relative |Δ gradient| "
               f"{r['grad_max_rel_diff']:.1e} over {r['parameters']} parameters")
+    if args.real:
+        r = results[args.real] = real_check(args.real)
+        print(f"{args.real} ({r['prompt_tokens']}-token prompt, {r['rows']} x {r['completion_tokens']} tokens): max "
+              f"|Δ log-prob| {r['logp_max_abs_diff']:.1e}, max relative |Δ gradient| {r['grad_max_rel_diff']:.1e} "
+              f"over {r['parameters']} parameters")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
