@@ -167,10 +167,15 @@ def test_the_trainer_generates_the_same_completions_with_the_prefill_shared(tiny
     the same completions with shared_prompt, whose prefill ran; model.generate is the class's again afterwards."""
     from grail.training import shared_prompt
 
-    wrapped = []
+    wrapped, called = [], []
     real = shared_prompt.shared_prefill
-    monkeypatch.setattr(shared_prompt, "shared_prefill", lambda model, generate: wrapped.append(1) or real(model,
-                                                                                                            generate))
+
+    def counting_prefill(model, generate):
+        wrapped.append(1)
+        call = real(model, generate)
+        return lambda *args, **kwargs: called.append(1) or call(*args, **kwargs)
+
+    monkeypatch.setattr(shared_prompt, "shared_prefill", counting_prefill)
     completions = {}
     for shared in (False, True):
         trainer = make_trainer(GRAILTrainer, tiny_dir, tmp_path / str(shared), shared_prompt=shared)
@@ -180,7 +185,7 @@ def test_the_trainer_generates_the_same_completions_with_the_prefill_shared(tiny
         torch.manual_seed(11)
         completions[shared] = trainer._generate_single_turn(prompts, None, {}, 2)[0]
         assert "generate" not in vars(trainer.model)
-    assert wrapped == [1]  # only the shared trainer wrapped generate
+    assert wrapped == called == [1]  # only the shared trainer wrapped generate, and TRL called the wrapper (S5)
     assert completions[True] == completions[False] and len(completions[True]) == 4
     assert len({tuple(c) for c in completions[True]}) > 1  # sampled, not one repeated completion
 

@@ -25,7 +25,12 @@ The seam to TRL. Everything this module relies on that TRL does not document, in
       logits_to_keep, ...)` is called exactly once, with the micro-batch's prompt ⊕ completion, before
       `advantages` is read, and returns (logps_BT, entropies_BT, aux_loss).
   S4. `self._metrics[mode]` maps metric names to lists that `log()` averages and clears.
-The fused path checks S3 at run time too (a wrong count or an early read of `advantages` stops the step).
+  S5. With transformers' generate, `_generate_single_turn(prompt_ids, ...)` calls `generate` on the model
+      `unwrap_model_for_generation` yields, which on one process is `accelerator.unwrap_model(self.model)`
+      (shared_prompt wraps that object's `generate` for the call; tests/test_shared_prompt.py checks it is called).
+The fused path checks S3 at run time too (a wrong count or an early read of `advantages` stops the step). With
+shared_prompt, the trainer's own `_get_per_token_logps_and_entropies` computes each distinct prompt once and calls
+TRL's where nothing is shared (grail.training.shared_prompt).
 """
 
 from __future__ import annotations
