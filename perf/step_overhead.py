@@ -389,7 +389,7 @@ def run(args: argparse.Namespace, malloc_tuning: str | None) -> dict:
     baseline = runs[0]
     results = {run_.name: run_.summary(baseline) for run_ in runs}
     targets = []
-    judged = args.completion_tokens >= MIN_COMPLETION_TOKENS  # --short: listed, not judged
+    judged = not args.short or args.completion_tokens >= MIN_COMPLETION_TOKENS  # --short below 128: listed only
     for method, key, limit in TARGETS:
         measured = results.get(method, {}).get(key)
         targets.append({"method": method, "ratio": key, "at_most": limit, "measured": measured,
