@@ -207,3 +207,15 @@ def test_gpu_check_keeps_each_case_for_gpu_curves(tmp_path, capsys):
     (curves,) = result["curves"].values()
     assert set(curves) == {"none", "grail_fused"} and curves["grail_fused"]["growth_exponent"] is None  # one T
     assert (tmp_path / "plots" / "smoke-checkpointing-off.png").stat().st_size > 0
+
+
+def test_shared_prefill_eval_times_both_ways_and_finds_the_same_samples(warm_cache, capsys):
+    cache, checkpoint = warm_cache
+    steps = json.loads((checkpoint / "warmstart.json").read_text())["steps"]
+    script = load_perf_script("shared_prefill_eval")
+    result = script.main(["--preset", "tiny-cpu", "--problems", "4", "--rounds", "2", "--set", f"cache_dir={cache}",
+                          "--set", f"warmstart_steps={steps}"])
+    assert json.loads(capsys.readouterr().out) == result  # stdout holds the JSON object
+    assert result["same_samples"] is True and result["n"] == 4 and result["problems"] == 4
+    assert all(len(times) == 2 and min(times) > 0 for times in result["seconds"].values())
+    assert result["time_ratio_shared_to_plain"] == result["median_s"]["shared"] / result["median_s"]["plain"]
