@@ -1,7 +1,9 @@
-"""`shared_prompt=true` (grail.training.shared_prompt): each distinct prompt of a micro-batch computed once, its rows'
-completions run against its KV cache. It must be TRL's forward to float rounding: the completion log-probs and
-entropies and the parameter gradients on three model families, and through the trainer the GRPO loss, its gradient and
-GRAIL's fused saliency weights; left padding and two prompts in one micro-batch included."""
+"""`shared_prompt=true` (grail.training.shared_prompt): each distinct prompt computed once for the rows that share it,
+the rows run against its KV cache. It must be TRL's computation to float rounding. In the loss: the completion
+log-probs, entropies and parameter gradients on three model families, and through the trainer the GRPO loss, its
+gradient and GRAIL's fused saliency weights. In generation and evaluation: every step's logits and the sampled tokens.
+Over two optimiser steps of TRL's loop: the losses and parameters. Left padding and two prompts in one batch
+included."""
 
 import functools
 import sys
