@@ -96,7 +96,8 @@ def _shared_batch(tokenizer):
             "num_items_in_batch": c["attention_mask"].sum()}
 
 
-@pytest.mark.parametrize("method, leaf", [("none", "embeddings"), ("grail", "embeddings"), ("grail", "middle")])
+@pytest.mark.parametrize("method, leaf", [("none", "embeddings"), ("grail", "embeddings"), ("grail", "middle"),
+                                          ("random", "embeddings"), ("position", "embeddings")])
 def test_a_micro_batch_with_shared_prompts_gives_trls_loss_gradient_and_fused_weights(tiny_dir, tmp_path, method,
                                                                                       leaf):
     results = {}
@@ -113,7 +114,7 @@ def test_a_micro_batch_with_shared_prompts_gives_trls_loss_gradient_and_fused_we
     assert any(g.abs().sum() > 0 for g in plain[1]) and len(shared[1]) == len(plain[1])
     for g, g_ref in zip(shared[1], plain[1], strict=True):
         torch.testing.assert_close(g, g_ref, rtol=1e-4, atol=1e-6)
-    if method == "grail":
+    if method in ("grail", "random"):  # the fused saliency (random permutes it with the trainers' equal seeds)
         assert w_plain.path == w_shared.path == "fused"
         assert w_plain.weights_BT[w_plain.normalised_BT].std() > 0.02  # real, varying saliency weights
         torch.testing.assert_close(w_shared.weights_BT, w_plain.weights_BT, rtol=0, atol=1e-5)
