@@ -245,3 +245,16 @@ def test_an_evaluation_samples_the_same_with_the_prefill_shared(tiny_dir):
     shared = HFSampler(model, tokenizer, batch_size=2,
                        generate=shared_prefill(model, model.generate)).generate(prompts, params, seed=9)
     assert shared == plain and len({s.text for row in plain for s in row}) > 3
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_the_fused_saliency_refuses_a_log_prob_forward_in_chunks(tiny_dir, tmp_path, monkeypatch, shared):
+    """Were TRL to split its log-prob forward into chunks, the leaf's captures would cover one chunk each: the fused
+    path must stop (plain chunks [1, 1] and shared ones [2, 2] alike), not read the last chunk's rows."""
+    original = GRAILTrainer._get_per_token_logps_and_entropies
+    monkeypatch.setattr(GRAILTrainer, "_get_per_token_logps_and_entropies",
+                        lambda self, *args, **kwargs: original(self, *args, **{**kwargs, "batch_size": 2}))
+    trainer = make_trainer(GRAILTrainer, tiny_dir, tmp_path, token_weighting="grail", shared_prompt=shared)
+    with pytest.raises(RuntimeError, match="2 chunk"):
+        loss_and_grads(trainer, _shared_batch(trainer.processing_class))
+    assert trainer.forward_chunks == ([2, 2] if shared else [1, 1])

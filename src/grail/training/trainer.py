@@ -130,8 +130,13 @@ class GRAILTrainer(GRPOTrainer):
             raise ValueError(f"saliency_path='fused' cannot work here: {self.fused_unavailable}. Use "
                              f"saliency_path='auto' (falls back to a separate pass) or 'separate'.")
         self.last_token_weights: TokenWeights | None = None  # the latest micro-batch's weights (inspection, tests)
-        self.forward_passes = 0  # model passes of the latest log-prob forward: 2 where a prompt was shared
+        self.forward_chunks: list[int] = []  # the latest log-prob forward: model passes per chunk (2: prompt shared)
         self._check_shared_prompt()
+
+    @property
+    def forward_passes(self) -> int:
+        """Model passes of the latest log-prob forward (a chunk with its prompt shared makes 2)."""
+        return sum(self.forward_chunks)
 
     def _check_shared_prompt(self) -> None:
         """shared_prompt=true needs one process and no activation checkpointing (grail.training.shared_prompt);
@@ -254,24 +259,23 @@ class GRAILTrainer(GRPOTrainer):
                                            compute_entropy=False, compute_aux_loss=False, **extra):  # S3
         """TRL's log-prob forward; with shared_prompt, each distinct prompt of a chunk runs once and its rows run only
         their completions against its cache (grail.training.shared_prompt). Multimodal inputs, the MoE aux loss, and
-        chunks where no two rows share a prompt take TRL's own forward. `forward_passes` counts the model passes."""
+        chunks where no two rows share a prompt take TRL's own forward. `forward_chunks`: the passes of each chunk."""
         plain = super()._get_per_token_logps_and_entropies
+        size = batch_size or input_ids.size(0)
         if not self.args.shared_prompt or compute_aux_loss or any(value is not None for value in extra.values()):
-            self.forward_passes = -(-input_ids.size(0) // (batch_size or input_ids.size(0)))
+            self.forward_chunks = [1] * -(-input_ids.size(0) // size)  # TRL's chunks, one pass each
             return plain(model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
                          compute_aux_loss, **extra)
-        size = batch_size or input_ids.size(0)
-        logps, entropies, self.forward_passes = [], [], 0
+        logps, entropies, self.forward_chunks = [], [], []
         for start in range(0, input_ids.size(0), size):
             ids_BL, mask_BL = input_ids[start:start + size], attention_mask[start:start + size]
             groups = shared_prompt.prompt_groups(ids_BL, mask_BL, logits_to_keep)
             if groups is None:
                 part = plain(model, ids_BL, mask_BL, logits_to_keep, compute_entropy=compute_entropy)[:2]
-                self.forward_passes += 1
             else:
                 part = shared_prompt.shared_prompt_logps(model, ids_BL, mask_BL, logits_to_keep, *groups,
                                                          compute_entropy, self.accelerator.autocast)
-                self.forward_passes += 2
+            self.forward_chunks.append(1 if groups is None else 2)
             logps.append(part[0])
             entropies.append(part[1])
         return torch.cat(logps), (torch.cat(entropies) if compute_entropy else None), None
@@ -354,10 +358,10 @@ class GRAILTrainer(GRPOTrainer):
                                f"saliency_path='separate'.")
         logps_BT, entropies_BT, _ = result
         start = time.perf_counter()
-        passes = self.forward_passes  # 2 with a shared prompt: the prompt's pass, then the rows' suffixes
-        if need_grad and (len(captured) != passes or passes > 2):
-            raise RuntimeError(f"fused saliency: the leaf module ran {len(captured)} times in one forward of "
-                               f"{passes} model pass(es) (expected one forward of the micro-batch); set "
+        chunks = self.forward_chunks  # [1], or [2] with a shared prompt: the prompt's pass, then the rows' suffixes
+        if need_grad and (len(chunks) != 1 or len(captured) != chunks[0]):
+            raise RuntimeError(f"fused saliency: the leaf module ran {len(captured)} times in a forward of "
+                               f"{len(chunks)} chunk(s) (expected one forward of the micro-batch); set "
                                f"saliency_path='separate'.")
         answer_BT = spans.probe_span(options.answer_nll_span) & rows_B[:, None]
         # the last pass holds every completion position (with a shared prompt: the rows' suffixes, which is all the
