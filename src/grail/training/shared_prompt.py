@@ -1,4 +1,5 @@
-"""A prompt computed once for the rows that share it, in the loss's forward (`shared_prompt=true`).
+"""A prompt computed once for the rows that share it (`shared_prompt=true`): in the loss's forward
+(`shared_prompt_logps`), and in generation's and the evaluation's prefill (`shared_prefill`, below).
 
 GRPO's G completions of a prompt sit in a batch as G rows of prompt ⊕ completion, so TRL's log-prob forward computes
 the same prompt G times, forward and backward. Here the distinct prompts of a micro-batch run once (`use_cache=True`,
