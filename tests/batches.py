@@ -8,11 +8,14 @@ from grail.methods.table import method_spec, scoped_values
 from grail.training.config import GRAILConfig
 from grail.training.trainer import GRAILTrainer
 
+PROMPTS = ["Q: 1+2\nA:", "Q: 3*4\nA:", "Q: 5-1\nA:", "Q: 2+2\nA:"]
+# rows 0 and 2 have a box; advantages: one correct and one wrong row with a box
+COMPLETIONS = [" 1+2=3. \\boxed{3}", " 3*4=1", " 5-1=4. 4-1=3. \\boxed{3}", " 2+2"]
 
-def trl_batch(tokenizer):
-    prompts = ["Q: 1+2\nA:", "Q: 3*4\nA:", "Q: 5-1\nA:", "Q: 2+2\nA:"]
-    # rows 0 and 2 have a box; advantages: one correct and one wrong row with a box
-    completions = [" 1+2=3. \\boxed{3}", " 3*4=1", " 5-1=4. 4-1=3. \\boxed{3}", " 2+2"]
+
+def trl_batch(tokenizer, prompts=PROMPTS, completions=COMPLETIONS):
+    """Four rows in TRL's layout (prompts left-padded, completions right-padded) with advantages 0.5, -0.5, -0.25,
+    0.25."""
     p = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
     c = tokenizer(completions, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False)
     return {"prompt_ids": p["input_ids"], "prompt_mask": p["attention_mask"], "completion_ids": c["input_ids"],

@@ -16,7 +16,7 @@ import torch
 from trl import GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head
 
-from batches import loss_and_grads, make_trainer
+from batches import loss_and_grads, make_trainer, trl_batch
 from grail.training.shared_prompt import prompt_groups, shared_prefill, shared_prompt_logps
 from grail.training.trainer import GRAILTrainer
 
@@ -86,14 +86,10 @@ def test_prompt_groups_need_the_same_ids_and_the_same_padding():
 
 def _shared_batch(tokenizer):
     """Two prompts (the shorter left-padded), two completions each; rows 0 and 2 answer in a box."""
-    prompts = ["Q: 1+2\nA:", "Q: 1+2\nA:", "Q: 12*3+4-5\nA:", "Q: 12*3+4-5\nA:"]
-    completions = [" 1+2=3. \\boxed{3}", " 3*4=1", " 12*3=36. 36+4=40. \\boxed{35}", " 2+2"]
-    p = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
-    c = tokenizer(completions, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False)
-    assert p["attention_mask"][0].sum() < p["attention_mask"][2].sum()  # left padding in the batch
-    return {"prompt_ids": p["input_ids"], "prompt_mask": p["attention_mask"], "completion_ids": c["input_ids"],
-            "completion_mask": c["attention_mask"], "advantages": torch.tensor([0.5, -0.5, -0.25, 0.25]),
-            "num_items_in_batch": c["attention_mask"].sum()}
+    batch = trl_batch(tokenizer, prompts=["Q: 1+2\nA:", "Q: 1+2\nA:", "Q: 12*3+4-5\nA:", "Q: 12*3+4-5\nA:"],
+                      completions=[" 1+2=3. \\boxed{3}", " 3*4=1", " 12*3=36. 36+4=40. \\boxed{35}", " 2+2"])
+    assert batch["prompt_mask"][0].sum() < batch["prompt_mask"][2].sum()  # left padding in the batch
+    return batch
 
 
 @pytest.mark.parametrize("method, leaf", [("none", "embeddings"), ("grail", "embeddings"), ("grail", "middle"),
@@ -121,8 +117,6 @@ def test_a_micro_batch_with_shared_prompts_gives_trls_loss_gradient_and_fused_we
 
 
 def test_a_micro_batch_without_shared_prompts_takes_trls_forward(tiny_dir, tmp_path):
-    from batches import trl_batch
-
     trainer = make_trainer(GRAILTrainer, tiny_dir, tmp_path, token_weighting="grail", shared_prompt=True)
     loss_and_grads(trainer, trl_batch(trainer.processing_class))  # four different prompts
     assert trainer.forward_passes == 1 and trainer.last_token_weights.path == "fused"
