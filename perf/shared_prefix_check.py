@@ -74,15 +74,26 @@ def compare(model, prompt_1P: torch.Tensor, completion_GT: torch.Tensor, mask_GT
             "parameters": len(plain)}
 
 
+def trl_forward(model, ids_BL: torch.Tensor, mask_BL: torch.Tensor, T: int, compute_entropy: bool = False):
+    """TRL's own log-prob method (the code every GRPO run uses: fused LM head, chunking), on a stand-in trainer that
+    only lends autocast; (logps_BT, entropies_BT or None, aux_loss)."""
+    from contextlib import nullcontext
+    from types import SimpleNamespace
+
+    from trl import GRPOTrainer
+
+    stand_in = SimpleNamespace(accelerator=SimpleNamespace(autocast=nullcontext, is_main_process=True))
+    return GRPOTrainer._get_per_token_logps_and_entropies(stand_in, model, ids_BL, mask_BL, T,
+                                                           compute_entropy=compute_entropy)
+
+
 def real_check(model_name: str, rows: int = 4, new_tokens: int = 40) -> dict:
     """grail.training.shared_prompt on a real model and the word problems' real prompt (its chat template, worked
     examples and first training problem): `rows` sampled completions, then TRL's log-prob forward (fused head) and the
     shared one, each followed by the backward of the completions' summed log-probs."""
     from contextlib import nullcontext
-    from types import SimpleNamespace
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import GRPOTrainer
     from trl.trainer.utils import add_fused_lm_head
 
     from grail.options.presets import SMOLLM_WORDS
@@ -108,12 +119,11 @@ def real_check(model_name: str, rows: int = 4, new_tokens: int = 40) -> dict:
     ids_BL, T = out, new_tokens
     mask_BL = torch.ones_like(ids_BL)
     add_fused_lm_head(model, outputs=("log_probs", "entropy"))
-    stand_in = SimpleNamespace(accelerator=SimpleNamespace(autocast=nullcontext, is_main_process=True))
     results = {}
     for name in ("plain", "shared"):
         model.zero_grad(set_to_none=True)
         if name == "plain":
-            logps_BT = GRPOTrainer._get_per_token_logps_and_entropies(stand_in, model, ids_BL, mask_BL, T)[0]
+            logps_BT = trl_forward(model, ids_BL, mask_BL, T)[0]
         else:
             groups = prompt_groups(ids_BL, mask_BL, T)
             logps_BT = shared_prompt_logps(model, ids_BL, mask_BL, T, *groups, False, nullcontext)[0]

@@ -9,11 +9,9 @@ import functools
 import sys
 from contextlib import nullcontext
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
-from trl import GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head
 
 from batches import loss_and_grads, make_trainer, trl_batch
@@ -21,7 +19,7 @@ from grail.training.shared_prompt import prompt_groups, shared_prefill, shared_p
 from grail.training.trainer import GRAILTrainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "perf"))
-from shared_prefix_check import _models  # noqa: E402  (the three families' small random configs)
+from shared_prefix_check import _models, trl_forward  # noqa: E402  (three families' small configs; TRL's forward)
 
 
 def _batch(vocab: int, generator: torch.Generator):
@@ -36,12 +34,6 @@ def _batch(vocab: int, generator: torch.Generator):
             rows.append(torch.cat([torch.cat([torch.zeros(9 - len(prompt), dtype=torch.long), prompt]), completion]))
             masks.append(torch.cat([prompt_mask, (torch.arange(7) < length).long()]))
     return torch.stack(rows), torch.stack(masks)
-
-
-def _trl_forward(model, ids_BL, mask_BL, T):
-    """TRL's own log-prob method (the code every GRPO run uses), on a stand-in trainer that only lends autocast."""
-    stand_in = SimpleNamespace(accelerator=SimpleNamespace(autocast=nullcontext, is_main_process=True))
-    return GRPOTrainer._get_per_token_logps_and_entropies(stand_in, model, ids_BL, mask_BL, T, compute_entropy=True)
 
 
 def _objective_and_grads(model, logps_BT, entropies_BT, mask_BT):
@@ -60,7 +52,7 @@ def test_the_shared_forward_is_trls_forward_on_three_families(family):
     ids_BL, mask_BL = _batch(97, torch.Generator().manual_seed(1))
     T = 7
     mask_BT = mask_BL[:, -T:].float()
-    plain = _objective_and_grads(model, *_trl_forward(model, ids_BL, mask_BL, T)[:2], mask_BT)
+    plain = _objective_and_grads(model, *trl_forward(model, ids_BL, mask_BL, T, compute_entropy=True)[:2], mask_BT)
     groups = prompt_groups(ids_BL, mask_BL, T)
     assert groups is not None and sorted(groups[0].tolist()) == [0, 3]  # two prompts, their first rows
     shared = _objective_and_grads(model, *shared_prompt_logps(model, ids_BL, mask_BL, T, *groups, True, nullcontext),
