@@ -6,6 +6,7 @@ Over two optimiser steps of TRL's loop: the losses and parameters. Left padding 
 included."""
 
 import functools
+import json
 import sys
 from contextlib import nullcontext
 from pathlib import Path
@@ -244,3 +245,34 @@ def test_the_fused_saliency_refuses_a_log_prob_forward_in_chunks(tiny_dir, tmp_p
     with pytest.raises(RuntimeError, match="2 chunk"):
         loss_and_grads(trainer, _shared_batch(trainer.processing_class))
     assert trainer.forward_chunks == ([2, 2] if shared else [1, 1])
+
+
+def test_grail_trains_checkpoint_evaluation_shares_the_prefill(tiny_dir, tmp_path, monkeypatch):
+    """`grail train --eval_benchmarks` with shared_prompt: the checkpoint evaluation calls the shared prefill and
+    samples what it samples without it (the synthetic held-out set, 3 samples each)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import grail.training.shared_prompt as module
+    from grail.training.config import GRAILConfig
+    from grail.training.run import CheckpointEval
+
+    calls = []
+
+    def counted(model, generate):
+        wrapped = shared_prefill(model, generate)
+        return lambda **kwargs: calls.append(1) or wrapped(**kwargs)
+
+    monkeypatch.setattr(module, "shared_prefill", counted)
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(tiny_dir), AutoTokenizer.from_pretrained(tiny_dir)
+    state = type("State", (), {"global_step": 1, "is_world_process_zero": True})()
+    results = {}
+    for shared in (False, True):
+        cfg = GRAILConfig(output_dir=str(tmp_path / str(shared)), eval_benchmarks="synthetic", eval_size="5",
+                          eval_samples=3, eval_max_new_tokens=12, shared_prompt=shared)
+        CheckpointEval(cfg, tmp_path / str(shared), log=lambda _: None).on_save(None, state, None, model=model,
+                                                                                processing_class=tokenizer)
+        assert bool(calls) == shared
+        (path,) = (tmp_path / str(shared) / "eval" / "checkpoint-1").rglob("samples.jsonl")
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        results[shared] = sorted((r["problem_id"], r["sample_index"], r["completion"]) for r in rows)
+    assert results[True] == results[False] and len(results[True]) == 15

@@ -149,8 +149,9 @@ class GRAILFields:
         metadata={"help": "Compute each prompt once for the completions that share it: in the loss's log-prob "
                   "forward (the prompt runs once with a KV cache, each completion of the micro-batch runs against "
                   "it, and the gradient flows back through the cache), in generation's prefill, and in the sampled "
-                  "evaluation of `grail compare` and `grail demo`. Exact to float rounding (log-probs, entropies, "
-                  "gradients, the fused saliency and the sampled tokens, tested on Llama, Qwen3 and Gemma 3); it "
+                  "evaluation (`grail compare`, `grail demo`, and `grail train`'s `eval_benchmarks` checkpoints). "
+                  "Exact to float rounding (log-probs, entropies, gradients, the fused saliency and the sampled "
+                  "tokens, tested on Llama, Qwen3 and Gemma 3); it "
                   "pays where prompts are long beside completions. One process only, activation checkpointing off."},
     )
     answer_box: AnswerBox = field(

@@ -157,14 +157,16 @@ class CheckpointEval(TrainerCallback):
     (Sampling on the main process only left the others waiting at their next collective operation.) On a model
     sharded over processes (ZeRO-3, FSDP2), where every forward gathers parameters from all processes, each
     process makes the same number of `generate` calls (a process with fewer batches samples its first one again,
-    unused) and generation runs synced (`HFSampler(synced=True)`: transformers' `synced_gpus`)."""
+    unused) and generation runs synced (`HFSampler(synced=True)`: transformers' `synced_gpus`). With
+    `shared_prompt` (one process only) each prompt's prefill is computed once for its samples
+    (grail.training.shared_prompt.shared_prefill), as in `grail compare`'s evaluation."""
 
     def __init__(self, cfg: GRAILConfig, run_dir: Path, log: Log, prompt: PromptFormat | None = None,
                  loaded=None):
         """`prompt`: the format the model was trained with (default: the config's, `PromptFormat.from_config`, which
         needs `auto` resolved unless the task is synthetic); `loaded`: the benchmarks, already loaded by
         `load_checkpoint_benchmarks` (default: loaded now)."""
-        self.run_dir, self.log = run_dir, log
+        self.run_dir, self.log, self.shared_prompt = run_dir, log, cfg.shared_prompt
         self.spec = _checkpoint_spec(cfg, prompt if prompt is not None else PromptFormat.from_config(cfg))
         self.loaded = loaded if loaded is not None else load_checkpoint_benchmarks(cfg)
 
@@ -172,11 +174,14 @@ class CheckpointEval(TrainerCallback):
         from accelerate import PartialState
 
         from grail.options.sampling import HFSampler
+        from grail.training.shared_prompt import shared_prefill
 
         tokenizer = getattr(processing_class, "tokenizer", processing_class)
         processes = PartialState()
         synced = processes.num_processes > 1 and is_sharded(model)
-        sampler = HFSampler(model, tokenizer, batch_size=self.spec.batch_size, synced=synced)
+        share = self.shared_prompt and processes.num_processes == 1  # refused before training with more
+        sampler = HFSampler(model, tokenizer, batch_size=self.spec.batch_size, synced=synced,
+                            generate=shared_prefill(model, model.generate) if share else None)
         if processes.num_processes > 1:
             sampler = self._sharded_samples(sampler, tokenizer, processes, state.global_step)
         if state.is_world_process_zero:
