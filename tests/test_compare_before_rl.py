@@ -12,6 +12,7 @@ import shutil
 
 import pytest
 
+from comparing import compare_argv
 from conftest import WARM_STEPS
 from grail.analysis.compare import run as compare_run
 from grail.analysis.compare import schedule
@@ -19,15 +20,7 @@ from grail.analysis.compare.stats import t_interval
 from grail.analysis.compare.summary import BEFORE_RL_FILE, RESULT_FILE
 from grail.cli import main
 
-ARMS = "none,grail@saliency_leaf=middle"
-FAST = ["--max_steps", "2", "--save_steps", "1", "--per_device_train_batch_size", "16", "--task_num_train", "64",
-        "--task_num_heldout", "8", "--learning_rate", "1e-3", "--warmstart_steps", str(WARM_STEPS)]
 METRIC = "sampled/synthetic/acc@4"
-
-
-def _argv(cache, out):
-    return ["compare", "--arms", ARMS, "--seeds", "2", *FAST, "--auroc-rows", "8", "--cache_dir", str(cache),
-            "--output_dir", str(out)]
 
 
 def _fake_auroc(calls):
@@ -57,7 +50,7 @@ def counted(tmp_path_factory, warm_cache):
         for module in (compare_run, schedule):
             mp.setattr(module, "run_auroc", _fake_auroc(auroc_calls))
         mp.setattr(heldout, "heldout_accuracy", counting_heldout)
-        assert main(_argv(cache, out)) == 0
+        assert main(compare_argv(cache, out)) == 0
     return out, cache, str(warm_dir), auroc_calls, eval_calls
 
 
@@ -200,7 +193,7 @@ def test_a_resumed_comparison_trains_and_evaluates_nothing_and_writes_the_same_r
     for name in ("report.md", "report.json"):
         (out / name).unlink()
     work = _forbid_work(monkeypatch)
-    argv = ["compare", "--resume", str(out)] if how == "--resume" else _argv(cache, out)
+    argv = ["compare", "--resume", str(out)] if how == "--resume" else compare_argv(cache, out)
     assert main(argv) == 0
     assert not work
     assert (out / "report.md").read_text() == expected
@@ -253,5 +246,5 @@ def test_resume_may_change_only_checkpointing_which_is_recorded_and_retrains_not
     assert not list(out.glob("runs/*/seed*/checkpoint-*"))  # finished runs' checkpoints dropped, final/ kept
     assert all((run_dir / "final").is_dir() for run_dir in out.glob("runs/*/seed*"))
     assert main(resume + amend) == 0 and len(_plan(out)["amendments"]) == 1  # nothing new: nothing recorded
-    assert main(_argv(cache, out)) == 2  # the first command again: its save_steps is no longer the plan's
+    assert main(compare_argv(cache, out)) == 2  # the first command again: its save_steps is no longer the plan's
     assert f"changed on resume: continue with grail compare --resume {out}" in capsys.readouterr().err

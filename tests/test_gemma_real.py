@@ -11,6 +11,7 @@ import json
 import pytest
 import torch
 
+from conftest import two_logged_steps
 from grail.cli import main
 from grail.methods.table import method_names
 from grail.models.pretrained import MARKER
@@ -74,11 +75,7 @@ def test_every_method_trains_two_steps_on_gemma_through_grail_train(gemma_model_
                  "--max_completion_length", "32", "--task_num_train", "8", "--learning_rate", "1e-5",
                  "--save_strategy", "no", "--seed", "0", "--output_dir", str(out)])
     assert code == 0, capsys.readouterr().err
-    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    logged = [s for s in steps if "reward" in s]
-    assert [s["step"] for s in logged] == [1, 2]
-    if method != "none":
-        assert all("weights/fallback_rows" in s for s in logged), logged[0].keys()
+    two_logged_steps(out, method)
     saved = json.loads((out / "final" / "grail_prompt.json").read_text())
     assert saved["chat"] is False  # the base model trained on plain text; `grail eval` reads it so
     assert GEMMA_WORDS["model_name_or_path"] == NAME

@@ -8,6 +8,7 @@ import pytest
 import torch
 from datasets import Dataset
 
+from conftest import two_logged_steps
 from grail.analysis.explain.compute import token_texts
 from grail.cli import main
 from grail.evaluation.rewards import exact_int_reward
@@ -131,12 +132,7 @@ def test_every_method_trains_two_steps_on_the_real_model_through_grail_train(rea
                  "--learning_rate", "1e-5", "--logging_steps", "1", "--save_strategy", "no", "--seed", "0",
                  "--output_dir", str(out)])
     assert code == 0, capsys.readouterr().err
-    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    logged = [s for s in steps if "reward" in s]
-    assert [s["step"] for s in logged] == [1, 2]
-    if method != "none":
-        assert all("weights/fallback_rows" in s for s in logged), logged[0].keys()
-    assert all(json.loads(json.dumps(s)) for s in logged)
+    two_logged_steps(out, method)
     saved = json.loads((out / "final" / "grail_prompt.json").read_text())
     assert saved["chat"] is True  # a chat model's run records the chat format `grail eval` will read it in
 

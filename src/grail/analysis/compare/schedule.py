@@ -49,10 +49,14 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
-def _latest_step(run_dir: Path) -> int | None:
-    """The step of the last complete line of metrics.jsonl (reads its last 4 KB)."""
+def _latest_step(run_dir: Path, since: float = 0.0) -> int | None:
+    """The step of the last complete line of metrics.jsonl (reads its last 4 KB); None if the file was last written
+    before `since` (a wall-clock time): a restarted run's file still holds its previous attempt's steps until the
+    trainer starts over or cuts it back to the checkpoint it resumes from."""
     path = run_dir / "metrics.jsonl"
     try:
+        if path.stat().st_mtime < since:
+            return None
         with path.open("rb") as f:
             f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
             lines = f.read().split(b"\n")[:-1]
@@ -69,6 +73,7 @@ class _Progress:
         self.plan, self.out_dir, self.total, self.jobs, self.log = plan, out_dir, total, jobs, log
         self.durations = dict(done)  # run name → seconds
         self.running: dict[str, float] = {}  # run name → start time
+        self.wall_start: dict[str, float] = {}  # run name → its start, wall clock (file times)
         self.failed = 0
         self.start = self.last = time.perf_counter()
 
@@ -86,14 +91,14 @@ class _Progress:
         for name in self.running:
             slug, seed = name.rsplit("/seed", 1)
             arm = next(a for a in self.plan["arms"] if a["slug"] == slug)
-            step = _latest_step(run_path(self.out_dir, slug, int(seed)))
+            step = _latest_step(run_path(self.out_dir, slug, int(seed)), since=self.wall_start[name])
             if step is not None:
                 steps.append(f"{arm['label']}/seed{seed} step {step}/"
                              f"{run_values(self.plan, arm, int(seed), self.out_dir).get('max_steps', '?')}")
         return text + (f" | {', '.join(steps)}" if steps else "")
 
     def started(self, name: str) -> None:
-        self.running[name] = time.perf_counter()
+        self.running[name], self.wall_start[name] = time.perf_counter(), time.time()
         self.log(f"compare: started {name} | {self._line()}")
 
     def finished(self, name: str, ok: bool = True) -> None:
