@@ -248,3 +248,43 @@ def test_resume_may_change_only_checkpointing_which_is_recorded_and_retrains_not
     assert main(resume + amend) == 0 and len(_plan(out)["amendments"]) == 1  # nothing new: nothing recorded
     assert main(compare_argv(cache, out)) == 2  # the first command again: its save_steps is no longer the plan's
     assert f"changed on resume: continue with grail compare --resume {out}" in capsys.readouterr().err
+
+
+def test_resume_with_more_seeds_trains_only_the_new_ones_and_records_the_interval_it_extended(counted, tmp_path,
+                                                                                               monkeypatch, capsys):
+    """`--resume DIR --seeds 3` on a finished 2-seed comparison: seed 2 of each arm is trained, nothing else; the
+    report has 3 seeds and says when the seeds were extended and what the paired interval was before; fewer seeds
+    are refused, the same number changes nothing, and the first command is refused as changed on resume."""
+    import grail.training.run as training
+
+    source, cache, *_ = counted
+    out = tmp_path / "cmp"
+    shutil.copytree(source, out)
+    before = json.loads((out / "report.json").read_text())["metrics"][METRIC]["paired"]
+    resume = ["compare", "--resume", str(out)]
+    stored = (out / "compare.json").read_text()
+    assert main([*resume, "--seeds", "1"]) == 2
+    assert "seeds can be added" in capsys.readouterr().err and (out / "compare.json").read_text() == stored
+
+    trained, real_train = [], training.train
+    monkeypatch.setattr(training, "train", lambda cfg, *a, **k: trained.append(cfg.seed) or real_train(cfg, *a, **k))
+    auroc_calls = []
+    for module in (compare_run, schedule):
+        monkeypatch.setattr(module, "run_auroc", _fake_auroc(auroc_calls))
+    assert main([*resume, "--seeds", "3"]) == 0
+    assert trained == [2, 2]  # one new run per arm; seeds 0 and 1 kept
+    plan = _plan(out)
+    (record,) = plan["amendments"]
+    assert plan["seeds"] == 3 and record["seeds"]["from"] == 2 and record["seeds"]["to"] == 3
+    (arm,) = before
+    assert record["seeds"]["before"]["metric"] == METRIC
+    assert record["seeds"]["before"]["paired"][arm]["mean"] == before[arm]["mean"]
+    assert record["seeds"]["before"]["paired"][arm]["n"] == 2
+    report = json.loads((out / "report.json").read_text())
+    assert report["metrics"][METRIC]["paired"][arm]["n"] == 3
+    text = (out / "report.md").read_text()
+    assert "**Seeds extended on resume**" in text and "from 2 to 3 per arm" in text
+    assert f"{100 * before[arm]['mean']:+.1f} ± {100 * before[arm]['half_width']:.1f}" in text
+    assert main([*resume, "--seeds", "3"]) == 0 and trained == [2, 2] and len(_plan(out)["amendments"]) == 1
+    assert main(compare_argv(cache, out)) == 2  # --seeds 2 is no longer the plan's
+    assert f"changed on resume: continue with grail compare --resume {out}" in capsys.readouterr().err

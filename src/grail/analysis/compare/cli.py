@@ -39,7 +39,9 @@ resume: `grail compare --resume DIR` (or the same command again with --output_di
         DIR/compare.json: finished runs and the before-RL evaluation are reused, the others resume, and the report
         is written again. Only checkpointing may change on resume (--save_steps, --save_total_limit,
         --drop-checkpoints: they decide what a kill costs, never a number); the change is recorded in the plan
-        and the report, and applies to the runs not finished yet.
+        and the report, and applies to the runs not finished yet. `--resume DIR --seeds N` with N more than the
+        comparison has adds seeds to every arm; the report records when, and the paired intervals it showed
+        before (extend by a rule fixed in advance, e.g. on the interval's width, never on its sign).
 """
 
 
@@ -49,15 +51,17 @@ def add_parser(sub) -> argparse.ArgumentParser:
         description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False,
         usage="grail compare --arms A,B,... [--seeds S] [--jobs N] [--sweep FIELD=v1,v2] [--preset NAME | "
               "--config FILE] [--output_dir DIR] [--FIELD VALUE ...]\n       grail compare --resume DIR [--jobs N] "
-              "[--save_steps N] [--save_total_limit N] [--drop-checkpoints]")
+              "[--seeds MORE] [--save_steps N] [--save_total_limit N] [--drop-checkpoints]")
     parser.add_argument("--arms",
                         help="comma-separated arms: METHOD[@field=value...] (the first arm is the reference of "
                              "the paired differences); required unless --resume")
     parser.add_argument("--resume", metavar="DIR",
                         help="resume, or only re-render, the comparison in DIR with the plan in DIR/compare.json "
                              "(no other plan arguments but checkpointing: --save_steps, --save_total_limit, "
-                             "--drop-checkpoints): nothing finished is trained or evaluated again")
-    parser.add_argument("--seeds", type=int, default=None, help="training seeds per arm: 0..S-1 (default 5)")
+                             "--drop-checkpoints; and --seeds to add seeds): nothing finished is trained or "
+                             "evaluated again")
+    parser.add_argument("--seeds", type=int, default=None,
+                        help="training seeds per arm: 0..S-1 (default 5); with --resume, more seeds for every arm")
     parser.add_argument("--first-seed", type=int, default=None,
                         help="start the seeds here: N..N+S-1 (default 0), e.g. a pilot on other seeds")
     parser.add_argument("--auroc-rows", type=int, default=None,
@@ -89,7 +93,7 @@ def _resumed_plan(args, rest: list[str]) -> tuple[dict, Path]:
     from grail.analysis.compare.plan import PLAN_FILE, amend_plan
     from grail.training.overrides import parse_flags
 
-    given = [flag for flag, value in (("--arms", args.arms), ("--seeds", args.seeds), ("--first-seed", args.first_seed),
+    given = [flag for flag, value in (("--arms", args.arms), ("--first-seed", args.first_seed),
                                       ("--auroc-rows", args.auroc_rows), ("--auroc-set", args.auroc_set),
                                       ("--auroc-methods", args.auroc_methods),
                                       ("--sweep", args.sweep), ("--config", args.config), ("--preset", args.preset))
@@ -103,8 +107,8 @@ def _resumed_plan(args, rest: list[str]) -> tuple[dict, Path]:
         raise ValueError(f"--resume {args.resume}: no {PLAN_FILE} there; give the --output_dir of an earlier grail "
                          f"compare, or start one with --arms.")
     fields = parse_flags(rest)
-    if fields or args.drop_checkpoints:  # checkpointing only (amend_plan refuses the rest)
-        return amend_plan(out_dir, fields, args.drop_checkpoints), out_dir
+    if fields or args.drop_checkpoints or args.seeds is not None:  # checkpointing, more seeds (amend_plan refuses
+        return amend_plan(out_dir, fields, args.drop_checkpoints, args.seeds), out_dir  # the rest)
     return json.loads(path.read_text()), out_dir
 
 

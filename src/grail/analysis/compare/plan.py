@@ -213,19 +213,23 @@ def check_plan(plan: dict, out_dir: str | Path) -> None:
                 key, old, new = "arm fields", stored["arms"], plan["arms"]
         amendments = stored.get("amendments", [])
         amended = {f"config field {f}" for a in amendments for f in a["fields"]} | {
-            "drop_checkpoints" for a in amendments if a.get("drop_checkpoints")}
+            "drop_checkpoints" for a in amendments if a.get("drop_checkpoints")} | {
+            "seeds" for a in amendments if a.get("seeds")}
         how = (f"It was changed on resume: continue with grail compare --resume {out_dir}" if key in amended else
                "Rerun with the same arguments to resume it")
         raise ValueError(f"{path} holds a comparison with other arguments: {key} is {old!r} there and {new!r} now. "
                          f"{how}, or give a new --output_dir.")
 
 
-def amend_plan(out_dir: str | Path, fields: dict[str, str], drop_checkpoints: bool = False) -> dict:
-    """Change the checkpointing of the comparison in out_dir (`grail compare --resume DIR --save_steps N ...`):
-    `fields` are RESUME_FIELDS as raw strings, `drop_checkpoints` turns the plan's on. Runs not finished yet (re)start
-    with them; finished runs are untouched. Every arm's config is built first (a bad value changes nothing), the
-    change is recorded in the plan's "amendments" (the report lists them), and compare.json is written under the
-    comparison's lock. Returns the plan."""
+def amend_plan(out_dir: str | Path, fields: dict[str, str], drop_checkpoints: bool = False,
+               seeds: int | None = None) -> dict:
+    """Change the checkpointing of the comparison in out_dir (`grail compare --resume DIR --save_steps N ...`), or
+    extend its seeds (`--seeds N`, more than it has): `fields` are RESUME_FIELDS as raw strings, `drop_checkpoints`
+    turns the plan's on. Runs not finished yet (re)start with them; finished runs are untouched; an extension adds
+    the seeds after the last one for every arm. Every arm's config is built first (a bad value changes nothing), the
+    change is recorded in the plan's "amendments" (the report lists them; an extension with the headline paired
+    intervals of the report as it stood, so that the width that led to it stays on record), and compare.json is
+    written under the comparison's lock. Returns the plan."""
     import time
 
     other = sorted(set(fields) - set(RESUME_FIELDS))
@@ -241,18 +245,39 @@ def amend_plan(out_dir: str | Path, fields: dict[str, str], drop_checkpoints: bo
         typed = {key: coerce(key, value, "--resume") for key, value in fields.items()}
         change = {k: v for k, v in typed.items() if plan["base"].get(k) != v}
         turn_on = drop_checkpoints and not plan.get("drop_checkpoints")
-        if not change and not turn_on:
+        if seeds is not None and seeds < plan["seeds"]:
+            raise ValueError(f"--resume {out_dir} --seeds {seeds}: the comparison has {plan['seeds']} seeds; seeds "
+                             f"can be added (--seeds more than {plan['seeds']}), never taken away.")
+        extend = seeds is not None and seeds > plan["seeds"]
+        if not change and not turn_on and not extend:
             return plan
         amended = {**plan, "base": {**plan["base"], **_jsonable(change)}}
         if turn_on:
             amended["drop_checkpoints"] = True
+        if extend:
+            amended["seeds"] = seeds
         for arm in amended["arms"]:
             try:
                 build_config(run_values(amended, arm, plan.get("first_seed", 0), out_dir))
             except ValueError as err:
                 raise ValueError(f"--resume: arm {arm['label']!r}: {err}") from err
         record = {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "fields": _jsonable(change),
-                  **({"drop_checkpoints": True} if turn_on else {})}
+                  **({"drop_checkpoints": True} if turn_on else {}),
+                  **({"seeds": {"from": plan["seeds"], "to": seeds, "before": _headline_paired(out_dir)}}
+                     if extend else {})}
         amended["amendments"] = [*plan.get("amendments", []), record]
         write_json(path, amended)
     return amended
+
+
+def _headline_paired(out_dir: Path) -> dict | None:
+    """The report's headline metric and its paired differences over seeds as they stand ({"metric", "paired": {arm:
+    {n, mean, half_width, low, high, sign_flip_p}}}), or None without a report."""
+    path = out_dir / "report.json"
+    if not path.is_file():
+        return None
+    report = json.loads(path.read_text())
+    metric = report.get("primary_metric")
+    paired = ((report.get("metrics") or {}).get(metric) or {}).get("paired") or {}
+    keys = ("n", "mean", "half_width", "low", "high", "sign_flip_p")
+    return {"metric": metric, "paired": {arm: {k: d.get(k) for k in keys} for arm, d in paired.items()}}

@@ -196,9 +196,25 @@ def _setting_lines(s: dict) -> list[str]:
     for amendment in setting.get("amendments", []):
         changed = [f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in amendment["fields"].items()]
         changed += ["checkpoints dropped once a run finishes"] if amendment.get("drop_checkpoints") else []
-        lines.append(f"**Checkpointing changed on resume** ({amendment['at']}; for the runs not finished then, no "
-                     f"number depends on it): {', '.join(changed)}.  ")
+        if changed:
+            lines.append(f"**Checkpointing changed on resume** ({amendment['at']}; for the runs not finished then, "
+                         f"no number depends on it): {', '.join(changed)}.  ")
+        if amendment.get("seeds"):
+            lines.append(_extension_line(amendment["at"], amendment["seeds"]))
     return lines + [""]
+
+
+def _extension_line(at: str, seeds: dict) -> str:
+    """An extension's record (grail.analysis.compare.plan.amend_plan): when, from and to, and the paired intervals of
+    the headline metric the report showed before it."""
+    before = seeds.get("before")
+    text = f"**Seeds extended on resume** ({at}): from {seeds['from']} to {seeds['to']} per arm"
+    if not before or not before["paired"]:
+        return text + "; no paired interval had been reported before.  "
+    shown = [f"{arm} {_cell(d, 100.0, 1, signed=True)} over {d['n']} seeds"
+             + ("" if d.get("sign_flip_p") is None else f" (sign-flip p = {d['sign_flip_p']:.3g})")
+             for arm, d in before["paired"].items()]
+    return text + f"; before it, the paired differences in {before['metric']} (points) were: {'; '.join(shown)}.  "
 
 
 def _start_phrase(s: dict) -> str:
