@@ -21,11 +21,12 @@ def alternating_reward(completions, **kwargs):
 
 
 def _train(model_dir, out, method: str, micro_batch: int, accumulation: int, **fields):
-    args = GRAILConfig(output_dir=str(out), per_device_train_batch_size=micro_batch,
-                       gradient_accumulation_steps=accumulation, num_generations=8, max_completion_length=32,
-                       max_steps=2, optim="sgd", learning_rate=1e-2, loss_type="dr_grpo", scale_rewards="none",
-                       beta=0.0, report_to="none", save_strategy="no", logging_steps=1, temperature=1.0, seed=3,
-                       use_cpu=True, bf16=False, token_weighting=method, **fields)
+    args = GRAILConfig(**{**dict(output_dir=str(out), per_device_train_batch_size=micro_batch,
+                                 gradient_accumulation_steps=accumulation, num_generations=8, max_completion_length=32,
+                                 max_steps=2, optim="sgd", learning_rate=1e-2, loss_type="dr_grpo",
+                                 scale_rewards="none", beta=0.0, report_to="none", save_strategy="no",
+                                 logging_steps=1, temperature=1.0, seed=3, use_cpu=True, bf16=False,
+                                 token_weighting=method), **fields})  # fields win
     dataset = Dataset.from_list([{"prompt": p, "answer": a} for p, a in zip(PROMPTS, ANSWERS, strict=True)])
     trainer = GRAILTrainer(model=str(model_dir), reward_funcs=[alternating_reward], args=args,
                            train_dataset=dataset)

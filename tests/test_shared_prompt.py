@@ -180,16 +180,22 @@ def test_the_trainer_generates_the_same_completions_with_the_prefill_shared(tiny
     assert len({tuple(c) for c in completions[True]}) > 1  # sampled, not one repeated completion
 
 
-@pytest.mark.parametrize("method, micro_batch", [("none", 8), ("grail", 8), ("grail", 2)])
-def test_shared_prompt_trains_as_the_plain_forward(warm_cache, tmp_path, method, micro_batch):
+@pytest.mark.parametrize("method, micro_batch, fields", [
+    ("none", 8, {}), ("grail", 8, {}), ("grail", 2, {}),
+    ("none", 8, {"beta": 0.04}),  # the KL term: the reference model's log-probs through the same method
+    ("grail", 8, {"num_iterations": 2}),  # the old policy's log-probs, computed once after generation
+])
+def test_shared_prompt_trains_as_the_plain_forward(warm_cache, tmp_path, method, micro_batch, fields):
     """Two optimiser steps through TRL's own loop (generation, loss, backward, optimiser), 2 prompts × 8 completions,
-    as one micro-batch of 8 or 4 of 2: the same losses and parameters with and without shared_prompt."""
+    as one micro-batch of 8 or 4 of 2, and with the KL term or two iterations per generation: the same losses and
+    parameters with and without shared_prompt."""
     from test_micro_batch import _train
 
     accumulation = 8 // micro_batch
-    start, plain, plain_losses, _ = _train(warm_cache[1], tmp_path / "plain", method, micro_batch, accumulation)
+    start, plain, plain_losses, _ = _train(warm_cache[1], tmp_path / "plain", method, micro_batch, accumulation,
+                                           **fields)
     _, shared, shared_losses, trainer = _train(warm_cache[1], tmp_path / "shared", method, micro_batch, accumulation,
-                                               shared_prompt=True)
+                                               shared_prompt=True, **fields)
     assert trainer.forward_passes == 2  # the last micro-batch's loss shared its prompt
     torch.testing.assert_close(torch.tensor(shared_losses), torch.tensor(plain_losses), rtol=1e-5, atol=1e-7)
     moved = 0
