@@ -41,6 +41,7 @@ def test_per_process_weights_on_zero3_equal_one_process_on_the_same_rows(tmp_pat
     assert worst["entropy"] == 0.0, worst  # no gradient: the forward is bit-identical
 
 
+@pytest.mark.slow  # ~22 s; ZeRO-3 (above) is the sharded case
 def test_per_process_weights_on_zero2_equal_one_process_on_the_same_rows(tmp_path):
     """ZeRO-2 shards optimizer states and gradients only: whole parameters, the same weights exactly."""
     reports = sharded_weights_reports(tmp_path, zero_config(tmp_path, 2), methods=["grail", "oar_g"])

@@ -120,6 +120,7 @@ def test_screenshot_shows_the_tokens_in_their_colours(rendered):
 
 
 @pytest.mark.real
+@pytest.mark.slow  # ~48 s (explain on SmolLM2); the token texts alone: test_real_model.py
 def test_the_real_models_page_shows_its_bpe_tokens_as_text(real_model_dir, tmp_path):
     """`grail explain --model smollm2-135m` on given completions: in the browser, every token of every completion is
     there in order, as text (no byte-level `Ġ`/`Ċ` markers), for each method."""

@@ -206,16 +206,15 @@ def test_compare_runs_the_literature_methods_against_grail_and_the_controls(tmp_
     cache, _ = warm_cache
     arms = "none,grail,ktae,span_mask,eapo,random,top_entropy"
     out = tmp_path / "cmp"
-    argv = ["compare", "--arms", arms, "--seeds", "2", "--max_steps", "4", "--per_device_train_batch_size", "16",
+    argv = ["compare", "--arms", arms, "--seeds", "1", "--max_steps", "2", "--per_device_train_batch_size", "16",
             "--task_num_train", "64", "--task_num_heldout", "8", "--learning_rate", "1e-3", "--warmstart_steps",
             str(WARM_STEPS), "--auroc-rows", "0", "--cache_dir", str(cache), "--output_dir", str(out)]
     assert main(argv) == 0
     report = (out / "report.md").read_text()
     for arm in arms.split(","):
         assert f"| {arm} |" in report
-        for seed in (0, 1):
-            result = json.loads((out / "runs" / arm / f"seed{seed}" / RESULT_FILE).read_text())
-            assert result["steps"] == 4
+        result = json.loads((out / "runs" / arm / "seed0" / RESULT_FILE).read_text())
+        assert result["steps"] == 2
     resolved = json.loads((out / "runs" / "ktae" / "seed0" / "resolved_config.json").read_text())
     assert resolved["weights_from"] == "rollout_policy" and resolved["method_options"]["ktae_top"] == 1.0
     resolved = json.loads((out / "runs" / "top_entropy" / "seed0" / "resolved_config.json").read_text())

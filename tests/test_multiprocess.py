@@ -85,7 +85,7 @@ def _pooled(sums_per_rank: list[dict]) -> dict[str, float]:
 
 
 @pytest.mark.parametrize("method", [
-    "grail", "oar_p", pytest.param("none", marks=pytest.mark.slow), pytest.param("oar_g", marks=pytest.mark.slow)])
+    "grail", *(pytest.param(m, marks=pytest.mark.slow) for m in ("oar_p", "none", "oar_g"))])  # ~20 s each
 def test_two_process_training_logs_weights_pooled_over_both_processes(tmp_path, warm_cache, method):
     """Each logged weights/* value is the one computed from both processes' rows together (the trainer's one
     gather per logging step), not from the main process's rows alone."""
