@@ -6,6 +6,11 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `-n 2`: one thread per worker (and per process it starts), since two
+    os.environ["OMP_NUM_THREADS"] = "1"  # torch processes with a thread per core each slow each other 10-30x
+    import torch
+
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

@@ -29,7 +29,7 @@ def test_the_readme_is_at_most_10_kb():
 
 
 def test_the_readme_keeps_the_test_command_that_ci_runs():
-    command = 'python -m pip install -c constraints.txt -e ".[dev]" && python -m pytest -m "not slow"'
+    command = 'python -m pip install -c constraints.txt -e ".[dev]" && python -m pytest -m "not slow" -n 2'
     assert command in (REPO / "README.md").read_text()
     assert command in (REPO / ".ci" / "run").read_text()
 
