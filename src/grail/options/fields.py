@@ -151,8 +151,8 @@ class GRAILFields:
                   "it, and the gradient flows back through the cache), in generation's prefill, and in the sampled "
                   "evaluation (`grail compare`, `grail demo`, and `grail train`'s `eval_benchmarks` checkpoints). "
                   "Exact to float rounding (log-probs, entropies, gradients, the fused saliency and the sampled "
-                  "tokens, tested on Llama, Qwen3 and Gemma 3); it "
-                  "pays where prompts are long beside completions. One process only, activation checkpointing off."},
+                  "tokens, tested on Llama, Qwen3 and Gemma 3); it pays where prompts are long beside completions. "
+                  "One process only, activation checkpointing off."},
     )
     answer_box: AnswerBox = field(
         default=_W.answer_box,
