@@ -1,5 +1,5 @@
-"""The small `grail compare` that tests/test_compare.py and tests/test_compare_before_rl.py run: 2 arms × 2 seeds of
-2 steps from the tiny warm start, 8 held-out problems."""
+"""The small `grail compare` that tests/test_compare*.py run: 2 arms × 2 seeds of 2 steps from the tiny warm start,
+8 held-out problems."""
 
 from conftest import WARM_STEPS
 

@@ -1,22 +1,19 @@
-"""`grail compare`: arms × seeds from one warm start, every run evaluated the same way, resumable after a kill, with a
-report over seeds whose numbers are recomputed here from the runs' own files.
+"""`grail compare`: arms × seeds from one warm start, every run evaluated the same way, with a report over seeds whose
+numbers are recomputed here from the runs' own files; a resume redoes only what is missing (kills, worker processes
+and dropped checkpoints: tests/test_compare_restarts.py).
 
 One 2-arm × 2-seed comparison (2 steps per run, 8 held-out problems) is shared by the module; tests that change a
 comparison's files work on a copy. Bad arguments are refused before any training."""
 
 import json
 import math
-import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
-import time
 
 import pytest
 
-from comparing import FAST
 from comparing import compare_argv as _argv
 from grail.analysis.compare import plan as compare
 from grail.analysis.compare import run as compare_run
@@ -221,32 +218,6 @@ def test_a_resumed_comparison_redoes_only_what_is_missing(comparison, tmp_path, 
     assert "1 of them resumed" in (out / "report.md").read_text()
 
 
-def test_a_killed_comparison_resumes_without_redoing_finished_runs(tmp_path, warm_cache):
-    cache, _ = warm_cache
-    out = tmp_path / "cmp"
-    argv = _argv(cache, out, "none,grail", "1")
-    process = subprocess.Popen([sys.executable, "-m", "grail", *argv], env={**os.environ, "OMP_NUM_THREADS": "1"},
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    first = out / "runs/none/seed0"
-    deadline = time.monotonic() + 300
-    while not (first / RESULT_FILE).exists():
-        assert process.poll() is None, process.stderr.read().decode()
-        assert time.monotonic() < deadline, "the first run did not finish in 300 s"
-        time.sleep(0.05)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    assert not (out / "runs/grail/seed0" / RESULT_FILE).exists()
-    files = [first / name for name in (RESULT_FILE, "compare_trained.json", "final/model.safetensors",
-                                       "eval/final/sampled/samples.jsonl")]
-    before = {p: p.stat().st_mtime_ns for p in files}
-
-    assert main(argv) == 0
-    assert {p: p.stat().st_mtime_ns for p in files} == before
-    assert (out / "runs/grail/seed0" / RESULT_FILE).is_file()
-    text = (out / "report.md").read_text()
-    assert "With one seed there is no interval" in text and "(1 seed)" in text
-
-
 @pytest.mark.parametrize("change, named", [
     (["--seeds", "3"], "seeds"),
     (["--learning_rate", "2e-3"], "learning_rate"),
@@ -304,25 +275,6 @@ def test_auroc_set_is_recorded_checked_and_refused_where_it_would_compute_nothin
     assert "drop --auroc-set" in capsys.readouterr().err
     assert main(_argv(cache, out) + ["--auroc-methods", "grail"]) == 2  # the stored one measured the default set
     assert "auroc_methods" in capsys.readouterr().err
-
-
-def test_drop_checkpoints_deletes_a_finished_run_s_checkpoints_and_keeps_its_final_model(warm_cache, tmp_path, capsys):
-    cache, _ = warm_cache
-    out = tmp_path / "cmp"
-    argv = ["compare", "--arms", "none", "--seeds", "1", *FAST, "--auroc-rows", "0", "--cache_dir", str(cache),
-            "--output_dir", str(out), "--drop-checkpoints"]
-    assert main(argv) == 0
-    run_dir = out / "runs" / "none" / "seed0"
-    # --save_steps 1 over 2 steps saved two; the run's own log says so
-    assert "dropped 2 checkpoint folder(s)" in (run_dir / "compare.log").read_text()
-    assert (run_dir / RESULT_FILE).is_file() and (run_dir / "final" / "config.json").is_file()
-    assert not list(run_dir.glob("checkpoint-*"))
-    assert json.loads((out / "compare.json").read_text())["drop_checkpoints"] is True
-    (run_dir / "checkpoint-2").mkdir()  # killed between the finished marker and the deletion: the rerun drops it
-    assert main(["compare", "--resume", str(out)]) == 0
-    assert not list(run_dir.glob("checkpoint-*"))
-    assert main(argv[:-1]) == 2  # the stored plan drops them: a rerun must say so too
-    assert "drop_checkpoints" in capsys.readouterr().err
 
 
 def test_run_auroc_on_a_label_set_is_the_saliency_auroc_of_its_rows_pooled_and_position_matched(warm_cache):
@@ -400,69 +352,9 @@ def test_the_report_gives_the_paired_checks_without_normality(comparison):
     assert "sign-flip permutation test" in (out / "report.md").read_text()
 
 
-def _workers_of(out) -> list[int]:
-    """Live worker processes of the comparison in `out` (Linux: read from /proc)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmdline = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
-            state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if b"grail.analysis.compare.cli" in cmdline and str(out).encode() in cmdline and state != "Z":
-            found.append(int(pid))
-    return found
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the workers through /proc")
-def test_jobs_run_in_worker_processes_that_end_with_their_comparison(tmp_path, warm_cache):
-    """--jobs 2: two worker processes train at once; killing the comparison ends them (no orphan keeps training);
-    a rerun finishes every run with the workers again."""
-    cache, _ = warm_cache
-    out = tmp_path / "cmp"
-    argv = _argv(cache, out, "none,grail", "2", "--jobs", "2")
-    process = subprocess.Popen([sys.executable, "-m", "grail", *argv], env={**os.environ, "OMP_NUM_THREADS": "2"},
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 300
-    while len(_workers_of(out)) < 2:
-        assert process.poll() is None, process.stderr.read().decode()
-        assert time.monotonic() < deadline, "the two workers did not start in 300 s"
-        time.sleep(0.1)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    deadline = time.monotonic() + 30
-    while _workers_of(out):
-        assert time.monotonic() < deadline, "workers outlived their comparison by 30 s"
-        time.sleep(0.2)
-
-    assert main(argv) == 0
-    for slug in ("none", "grail"):
-        for seed in range(2):
-            run = out / "runs" / slug / f"seed{seed}"
-            assert (run / RESULT_FILE).is_file() and "step 2/2" in (run / "compare.log").read_text()
-    report = json.loads((out / "report.json").read_text())
-    assert report["metrics"]["sampled/synthetic/acc@4"]["per_arm"]["none"]["n"] == 2
-
-
 def test_the_learning_curves_are_a_trailing_moving_average():
     from grail.analysis.compare.plots import smoothed
 
     values = {1: 1.0, 2: 0.0, 3: 1.0, 5: 0.0}  # step 4 not logged: the window counts logged steps
     assert smoothed(values, 2) == {1: 1.0, 2: 0.5, 3: 0.5, 5: 0.5}
     assert smoothed(values, 1) == values
-
-
-def test_the_status_line_ignores_a_restarted_runs_previous_steps(tmp_path):
-    """A run restarted from checkpoint-10 still holds its killed attempt's step 17 until the trainer cuts the file
-    back: the status line shows no step until the file is written again."""
-    from grail.analysis.compare.schedule import _latest_step
-
-    path = tmp_path / "metrics.jsonl"
-    path.write_text("".join(json.dumps({"step": s}) + "\n" for s in range(1, 18)))
-    os.utime(path, (time.time() - 60, time.time() - 60))
-    started = time.time()
-    assert _latest_step(tmp_path) == 17 and _latest_step(tmp_path, since=started) is None
-    time.sleep(0.05)  # file times come from a coarser clock than time.time()
-    path.write_text("".join(json.dumps({"step": s}) + "\n" for s in range(1, 11)))  # cut back on resume
-    assert _latest_step(tmp_path, since=started) == 10

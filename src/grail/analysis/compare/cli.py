@@ -107,8 +107,8 @@ def _resumed_plan(args, rest: list[str]) -> tuple[dict, Path]:
         raise ValueError(f"--resume {args.resume}: no {PLAN_FILE} there; give the --output_dir of an earlier grail "
                          f"compare, or start one with --arms.")
     fields = parse_flags(rest)
-    if fields or args.drop_checkpoints or args.seeds is not None:  # checkpointing, more seeds (amend_plan refuses
-        return amend_plan(out_dir, fields, args.drop_checkpoints, args.seeds), out_dir  # the rest)
+    if fields or args.drop_checkpoints or args.seeds is not None:  # checkpointing or more seeds; amend_plan refuses
+        return amend_plan(out_dir, fields, args.drop_checkpoints, args.seeds), out_dir  # any other field
     return json.loads(path.read_text()), out_dir
 
 
