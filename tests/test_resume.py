@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import WARM_STEPS
+from grail.training.provenance import CODE_FILE
 from grail.training.resume import MARKER, complete_checkpoints, prepare_run_dir, resolve_resume
 
 STEPS, SAVE_EVERY = 6, 2
@@ -149,5 +150,8 @@ def test_a_run_killed_after_its_first_checkpoint_resumes_to_the_uninterrupted_re
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"done: {STEPS} steps" in resumed.stdout
     _assert_same_run(killed, whole)
-    assert json.loads((killed / "resumed.jsonl").read_text())["step"] >= SAVE_EVERY
+    step = json.loads((killed / "resumed.jsonl").read_text())["step"]
+    assert step >= SAVE_EVERY
+    attempts = [json.loads(x)["from_step"] for x in (killed / CODE_FILE).read_text().splitlines()]
+    assert attempts == [0, step]  # the start and the resume; the refused rerun wrote none
 

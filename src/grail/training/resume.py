@@ -24,12 +24,13 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from grail.options.checkpoint_dirs import checkpoint_dirs
+from grail.training.provenance import CODE_FILE
 
-__all__ = ["MARKER", "RUN_FILES", "CheckpointMarker", "complete_checkpoints", "prepare_run_dir",
+__all__ = ["MARKER", "RUN_FILES", "CheckpointMarker", "checkpoint_step", "complete_checkpoints", "prepare_run_dir",
            "resolve_resume"]
 
 MARKER = "grail_checkpoint_complete.json"
-RUN_FILES = ("metrics.jsonl", "config.yaml", "resolved_config.json", "resumed.jsonl", "final", "eval")
+RUN_FILES = ("metrics.jsonl", "config.yaml", "resolved_config.json", "resumed.jsonl", CODE_FILE, "final", "eval")
 RESUME_LAST = ("true", "True", "last")
 
 
@@ -74,7 +75,8 @@ def resolve_resume(value: str | None, run_dir: str | Path) -> Path | None:
     return path
 
 
-def _step_of(checkpoint: Path) -> int:
+def checkpoint_step(checkpoint: Path) -> int:
+    """The step a complete checkpoint was saved at (its marker's)."""
     return json.loads((checkpoint / MARKER).read_text())["step"]
 
 
@@ -106,7 +108,7 @@ def prepare_run_dir(run_dir: str | Path, resume_from: Path | None, overwrite: bo
         return
     if not main_process:
         return
-    step = _step_of(resume_from)
+    step = checkpoint_step(resume_from)
     metrics = run_dir / "metrics.jsonl"
     if metrics.is_file():
         kept = [line for line in metrics.read_text().splitlines()

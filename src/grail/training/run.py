@@ -6,6 +6,8 @@ Run directory (`output_dir`):
     metrics.jsonl         one JSON object per logging step ({"step": N, ...TRL and grail metrics})
     checkpoint-N/         TRL checkpoints every `save_steps`, marked complete once fully saved (grail.training.resume)
     resumed.jsonl         one line per resume (`--resume_from_checkpoint`): from which checkpoint, at which step
+    code.jsonl            one line per start and resume: grail-rl's version and git commit, torch, transformers, TRL
+                          (grail.training.provenance)
     eval/checkpoint-N/    benchmark evaluation of each checkpoint when `eval_benchmarks` is set
                           (grail.evaluation.harness)
     final/                the trained model and tokenizer, loadable with `from_pretrained(path)`, and
@@ -32,7 +34,8 @@ from grail.options.fields import SYNTHETIC_DATASET
 from grail.options.prompts import PromptFormat, empty_completions_warning, has_chat_template
 from grail.training.config import GRAILConfig
 from grail.training.data import format_prompts, load_prompts, prompts_are_messages
-from grail.training.resume import CheckpointMarker, prepare_run_dir, resolve_resume
+from grail.training.provenance import record_code
+from grail.training.resume import CheckpointMarker, checkpoint_step, prepare_run_dir, resolve_resume
 from grail.training.trainer import GRAILTrainer
 
 __all__ = [
@@ -335,6 +338,8 @@ def train(cfg: GRAILConfig, overrides: dict | None = None, log: Log = print,
                            train_dataset=dataset, callbacks=callbacks)
     if main_process and resume_from is None:  # the run's first file, once every check has passed (a resumed run
         write_run_config(cfg, overrides or {}, run_dir)  # keeps its config files; resumed.jsonl records the resume)
+    if main_process:
+        record_code(run_dir, 0 if resume_from is None else checkpoint_step(resume_from))
     for noisy in (PrinterCallback, ProgressCallback):  # our Progress line replaces both
         trainer.remove_callback(noisy)
     log(f"training {cfg.model_name_or_path} on {cfg.dataset} for {cfg.max_steps} steps "
