@@ -11,6 +11,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -350,6 +351,30 @@ def test_the_report_gives_the_paired_checks_without_normality(comparison):
         assert paired["sign_flip_p"] == pytest.approx(sign_flip_p(paired["values"]))
         assert paired["bootstrap"] == pytest.approx(list(bootstrap_interval(paired["values"])))
     assert "sign-flip permutation test" in (out / "report.md").read_text()
+
+
+def test_the_report_names_the_code_that_trained_the_runs(comparison, tmp_path):
+    """Each run's code.jsonl (one start each here) summed in report.json's `code` and report.md's Code section; a run
+    without one (trained before grail-rl wrote it) is counted as such."""
+    from grail.analysis.compare.report import write_report
+    from grail.training.provenance import CODE_FILE, code_versions
+
+    out, _ = comparison
+    report = json.loads((out / "report.json").read_text())
+    lines = [json.loads(x) for r in report["runs"] for x in (Path(r["run_dir"]) / CODE_FILE).read_text().splitlines()]
+    code, now = report["code"], code_versions()
+    assert code["runs"] == len(report["runs"]) == len(lines) == code["attempts"] == 4
+    assert code["runs_without_record"] == 0 and [x["from_step"] for x in lines] == [0] * 4
+    assert sum(code["commits"].values()) == 4
+    assert all(key.startswith(now["commit"][:12]) for key in code["commits"]) if now["commit"] else code["commits"]
+    assert code["versions"]["torch"] == [now["torch"]] and code["versions"]["trl"] == [now["trl"]]
+    assert "## Code" in (out / "report.md").read_text()
+    older = tmp_path / "cmp"
+    shutil.copytree(out, older)
+    (older / Path(report["runs"][0]["run_dir"]).relative_to(out) / CODE_FILE).unlink()
+    again = write_report(older, json.loads((older / "compare.json").read_text()))
+    assert again["code"]["runs_without_record"] == 1 and again["code"]["attempts"] == 3
+    assert "1 finished run(s) trained before grail-rl wrote it" in (older / "report.md").read_text()
 
 
 def test_the_learning_curves_are_a_trailing_moving_average():

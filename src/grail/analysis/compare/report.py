@@ -333,9 +333,26 @@ def render_markdown(s: dict, plots: list[str], plot_note: str, jobs: int) -> str
                       f"of runs. In total: {total['runs']} finished run(s), {total['resumed']} of them resumed; "
                       f"{total['step_seconds'] / 3600:.2f} h of training steps and "
                       f"{total['eval_seconds'] / 3600:.2f} h of evaluation (the start's included)."]
+    lines += _code_lines(s.get("code"))
     lines += ["", "## Plots", ""]
     lines += [f"![{p}]({p})" for p in plots] or [plot_note]
     return "\n".join(lines) + "\n"
+
+
+def _code_lines(c: dict | None) -> list[str]:
+    """Which code trained the finished runs (summary's `code`; a report.json of earlier versions has none)."""
+    if not c or not c["runs"]:
+        return []
+    text = (f"From the runs' code.jsonl (one line per start and per resume): {c['attempts']} attempt(s) of the "
+            f"{c['runs'] - c['runs_without_record']} finished run(s) that have one")
+    if c["runs_without_record"]:
+        text += f"; {c['runs_without_record']} finished run(s) trained before grail-rl wrote it"
+    lines = ["", "## Code", "", text + ".", ""]
+    if c["attempts"]:
+        lines += _table(["grail-rl commit", "attempts"], [[key, str(n)] for key, n in c["commits"].items()])
+        lines += ["", "Versions: " + "; ".join(f"{name} {', '.join(seen)}" for name, seen in c["versions"].items())
+                  + "."]
+    return lines
 
 
 def _resolution_lines(s: dict) -> list[str]:

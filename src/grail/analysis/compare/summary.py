@@ -7,6 +7,8 @@ Reads, for each (arm, seed) run directory `runs/<arm-slug>/seed<s>/`:
     extra_metrics.json      optional {name: number}: any further per-run evaluation (the final model's saliency
                             AUROC, or any other); tabulated per arm with the same intervals, and paired
     auroc_checkpoints.json  optional {"N": {name: number}}: the saliency AUROC at checkpoint N (AUROC over training)
+    code.jsonl              one line per start and resume (grail.training.provenance): the commits and library
+                            versions that trained the finished runs
 and, in the comparison's directory, the starting model's measurements (`load_start`, the one reader of both):
     before_rl.json          each start's evaluation before RL, by the same protocol (grail.analysis.compare.start)
     auroc_warmstart.json    {arm label: {name: number}}: the start's saliency AUROC, step 0 of the AUROC curve
@@ -43,6 +45,7 @@ from grail.analysis.compare.stats import (
     t_quantile,
 )
 from grail.analysis.compare.sweep import Layout, layout
+from grail.training.provenance import CODE_FILE
 
 __all__ = ["BEFORE_RL_FILE", "CHECKPOINT_AUROC_FILE", "EXTRA_METRICS_FILE", "RESULT_FILE", "WARMSTART_AUROC_FILE",
            "RunData", "StartData", "load_runs", "load_start", "problem_values", "run_path", "summarize"]
@@ -72,6 +75,9 @@ def run_path(out_dir: str | Path, slug: str, seed: int) -> Path:
 
 # ---- reading the runs ----------------------------------------------------------------------------------------
 
+CODE_VERSIONS = ("grail_rl", "python", "torch", "transformers", "trl", "accelerate")  # reported from code.jsonl
+
+
 @dataclass
 class RunData:
     arm: str
@@ -81,6 +87,7 @@ class RunData:
     log: list[dict]  # metrics.jsonl lines
     extra: dict[str, float]
     auroc_steps: dict[int, dict[str, float]] = field(default_factory=dict)  # step → name → AUROC (0: warm start)
+    code: list[dict] = field(default_factory=list)  # code.jsonl: one line per start and resume of the run
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -149,8 +156,22 @@ def load_runs(out_dir: str | Path, plan: dict, start: StartData | None = None) -
             if steps and arm["label"] in warm:
                 steps[0] = warm[arm["label"]]
             runs.append(RunData(arm["label"], seed, path, result, _read_jsonl(path / "metrics.jsonl"), extra,
-                                dict(sorted(steps.items()))))
+                                dict(sorted(steps.items())), _read_jsonl(path / CODE_FILE)))
     return runs
+
+
+def _code(finished: list[RunData]) -> dict:
+    """Which code trained the finished runs, from their code.jsonl (grail.training.provenance): attempts (a start or
+    a resume) per commit, in the order met, and each library's versions seen."""
+    attempts = [line for r in finished for line in r.code]
+    commits: dict[str, int] = {}
+    for line in attempts:
+        key = ("not a git checkout" if line.get("commit") is None
+               else line["commit"][:12] + (" with uncommitted changes" if line.get("dirty") else ""))
+        commits[key] = commits.get(key, 0) + 1
+    return {"runs": len(finished), "runs_without_record": sum(not r.code for r in finished),
+            "attempts": len(attempts), "commits": commits,
+            "versions": {name: sorted({str(line.get(name)) for line in attempts}) for name in CODE_VERSIONS}}
 
 
 def step_seconds(log: list[dict]) -> float | None:
@@ -317,4 +338,5 @@ def summarize(plan: dict, runs: list[RunData], start: StartData | None = None) -
         "auroc_training": _auroc_training(runs, arms),
         "before_rl": _before_rl(start or StartData({}, {}, {}), finished, arms, metric_names),
         "auroc_warmstart": start.auroc if start else {},
+        "code": _code(finished),
     }
