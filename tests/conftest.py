@@ -67,11 +67,12 @@ _PREBUILD = {  # job: (what it builds into PREBUILT/job, the marker a test must 
 
 
 def pytest_sessionstart(session):
-    """Under `-n N` over directories of tests, the controller (it runs no test) starts building the session's two
-    costly artefacts once, in the background with one thread each, while the workers start: the warm start and,
-    when the marker expression keeps `real` tests, the fetched real model. A worker's fixture waits for the build
-    and links the result into its own cache, instead of building its own copy beside the other worker's (about two
-    minutes each at one thread). A failed build changes nothing: the fixtures then build, fail or skip as always."""
+    """Under `-n N` over directories of tests, the controller (it runs no test) builds the session's two costly
+    artefacts once, side by side with one thread each, before the workers start: the warm start and, when the marker
+    expression keeps `real` tests, the fetched real model. A worker's fixture links them into its own cache instead of
+    building its own copy beside the other worker's (about two minutes each at one thread). Nothing runs beside the
+    builds: built while the workers ran, they slowed the suite and broke a test with a 0.5 s wall bound. A failed
+    build changes nothing: the fixtures then build, fail or skip as always."""
     import subprocess
     import sys
 
@@ -82,25 +83,15 @@ def pytest_sessionstart(session):
         return
     root = config._tmp_path_factory.getbasetemp() / PREBUILT
     root.mkdir()
-    config._prebuilders = []
+    builders = {}
     for job, (code, marker) in _PREBUILD.items():
         if marker is None or _selects(config.option.markexpr, marker):
             script = f"import torch\ntorch.set_num_threads(1)\nOUT = {str(root / job)!r}\n{code}\n"
-            with (root / f"{job}.log").open("w") as log:  # the exit status lands in JOB.done whatever happens
-                config._prebuilders.append(subprocess.Popen(
-                    ["sh", "-c", '"$0" -c "$1"; echo $? > "$2"', sys.executable, script, str(root / f"{job}.done")],
-                    env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=log, stderr=subprocess.STDOUT,
-                    start_new_session=True))
-
-
-def pytest_sessionfinish(session):
-    """The controller stops a build no test waited for (a run that ended first)."""
-    import signal
-
-    for builder in getattr(session.config, "_prebuilders", []):
-        if builder.poll() is None:
-            os.killpg(builder.pid, signal.SIGKILL)
-        builder.wait()
+            with (root / f"{job}.log").open("w") as log:
+                builders[job] = subprocess.Popen([sys.executable, "-c", script], stdout=log, stderr=subprocess.STDOUT,
+                                                 env={**os.environ, "OMP_NUM_THREADS": "1"})
+    for job, builder in builders.items():
+        (root / f"{job}.done").write_text(f"{builder.wait()}\n")  # the exit status: 0 lets the workers link it
 
 
 def _selects(markexpr: str, marker: str) -> bool:
@@ -110,20 +101,14 @@ def _selects(markexpr: str, marker: str) -> bool:
     return not markexpr or Expression.compile(markexpr).evaluate(lambda name, **kwargs: name == marker)
 
 
-def _link_prebuilt(tmp_path_factory, job: str, under: str, into: Path, wait_s: float = 900) -> None:
-    """On an xdist worker whose controller started `job` (pytest_sessionstart): wait for it (at most `wait_s`), then,
-    if it succeeded, link each entry it built under PREBUILT/job/`under` into `into`, so that the fixture's build is
-    a cache hit. Elsewhere, or when the job failed, do nothing."""
-    import time
-
+def _link_prebuilt(tmp_path_factory, job: str, under: str, into: Path) -> None:
+    """On an xdist worker whose controller built `job` (pytest_sessionstart) successfully, link each entry it built
+    under PREBUILT/job/`under` into `into`, so that the fixture's build is a cache hit. Elsewhere, or when the job
+    failed, do nothing."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
     root = tmp_path_factory.getbasetemp().parent / PREBUILT
-    done, deadline = root / f"{job}.done", time.monotonic() + wait_s
-    if not (root / f"{job}.log").exists():
-        return
-    while not done.exists() and time.monotonic() < deadline:
-        time.sleep(0.5)
+    done = root / f"{job}.done"
     if not done.exists() or done.read_text().strip() != "0":
         return
     built = root / job / under
