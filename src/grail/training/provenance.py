@@ -14,10 +14,11 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-__all__ = ["CODE_FILE", "code_versions", "record_code"]
+__all__ = ["CODE_FILE", "VERSION_KEYS", "code_versions", "record_code"]
 
 CODE_FILE = "code.jsonl"
 _PACKAGES = ("torch", "transformers", "trl", "accelerate")
+VERSION_KEYS = ("grail_rl", "python", *_PACKAGES)  # the versions each line records (with commit and dirty)
 
 
 def _git(root: Path, *args: str) -> str | None:

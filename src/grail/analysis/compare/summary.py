@@ -45,7 +45,7 @@ from grail.analysis.compare.stats import (
     t_quantile,
 )
 from grail.analysis.compare.sweep import Layout, layout
-from grail.training.provenance import CODE_FILE
+from grail.training.provenance import CODE_FILE, VERSION_KEYS
 
 __all__ = ["BEFORE_RL_FILE", "CHECKPOINT_AUROC_FILE", "EXTRA_METRICS_FILE", "RESULT_FILE", "WARMSTART_AUROC_FILE",
            "RunData", "StartData", "load_runs", "load_start", "problem_values", "run_path", "summarize"]
@@ -74,9 +74,6 @@ def run_path(out_dir: str | Path, slug: str, seed: int) -> Path:
 
 
 # ---- reading the runs ----------------------------------------------------------------------------------------
-
-CODE_VERSIONS = ("grail_rl", "python", "torch", "transformers", "trl", "accelerate")  # reported from code.jsonl
-
 
 @dataclass
 class RunData:
@@ -171,7 +168,7 @@ def _code(finished: list[RunData]) -> dict:
         commits[key] = commits.get(key, 0) + 1
     return {"runs": len(finished), "runs_without_record": sum(not r.code for r in finished),
             "attempts": len(attempts), "commits": commits,
-            "versions": {name: sorted({str(line.get(name)) for line in attempts}) for name in CODE_VERSIONS}}
+            "versions": {name: sorted({str(line.get(name)) for line in attempts}) for name in VERSION_KEYS}}
 
 
 def step_seconds(log: list[dict]) -> float | None:
