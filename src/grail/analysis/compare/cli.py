@@ -42,6 +42,10 @@ resume: `grail compare --resume DIR` (or the same command again with --output_di
         and the report, and applies to the runs not finished yet. `--resume DIR --seeds N` with N more than the
         comparison has adds seeds to every arm; the report records when, and the paired intervals it showed
         before (extend by a rule fixed in advance, e.g. on the interval's width, never on its sign).
+archive: `grail compare --resume DIR --archive DEST` copies the comparison without its weights (final/ and
+        checkpoints) and without its unfinished runs into DEST, and trains nothing: a few MB to keep in a repository
+        or carry to another machine. `grail compare --resume DEST` renders the same report from it, computing nothing,
+        or trains the runs it lacks; archiving into the same DEST again adds the runs finished since.
 """
 
 
@@ -51,7 +55,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
         description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False,
         usage="grail compare --arms A,B,... [--seeds S] [--jobs N] [--sweep FIELD=v1,v2] [--preset NAME | "
               "--config FILE] [--output_dir DIR] [--FIELD VALUE ...]\n       grail compare --resume DIR [--jobs N] "
-              "[--seeds MORE] [--save_steps N] [--save_total_limit N] [--drop-checkpoints]")
+              "[--seeds MORE] [--save_steps N] [--save_total_limit N] [--drop-checkpoints]\n"
+              "       grail compare --resume DIR --archive DEST")
     parser.add_argument("--arms",
                         help="comma-separated arms: METHOD[@field=value...] (the first arm is the reference of "
                              "the paired differences); required unless --resume")
@@ -60,6 +65,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                              "(no other plan arguments but checkpointing: --save_steps, --save_total_limit, "
                              "--drop-checkpoints; and --seeds to add seeds): nothing finished is trained or "
                              "evaluated again")
+    parser.add_argument("--archive", metavar="DEST",
+                        help="with --resume DIR: copy its results without weights or unfinished runs into DEST (new, "
+                             "empty, or an earlier archive of it) and stop; `--resume DEST` re-renders the report")
     parser.add_argument("--seeds", type=int, default=None,
                         help="training seeds per arm: 0..S-1 (default 5); with --resume, more seeds for every arm")
     parser.add_argument("--first-seed", type=int, default=None,
@@ -130,6 +138,8 @@ def run(args, rest: list[str]) -> int:
 
     if args.jobs < 1:
         raise ValueError(f"--jobs {args.jobs}: give 1 or more runs at a time.")
+    if args.archive:
+        return _archive(args, rest)
     if args.resume:
         plan, out_dir = _resumed_plan(args, rest)
         return _run(run_comparison, plan, out_dir, args.jobs)
@@ -158,6 +168,24 @@ def run(args, rest: list[str]) -> int:
                      [m.strip() for m in args.auroc_methods.split(",") if m.strip()])
     check_plan(plan, out_dir)  # before anything is written or trained
     return _run(run_comparison, plan, out_dir, args.jobs)
+
+
+def _archive(args, rest: list[str]) -> int:
+    from grail.analysis.compare.archive import archive_comparison
+
+    extra = [flag for flag, given in (("--arms", args.arms), ("--seeds", args.seeds is not None),
+                                      ("--first-seed", args.first_seed is not None),
+                                      ("--auroc-rows", args.auroc_rows is not None), ("--auroc-set", args.auroc_set),
+                                      ("--auroc-methods", args.auroc_methods), ("--jobs", args.jobs != 1),
+                                      ("--drop-checkpoints", args.drop_checkpoints), ("--sweep", args.sweep),
+                                      ("--config", args.config), ("--preset", args.preset), (" ".join(rest), rest))
+             if given]
+    if not args.resume:
+        raise ValueError("--archive DEST copies an existing comparison: give it with --resume DIR.")
+    if extra:
+        raise ValueError(f"--archive copies the comparison as it is and trains nothing; drop {', '.join(extra)}.")
+    archive_comparison(args.resume, args.archive)
+    return 0
 
 
 def _run(run_comparison, plan: dict, out_dir, jobs: int) -> int:

@@ -1,0 +1,100 @@
+"""`grail compare --resume DIR --archive DEST`: a comparison's results without its weights, small enough to keep in
+a repository or carry to another machine, from which `grail compare --resume DEST` renders the same report without
+training or evaluating anything, or goes on with the runs DEST lacks.
+
+What is copied: the comparison's own files (compare.json, before_rl.json, auroc_warmstart.json, the report and its
+plots, the before-RL evaluation's samples) and, for every finished run (its compare_result.json exists), the whole
+run directory: training log, code.jsonl, evaluation samples and results, AUROC files, compare.log. What is not:
+model weights and optimiser state (final/, checkpoint-N/, and any *.safetensors, *.bin, *.pt, *.pth, *.gguf file),
+locks and half-written temporaries, and runs that have not finished (their checkpoints are the weights; from DEST
+they start over). A finished run already in DEST is replaced by DIR's copy; DEST's other runs stay, so that archiving
+into the same DEST after every session accumulates the finished runs.
+
+DEST must be empty, new, or hold the same comparison (arms, seeds' fields, protocol, base config and AUROC plan);
+checkpointing fields and the number of seeds may differ (they change on resume). Copying goes both ways: archiving
+an archive into a fresh directory on a new machine and resuming there trains the missing runs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from grail.analysis.compare.plan import PLAN_FILE
+from grail.analysis.compare.run import Log
+from grail.analysis.compare.summary import RESULT_FILE, plan_seeds, run_path
+from grail.options.checkpoint_dirs import checkpoint_dirs
+
+__all__ = ["WEIGHT_SUFFIXES", "archive_comparison"]
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt")
+_SAME_KEYS = ("arms", "seed_fields", "protocol", "first_seed", "auroc_rows", "auroc_set", "auroc_methods")
+_CHECKPOINTING = {"save_steps", "save_total_limit"}  # the only base fields a resume may change (plan.amend_plan)
+
+
+def _skipped(name: str) -> bool:
+    return name.endswith(WEIGHT_SUFFIXES) or name.endswith(".lock") or (name.startswith(".") and name.endswith(".tmp"))
+
+
+def _copy_tree(source: Path, dest: Path, skip_dirs: set[Path]) -> int:
+    """Copy source into dest without weights, locks, temporaries or skip_dirs; returns the bytes copied."""
+    copied = 0
+    dest.mkdir(parents=True, exist_ok=True)
+    for item in sorted(source.iterdir()):
+        if item in skip_dirs or item.is_symlink():
+            continue
+        if item.is_dir():
+            copied += _copy_tree(item, dest / item.name, skip_dirs)
+        elif item.is_file() and not _skipped(item.name):
+            shutil.copy2(item, dest / item.name)
+            copied += item.stat().st_size
+    return copied
+
+
+def _check_same(plan: dict, stored: dict, dest: Path) -> None:
+    differs = [key for key in _SAME_KEYS if plan.get(key) != stored.get(key)]
+    base, old = plan["base"], stored["base"]
+    differs += [f"config field {k}" for k in sorted(set(base) | set(old))
+                if k not in _CHECKPOINTING and base.get(k, "<unset>") != old.get(k, "<unset>")]
+    if differs:
+        raise ValueError(f"--archive {dest}: it holds another comparison ({differs[0]} differs); give an empty or new "
+                         f"directory, or the archive of this comparison.")
+
+
+def archive_comparison(out_dir: str | Path, dest: str | Path, log: Log = print) -> dict:
+    """Copy the comparison in out_dir, less its weights and unfinished runs, into dest (see the module's docstring);
+    returns {"finished": [run names copied], "unfinished": [run names left out], "bytes": bytes copied}."""
+    out_dir, dest = Path(out_dir), Path(dest)
+    path = out_dir / PLAN_FILE
+    if not path.is_file():
+        raise ValueError(f"--resume {out_dir}: no {PLAN_FILE} there; give the --output_dir of a grail compare.")
+    if dest.resolve() == out_dir.resolve():
+        raise ValueError(f"--archive {dest}: that is the comparison itself; give another directory.")
+    if dest.exists() and not dest.is_dir():
+        raise ValueError(f"--archive {dest}: not a directory; give a directory (it is created if missing).")
+    plan = json.loads(path.read_text())
+    if (dest / PLAN_FILE).is_file():
+        _check_same(plan, json.loads((dest / PLAN_FILE).read_text()), dest)
+    elif dest.is_dir() and any(dest.iterdir()):
+        raise ValueError(f"--archive {dest}: it holds files but no {PLAN_FILE}; give an empty or new directory.")
+    finished, unfinished = [], []
+    for seed in plan_seeds(plan):
+        for arm in plan["arms"]:
+            name = f"{arm['slug']}/seed{seed}"
+            (finished if (run_path(out_dir, arm["slug"], seed) / RESULT_FILE).is_file() else unfinished).append(name)
+    runs = out_dir / "runs"
+    copied = _copy_tree(out_dir, dest, skip_dirs={runs})
+    for name in finished:
+        slug, seed = name.rsplit("/seed", 1)
+        target = run_path(dest, slug, int(seed))
+        staging = target.with_name(f".{target.name}.archiving")
+        shutil.rmtree(staging, ignore_errors=True)
+        run_dir = run_path(out_dir, slug, int(seed))
+        weights = {run_dir / "final", *(folder for _, folder in checkpoint_dirs(run_dir))}
+        copied += _copy_tree(run_dir, staging, skip_dirs=weights)
+        shutil.rmtree(target, ignore_errors=True)
+        staging.rename(target)
+    log(f"compare: archived {len(finished)} finished run(s) ({copied / 1e6:.1f} MB, no weights) to {dest}"
+        + (f"; {len(unfinished)} unfinished not archived (from there they train from the start)" if unfinished
+           else "") + f". Re-render or continue: grail compare --resume {dest}")
+    return {"finished": finished, "unfinished": unfinished, "bytes": copied}

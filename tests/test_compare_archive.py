@@ -1,0 +1,55 @@
+"""`grail compare --resume DIR --archive DEST`: the results without weights re-render the same report without
+training, a run that had not finished is left out and trains from the archive as it did in DIR, and an archive of
+another comparison is refused."""
+
+import json
+
+from comparing import compare_argv
+from grail.analysis.compare.archive import WEIGHT_SUFFIXES
+from grail.analysis.compare.summary import RESULT_FILE
+from grail.cli import main
+
+
+def _files(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+def test_an_archive_re_renders_the_report_and_trains_only_the_runs_it_lacks(tmp_path, warm_cache, capsys):
+    cache, _ = warm_cache
+    out = tmp_path / "cmp"
+    assert main(compare_argv(cache, out, "none,grail", "1")) == 0
+    report = (out / "report.md").read_text()
+    assert any(name.endswith(".safetensors") for name in _files(out))  # there are weights to leave out
+
+    dest = tmp_path / "archive"
+    assert main(["compare", "--resume", str(out), "--archive", str(dest)]) == 0
+    archived = _files(dest)
+    assert "runs/grail/seed0/" + RESULT_FILE in archived and "runs/none/seed0/metrics.jsonl" in archived
+    assert "before_rl.json" in archived and "runs/none/seed0/eval/final/sampled/samples.jsonl" in archived
+    assert not [n for n in archived if n.endswith(WEIGHT_SUFFIXES) or n.startswith(("runs/none/seed0/final/",
+                "runs/grail/seed0/final/")) or "checkpoint-" in n or n.endswith(".lock")]
+
+    assert main(["compare", "--resume", str(dest)]) == 0  # nothing to train: the report again, from the files
+    assert (dest / "report.md").read_text() == report
+    assert not (dest / "runs/none/seed0/final").exists()
+
+    # a run that had not finished is not archived; from the archive it trains, to the same numbers
+    finished = json.loads((out / "runs/grail/seed0" / RESULT_FILE).read_text())
+    (out / "runs/grail/seed0" / RESULT_FILE).unlink()
+    partial = tmp_path / "partial"
+    assert main(["compare", "--resume", str(out), "--archive", str(partial)]) == 0
+    assert "1 unfinished not archived" in capsys.readouterr().out
+    assert not (partial / "runs/grail").exists()
+    assert main(["compare", "--resume", str(partial)]) == 0
+    again = json.loads((partial / "runs/grail/seed0" / RESULT_FILE).read_text())
+    assert again["metrics"] == finished["metrics"] and again["evaluations"] == finished["evaluations"]
+    assert (partial / "runs/grail/seed0/final").is_dir()  # trained there
+
+    # archiving into the first archive again replaces its runs and keeps its plan; another comparison is refused
+    plan = json.loads((dest / "compare.json").read_text())
+    plan["base"]["learning_rate"] = 0.5
+    (dest / "compare.json").write_text(json.dumps(plan))
+    assert main(["compare", "--resume", str(out), "--archive", str(dest)]) == 2
+    assert "config field learning_rate differs" in capsys.readouterr().err
+    assert main(["compare", "--resume", str(out), "--archive", str(dest), "--arms", "none"]) == 2
+    assert "drop --arms" in capsys.readouterr().err
