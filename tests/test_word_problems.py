@@ -320,3 +320,38 @@ def test_the_preset_holds_the_measured_default():
     fields = GRAILFields(**{k: v for k, v in values.items() if k.startswith("task_")})
     assert fields.synthetic_set() == WORDS_SET
     assert values["model_name_or_path"] != "tiny" and values["dataset"] == "synthetic"
+
+
+def test_the_held_out_evaluation_gives_the_prompts_in_the_format_training_used(real_model_dir, tmp_path):
+    """`grail compare` and `grail demo` evaluate a words run through its chat template, as TRL trained it: rendered
+    as plain "Question:/Answer:" text instead, SmolLM2 went on to write the next question, whose empty box the
+    grader read (greedy 3% before RL instead of 23%)."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from grail.options.prompts import PromptFormat
+    from grail.training.data import load_prompts
+    from grail.training.heldout import eval_specs, heldout_accuracy
+    from grail.training.overrides import build_config, merge
+    from grail.training.run import resolve_prompt_fields
+
+    values = merge(None, {"preset": "smollm-words", "task_num_steps": "2", "output_dir": str(tmp_path / "run")})
+    cfg = build_config(values)
+    tokenizer = AutoTokenizer.from_pretrained(real_model_dir)
+    trained = resolve_prompt_fields(build_config(values), tokenizer, load_prompts(cfg))
+    specs = eval_specs(cfg, tokenizer)
+    assert trained.chat and all(spec.prompt == trained for spec in specs.values())
+    (heldout,) = specs["greedy"].load_benchmarks(synthetic_set=cfg.synthetic_set())
+    text = specs["greedy"].prompt.render(tokenizer, heldout.problems[0].problem)
+    assert text.endswith("<|im_start|>assistant\n") and "\n\nAnswer:" not in text
+
+    # a model trained in another format is refused before it is loaded, naming both formats
+    model_dir = tmp_path / "trained"
+    model_dir.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (real_model_dir / name).is_file():
+            shutil.copy(real_model_dir / name, model_dir / name)
+    PromptFormat(chat=False).save(model_dir)
+    with pytest.raises(ValueError, match="trained with prompts in plain text.*chat template"):
+        heldout_accuracy(str(model_dir), specs, heldout, tmp_path / "eval", log=lambda s: None)

@@ -21,6 +21,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from transformers import AutoTokenizer
+
 from grail.evaluation.scores import paired_difference
 from grail.methods.table import METHODS, scoped_values
 from grail.options.fields import SYNTHETIC_DATASET
@@ -49,6 +51,7 @@ def run_demo(cfg: GRAILConfig, overrides: dict, log: Log = print, methods: tuple
         raise ValueError(f"{taken[0]} holds an earlier demo's evaluation; choose a new --output_dir.")
     (heldout,) = specs["greedy"].load_benchmarks(synthetic_set=cfg.synthetic_set())  # the run's; both specs' problems
     base_path = resolve_model_path(cfg, log)
+    specs = eval_specs(cfg, AutoTokenizer.from_pretrained(base_path))  # the prompt format training resolves for it
     log(f"evaluating the warm-started model on {len(heldout.problems)} held-out problems ...")
     before = heldout_accuracy(base_path, specs, heldout, eval_dirs["before"], log, shared_prompt=cfg.shared_prompt)
     runs = {}

@@ -25,11 +25,14 @@ SAMPLES_PER_PROBLEM = 4  # sampled accuracy: acc@4 at the training temperature
 ROWS_PER_CALL = 64  # completions per `generate` call: batches of 64 problems greedy, 16 sampled
 
 
-def eval_specs(cfg: GRAILConfig) -> dict[str, EvalSpec]:
+def eval_specs(cfg: GRAILConfig, tokenizer=None) -> dict[str, EvalSpec]:
     """The two held-out evaluations of a run: "greedy" (n=1 at temperature 0) and "sampled" (acc@4 at the run's
     temperature, top_p and top_k). Both: every problem of the synthetic held-out split, the run's prompt format,
-    max_completion_length and seed."""
-    common = dict(benchmarks=(SYNTHETIC,), size=None, seed=cfg.seed, prompt=PromptFormat.from_config(cfg))
+    max_completion_length and seed. The prompt format is the one training resolves (grail.training.run
+    .resolve_prompt_fields) for `tokenizer` (the model's; None: a chat template is assumed where `auto` asks for one):
+    the words task's chat messages through the chat template, the symbolic task's plain text."""
+    fmt = PromptFormat.from_config(cfg, tokenizer, messages=cfg.task_style == "words")
+    common = dict(benchmarks=(SYNTHETIC,), size=None, seed=cfg.seed, prompt=fmt)
     sampling = {
         "greedy": SamplingParams(n=1, temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=cfg.max_completion_length),
         "sampled": SamplingParams(n=SAMPLES_PER_PROBLEM, temperature=cfg.temperature, top_p=cfg.top_p,
@@ -44,6 +47,12 @@ def heldout_accuracy(model_path: str, specs: dict[str, EvalSpec], heldout: Loade
     """Each of `specs` (see `eval_specs`) run by the harness on `heldout` into out_dir/<name>/; its score by name.
     `shared_prompt`: each prompt's prefill computed once for its samples (grail.training.shared_prompt)."""
     tokenizer = AutoTokenizer.from_pretrained(model_path)
+    trained = PromptFormat.load(model_path)  # a model grail trained saved the format it was trained with
+    for name, spec in specs.items():
+        if trained is not None and trained != spec.prompt:
+            raise ValueError(f"{model_path} was trained with prompts in {trained.describe()}, but the {name} "
+                             f"evaluation would give them in {spec.prompt.describe()}: evaluate it with the "
+                             f"config it was trained with (its resolved_config.json).")
     model = AutoModelForCausalLM.from_pretrained(model_path)
     generate = shared_prefill(model, model.generate) if shared_prompt else None
     scores = {}

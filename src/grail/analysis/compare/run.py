@@ -133,7 +133,9 @@ def evaluate_model(plan: dict, out_dir: Path, seed: int, model_dir: Path, eval_d
             metrics.update({f"benchmarks/{a['kind']}/acc@n": a["acc_at_n"]["value"]
                             for a in report.results["averages"]})
         return metrics, {"benchmarks": _per_problem(report.scores, checkpoint_eval.loaded)}
-    specs = eval_specs(cfg)
+    from transformers import AutoTokenizer
+
+    specs = eval_specs(cfg, AutoTokenizer.from_pretrained(model_dir))  # the prompt format training resolves for it
     (heldout,) = specs["greedy"].load_benchmarks(synthetic_set=cfg.synthetic_set())
     scores = heldout_accuracy(str(model_dir), specs, heldout, eval_dir, log, shared_prompt=cfg.shared_prompt)
     metrics = {k: v for name, score in scores.items() for k, v in _flat_metrics(name, [score]).items()}
