@@ -59,7 +59,8 @@ RECORD_STEPS = """
 import json, os, sys, time
 
 from grail.cli import main
-from grail.training.trainer import GRAILTrainer, sharded_by
+from grail.training.engines import sharded_by
+from grail.training.trainer import GRAILTrainer
 
 original_step = GRAILTrainer.training_step
 

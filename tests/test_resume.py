@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 
 import pytest
 import torch
@@ -16,7 +17,14 @@ from safetensors.torch import load_file
 
 from conftest import WARM_STEPS
 from grail.training.provenance import CODE_FILE
-from grail.training.resume import MARKER, complete_checkpoints, prepare_run_dir, resolve_resume
+from grail.training.resume import (
+    MARKER,
+    complete_checkpoints,
+    load_generator,
+    prepare_run_dir,
+    resolve_resume,
+    save_generator,
+)
 
 STEPS, SAVE_EVERY = 6, 2
 # The random control: GRAIL's fused saliency, then a permutation of each row's weights drawn from the trainer's own
@@ -48,6 +56,20 @@ def _checkpoint(run_dir, step, complete=True):
     if complete:
         (folder / MARKER).write_text(json.dumps({"step": step}))
     return folder
+
+
+def test_a_checkpoint_carries_each_process_s_generator_and_an_older_one_warns(tmp_path):
+    saved = torch.Generator().manual_seed(3)
+    torch.rand(5, generator=saved)
+    save_generator(saved, tmp_path, rank=1)
+    restored = torch.Generator().manual_seed(99)
+    load_generator(restored, tmp_path, rank=1, method="random")
+    assert torch.equal(torch.rand(4, generator=restored), torch.rand(4, generator=saved))
+    with pytest.warns(UserWarning, match="holds no token-weighting generator state.*random"):
+        load_generator(torch.Generator(), tmp_path, rank=0, method="random")  # another process's file is missing
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_generator(torch.Generator(), tmp_path, rank=0, method="none")  # GRPO draws nothing: no warning
 
 
 def test_resume_true_picks_the_last_complete_checkpoint_and_a_named_one_must_be_complete(tmp_path):

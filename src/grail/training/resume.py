@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import time
+import warnings
 from pathlib import Path
 
 from transformers import TrainerCallback
@@ -26,8 +27,8 @@ from transformers import TrainerCallback
 from grail.options.checkpoint_dirs import checkpoint_dirs
 from grail.training.provenance import CODE_FILE
 
-__all__ = ["MARKER", "RUN_FILES", "CheckpointMarker", "checkpoint_step", "complete_checkpoints", "prepare_run_dir",
-           "resolve_resume"]
+__all__ = ["MARKER", "RUN_FILES", "CheckpointMarker", "checkpoint_step", "complete_checkpoints", "load_generator",
+           "prepare_run_dir", "resolve_resume", "save_generator"]
 
 MARKER = "grail_checkpoint_complete.json"
 RUN_FILES = ("metrics.jsonl", "config.yaml", "resolved_config.json", "resumed.jsonl", CODE_FILE, "final", "eval")
@@ -125,3 +126,30 @@ def _line_step(line: str) -> int | None:
         return int(json.loads(line)["step"])
     except (ValueError, KeyError, TypeError):
         return None  # a torn last line from the kill: dropped
+
+
+# ---- the trainer's token-weighting generator (GRAILTrainer's S6) ----------------------------------------------------
+def _generator_file(checkpoint: str | Path, rank: int) -> Path:
+    return Path(checkpoint) / f"grail_generator_state_{rank}.pth"
+
+
+def save_generator(generator, checkpoint: str | Path, rank: int) -> None:
+    """Save process `rank`'s token-weighting generator (the random control's permutations, OAR-G's noise) into a
+    checkpoint beside transformers' RNG states: without it a resumed run would draw again from the seed."""
+    import torch
+
+    torch.save(generator.get_state(), _generator_file(checkpoint, rank))
+
+
+def load_generator(generator, checkpoint: str | Path, rank: int, method: str) -> None:
+    """Restore what `save_generator` saved; a checkpoint without it (saved before grail-rl kept it) warns unless the
+    method is `none`, whose weights draw nothing."""
+    import torch
+
+    path = _generator_file(checkpoint, rank)
+    if path.is_file():
+        generator.set_state(torch.load(path, weights_only=True))
+    elif method != "none":
+        warnings.warn(f"grail: {checkpoint} holds no token-weighting generator state (saved before grail-rl kept "
+                      f"it): if {method} draws from it (the random control and OAR-G do), its draws after this step "
+                      f"differ from an uninterrupted run's.", stacklevel=3)

@@ -53,45 +53,12 @@ from grail.methods.spec import TokenWeights
 from grail.methods.weight_metrics import WeightSums, pooled_metrics
 from grail.methods.weighting import batch_spans, fused_signal, probe_rows, token_weights, weights_from_signal
 from grail.training import shared_prompt
+from grail.training.engines import dropped_engine, refuse_if_unshardable, sharded_by
+from grail.training.resume import load_generator, save_generator
 
-__all__ = ["GRAILTrainer", "refuse_if_unshardable", "sharded_by"]
+__all__ = ["GRAILTrainer"]
 
 SPAN_KEYS = tuple(f"grail_spans_{name}" for name in AnswerSpans._fields)  # the spans in TRL's batch dict
-
-
-def sharded_by(trainer) -> str | None:
-    """How a trainer's model is sharded over processes ("DeepSpeed ZeRO-3", "FSDP"), or None (DDP, ZeRO-1/2)."""
-    plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
-    if plugin is not None and plugin.zero_stage == 3:
-        return "DeepSpeed ZeRO-3"
-    if getattr(trainer, "is_fsdp_enabled", False):
-        return "FSDP"
-    return None
-
-
-def dropped_engine(environ, distributed_type: str) -> str | None:
-    """Why the launch asked for a sharded engine that accelerate did not start, or None. accelerate 1.15 takes its
-    FSDP branch only for accelerator devices (accelerate/state.py: `MULTI_CPU` is not in the list that becomes
-    `FSDP`), so an FSDP config on CPU processes runs as plain DDP without a word (tests/test_fsdp_cpu.py); and it
-    takes DeepSpeed only without cpu=True (`GRAILConfig._cpu_engine` arranges that; tests/test_deepspeed_cpu.py)."""
-    if environ.get("ACCELERATE_USE_FSDP", "").lower() in ("true", "1") and distributed_type == "MULTI_CPU":
-        return ("the launch asked for FSDP (ACCELERATE_USE_FSDP=true), but accelerate runs FSDP configs on CPU "
-                "processes as DDP (its FSDP branch covers accelerator devices only): every process holds the whole "
-                "model. This run trains correctly, unsharded; use a GPU launch for FSDP, or DeepSpeed "
-                "(examples/accelerate_zero3_cpu.yaml)")
-    if environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("true", "1") and distributed_type != "DEEPSPEED":
-        return ("the launch asked for DeepSpeed (ACCELERATE_USE_DEEPSPEED=true), but accelerate takes DeepSpeed only "
-                "when not told cpu=True, and use_cpu=True was given: this run trains without DeepSpeed. Leave "
-                "use_cpu unset (grail then runs DeepSpeed on CPU processes over gloo)")
-    return None
-
-
-def refuse_if_unshardable(method, sharded: str | None) -> None:
-    """ValueError, before training, for a method (a `MethodSpec`) whose probe cannot run on a sharded model."""
-    if sharded and method.unshardable:
-        raise ValueError(f"token_weighting={method.name!r} cannot train a model sharded by {sharded}: "
-                         f"{method.unshardable}. Use DeepSpeed ZeRO-2 or DDP (docs/getting-started/clusters.md), "
-                         f"or another token_weighting.")
 
 
 class _AdvantagesWatch(dict):
@@ -405,26 +372,14 @@ class GRAILTrainer(GRPOTrainer):
         return merged
 
     # ---- checkpoints (S6) -------------------------------------------------------------------------------------
-    def _generator_file(self, checkpoint: str) -> str:
-        return os.path.join(checkpoint, f"grail_generator_state_{self.accelerator.process_index}.pth")
-
     def _save_rng_state(self, output_dir: str) -> None:
-        """transformers' RNG states, and this process's token-weighting generator (the random control's
-        permutations, OAR-G's noise): without it a resumed run would draw again from the seed."""
         super()._save_rng_state(output_dir)
-        torch.save(self._generator.get_state(), self._generator_file(output_dir))
+        save_generator(self._generator, output_dir, self.accelerator.process_index)
 
     def _load_rng_state(self, checkpoint: str | None) -> None:
         super()._load_rng_state(checkpoint)
-        if checkpoint is None:
-            return
-        path = self._generator_file(checkpoint)
-        if os.path.isfile(path):
-            self._generator.set_state(torch.load(path, weights_only=True))
-        elif self.method.name != "none":
-            warnings.warn(f"grail: {checkpoint} holds no token-weighting generator state (saved before grail-rl "
-                          f"kept it): if {self.method.name} draws from it (the random control and OAR-G do), its "
-                          f"draws after this step differ from an uninterrupted run's.", stacklevel=2)
+        if checkpoint is not None:
+            load_generator(self._generator, checkpoint, self.accelerator.process_index, self.method.name)
 
     # ---- Â and its statistics ---------------------------------------------------------------------------------
     def _token_advantages(self, adv_B, mask_BT, weights: TokenWeights) -> torch.Tensor:
