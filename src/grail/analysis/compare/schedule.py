@@ -164,6 +164,15 @@ def _prepare(plan: dict, out_dir: Path, log: Log) -> None:
     evaluate_starts(plan, out_dir, paths, log)
 
 
+def _reported_jobs(out_dir: Path, jobs: int) -> int:
+    """The runs at a time that the comparison's last report recorded (report.json), else `jobs`."""
+    try:
+        recorded = json.loads((out_dir / "report.json").read_text()).get("jobs")
+    except (OSError, ValueError):
+        return jobs
+    return recorded if isinstance(recorded, int) and recorded >= 1 else jobs
+
+
 def run_comparison(plan: dict, out_dir: str | Path, jobs: int = 1, log: Log = print) -> dict:
     """Every run of the plan (finished ones skipped), then the report; returns report.json's content. The plan is
     written to out_dir/compare.json once the data and the warm start are found, or must equal the one there."""
@@ -192,6 +201,8 @@ def run_comparison(plan: dict, out_dir: str | Path, jobs: int = 1, log: Log = pr
         pending = [(slug, seed) for slug, seed in keys if f"{slug}/seed{seed}" not in done]
         log(f"compare: {len(keys)} runs ({len(plan['arms'])} arms × {plan['seeds']} seeds), {len(done)} finished "
             f"earlier; {jobs} at a time; directory {out_dir}")
+        if not pending:  # only the report again: it says how many runs trained at a time, not this command's --jobs
+            jobs = _reported_jobs(out_dir, jobs)
         progress = _Progress(plan, out_dir, len(keys), done, min(jobs, max(1, len(pending))), log)
         failed = (_in_process if jobs == 1 else _in_workers)(plan, out_dir, pending, jobs, progress)
         if failed:
