@@ -1,0 +1,87 @@
+"""Paired differences between two arms of a finished `grail compare` that are not each other's reference: GRAIL
+against its nulls (random, position, the rescaled arm), from the same runs. The report pairs every arm with GRPO;
+this pairs any two, with the same statistics (grail.analysis.compare.stats): per seed s both arms finished,
+d_s = a_s − b_s; the 95% t-interval over seeds, the exact sign-flip p and the percentile bootstrap interval.
+
+    python perf/paired_arms.py ~/runs/does-it-pay --pairs grail:random,grail:position \
+        [--metrics sampled/synthetic/acc@4,greedy/synthetic/acc@1] [--json out.json]
+
+Reads the comparison's report.json (its per-arm values and their seeds). Accuracies are printed in points; a
+markdown table on stdout."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from grail.analysis.compare.stats import bootstrap_interval, paired_interval, sign_flip_p
+
+
+def _per_seed(report: dict, metric: str, arm: str) -> dict[int, float]:
+    metrics = report["metrics"]
+    if metric not in metrics:
+        raise ValueError(f"the report has no metric {metric!r} (it has: {', '.join(metrics)}); give --metrics "
+                         f"some of those.")
+    per_arm = metrics[metric]["per_arm"]
+    if arm not in per_arm:
+        raise ValueError(f"the report has no arm {arm!r} (arms: {', '.join(per_arm)}); name arms as the report "
+                         f"does, e.g. grail:random.")
+    stat = per_arm[arm]
+    if len(stat["seeds"]) != len(stat["values"]):
+        raise ValueError(f"{metric} of {arm}: {len(stat['seeds'])} seeds but {len(stat['values'])} values; the "
+                         f"report.json is damaged: render it again (grail compare --resume DIR).")
+    return dict(zip(stat["seeds"], stat["values"]))
+
+
+def paired_arms(report: dict, a: str, b: str, metric: str) -> dict:
+    """a − b over the seeds both finished: the t-interval (fields of compare.stats.Interval), the seeds, the
+    sign-flip p and the bootstrap interval, in the report's units (fractions for accuracies)."""
+    first, second = _per_seed(report, metric, a), _per_seed(report, metric, b)
+    seeds = sorted(set(first) & set(second))
+    if len(seeds) < 2:
+        raise ValueError(f"{a} and {b} share {len(seeds)} finished seed(s) on {metric}: no interval; finish more "
+                         f"(grail compare --resume DIR).")
+    differences = [first[s] - second[s] for s in seeds]
+    return {**asdict(paired_interval(second, first)), "a": a, "b": b, "metric": metric, "seeds": seeds,
+            "sign_flip_p": sign_flip_p(differences), "bootstrap": bootstrap_interval(differences)}
+
+
+def markdown(rows: list[dict], scale: float = 100.0) -> str:
+    lines = ["| pair | metric | seeds | mean ± half-width [95% t] | sign-flip p | bootstrap 95% |",
+             "|---|---|---:|---:|---:|---:|"]
+    for r in rows:
+        boot = r["bootstrap"]
+        lines.append(f"| {r['a']} − {r['b']} | {r['metric']} | {r['n']} | {scale * r['mean']:+.1f} ± "
+                     f"{scale * r['half_width']:.1f} [{scale * r['low']:+.1f}, {scale * r['high']:+.1f}] | "
+                     f"{r['sign_flip_p']:.3f} | [{scale * boot[0]:+.1f}, {scale * boot[1]:+.1f}] |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("compare_dir", help="a finished grail compare --output_dir (its report.json)")
+    parser.add_argument("--pairs", required=True, help="comma-separated a:b, each printed as a − b")
+    parser.add_argument("--metrics", help="comma-separated report metrics (default: the primary metric)")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    path = Path(args.compare_dir) / "report.json"
+    if not path.is_file():
+        raise SystemExit(f"{path} does not exist: give the --output_dir of a finished grail compare.")
+    report = json.loads(path.read_text())
+    pairs = [p.split(":") for p in args.pairs.split(",")]
+    if any(len(p) != 2 for p in pairs):
+        raise SystemExit(f"--pairs {args.pairs!r}: give each pair as a:b (e.g. grail:random).")
+    metrics = args.metrics.split(",") if args.metrics else [report["primary_metric"]]
+    try:
+        rows = [paired_arms(report, a, b, m) for m in metrics for a, b in pairs]
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
+    print(markdown(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
