@@ -1,7 +1,8 @@
 """Paired differences between two arms of a finished `grail compare` that are not each other's reference: GRAIL
 against its nulls (random, position, the rescaled arm), from the same runs. The report pairs every arm with GRPO;
-this pairs any two, with the same statistics (grail.analysis.compare.stats): per seed s both arms finished,
-d_s = a_s − b_s; the 95% t-interval over seeds, the exact sign-flip p and the percentile bootstrap interval.
+this pairs any two, with the report's own statistics (grail.analysis.compare.summary.paired_stats): per seed s
+both arms finished, d_s = a_s − b_s; the 95% t-interval over seeds, the exact sign-flip p and the percentile
+bootstrap interval.
 
     python perf/paired_arms.py ~/runs/does-it-pay --pairs grail:random,grail:position \
         [--metrics sampled/synthetic/acc@4,greedy/synthetic/acc@1] [--json out.json]
@@ -13,10 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict
 from pathlib import Path
 
-from grail.analysis.compare.stats import bootstrap_interval, paired_interval, sign_flip_p
+from grail.analysis.compare.summary import paired_stats
 
 
 def _per_seed(report: dict, metric: str, arm: str) -> dict[int, float]:
@@ -32,20 +32,18 @@ def _per_seed(report: dict, metric: str, arm: str) -> dict[int, float]:
     if len(stat["seeds"]) != len(stat["values"]):
         raise ValueError(f"{metric} of {arm}: {len(stat['seeds'])} seeds but {len(stat['values'])} values; the "
                          f"report.json is damaged: render it again (grail compare --resume DIR).")
-    return dict(zip(stat["seeds"], stat["values"]))
+    return dict(zip(stat["seeds"], stat["values"], strict=True))
 
 
 def paired_arms(report: dict, a: str, b: str, metric: str) -> dict:
-    """a − b over the seeds both finished: the t-interval (fields of compare.stats.Interval), the seeds, the
-    sign-flip p and the bootstrap interval, in the report's units (fractions for accuracies)."""
+    """a − b over the seeds both finished, as the report pairs an arm with its reference (the t-interval's fields,
+    the seeds, the sign-flip p and the bootstrap interval), in the report's units (fractions for accuracies)."""
     first, second = _per_seed(report, metric, a), _per_seed(report, metric, b)
     seeds = sorted(set(first) & set(second))
     if len(seeds) < 2:
         raise ValueError(f"{a} and {b} share {len(seeds)} finished seed(s) on {metric}: no interval; finish more "
                          f"(grail compare --resume DIR).")
-    differences = [first[s] - second[s] for s in seeds]
-    return {**asdict(paired_interval(second, first)), "a": a, "b": b, "metric": metric, "seeds": seeds,
-            "sign_flip_p": sign_flip_p(differences), "bootstrap": bootstrap_interval(differences)}
+    return {**paired_stats(second, first, reference=b), "a": a, "b": b, "metric": metric}
 
 
 def markdown(rows: list[dict], scale: float = 100.0) -> str:

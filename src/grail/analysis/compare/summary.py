@@ -48,7 +48,7 @@ from grail.analysis.compare.sweep import Layout, layout
 from grail.training.provenance import CODE_FILE, VERSION_KEYS
 
 __all__ = ["BEFORE_RL_FILE", "CHECKPOINT_AUROC_FILE", "EXTRA_METRICS_FILE", "RESULT_FILE", "WARMSTART_AUROC_FILE",
-           "RunData", "StartData", "load_runs", "load_start", "problem_values", "run_path", "summarize"]
+           "RunData", "StartData", "load_runs", "load_start", "paired_stats", "problem_values", "run_path", "summarize"]
 
 RESULT_FILE = "compare_result.json"  # written last by a run: its presence means finished
 EXTRA_METRICS_FILE = "extra_metrics.json"
@@ -202,10 +202,11 @@ def _stats(table: dict[str, dict[int, float]], arms: list[str], lay: Layout) -> 
     """Per-arm intervals and paired differences against each arm's reference, JSON-ready."""
     return {"per_arm": {arm: {**asdict(t_interval(list(table[arm].values()))), "seeds": sorted(table[arm])}
                         for arm in arms},
-            "paired": {arm: _paired(table[lay.baseline[arm]], table[arm], lay.baseline[arm]) for arm in lay.paired}}
+            "paired": {arm: paired_stats(table[lay.baseline[arm]], table[arm], lay.baseline[arm])
+                       for arm in lay.paired}}
 
 
-def _paired(base: dict[int, float], other: dict[int, float], reference: str) -> dict:
+def paired_stats(base: dict[int, float], other: dict[int, float], reference: str) -> dict:
     """The paired t-interval over seeds and the two checks that do not assume normality (compare.stats)."""
     seeds = sorted(set(base) & set(other))
     differences = [other[s] - base[s] for s in seeds]
