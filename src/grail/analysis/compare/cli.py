@@ -46,6 +46,9 @@ archive: `grail compare --resume DIR --archive DEST` copies the comparison witho
         checkpoints) and without its unfinished runs into DEST, and trains nothing: a few MB to keep in a repository
         or carry to another machine. `grail compare --resume DEST` renders the same report from it, computing nothing,
         or trains the runs it lacks; archiving into the same DEST again adds the runs finished since.
+report: `grail compare --resume DIR --report-only` writes the report from the runs finished so far and trains
+        nothing, also while the comparison runs (to check its health: learning curves, clipping, wall time). A
+        partial report says so first; deciding to stop or extend on its intervals is peeking.
 """
 
 
@@ -56,7 +59,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         usage="grail compare --arms A,B,... [--seeds S] [--jobs N] [--sweep FIELD=v1,v2] [--preset NAME | "
               "--config FILE] [--output_dir DIR] [--FIELD VALUE ...]\n       grail compare --resume DIR [--jobs N] "
               "[--seeds MORE] [--save_steps N] [--save_total_limit N] [--drop-checkpoints]\n"
-              "       grail compare --resume DIR --archive DEST")
+              "       grail compare --resume DIR --archive DEST\n       grail compare --resume DIR --report-only")
     parser.add_argument("--arms",
                         help="comma-separated arms: METHOD[@field=value...] (the first arm is the reference of "
                              "the paired differences); required unless --resume")
@@ -68,6 +71,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     parser.add_argument("--archive", metavar="DEST",
                         help="with --resume DIR: copy its results without weights or unfinished runs into DEST (new, "
                              "empty, or an earlier archive of it) and stop; `--resume DEST` re-renders the report")
+    parser.add_argument("--report-only", action="store_true",
+                        help="with --resume DIR: write the report from the runs finished so far and train nothing "
+                             "(also while the comparison runs); a partial report says which runs it leaves out")
     parser.add_argument("--seeds", type=int, default=None,
                         help="training seeds per arm: 0..S-1 (default 5); with --resume, more seeds for every arm")
     parser.add_argument("--first-seed", type=int, default=None,
@@ -140,6 +146,8 @@ def run(args, rest: list[str]) -> int:
         raise ValueError(f"--jobs {args.jobs}: give 1 or more runs at a time.")
     if args.archive:
         return _archive(args, rest)
+    if args.report_only:
+        return _report_only(args, rest)
     if args.resume:
         plan, out_dir = _resumed_plan(args, rest)
         return _run(run_comparison, plan, out_dir, args.jobs)
@@ -170,16 +178,43 @@ def run(args, rest: list[str]) -> int:
     return _run(run_comparison, plan, out_dir, args.jobs)
 
 
+def _report_only(args, rest: list[str]) -> int:
+    import json
+
+    from grail.analysis.compare.plan import PLAN_FILE
+    from grail.analysis.compare.schedule import report_only
+
+    if not args.resume:
+        raise ValueError("--report-only renders an existing comparison: give it with --resume DIR.")
+    extra = _plan_flags(args, rest)
+    if extra:
+        raise ValueError(f"--report-only reports the comparison as it is and trains nothing; drop {', '.join(extra)}.")
+    path = Path(args.resume) / PLAN_FILE
+    if not path.is_file():
+        raise ValueError(f"--resume {args.resume}: no {PLAN_FILE} there; give the --output_dir of an earlier grail "
+                         f"compare, or its archive.")
+    report_only(json.loads(path.read_text()), args.resume, jobs=args.jobs)
+    return 0
+
+
+def _plan_flags(args, rest: list[str]) -> list[str]:
+    """The flags given beside --resume DIR that would train or change the plan (refused by --archive and
+    --report-only; --jobs only by --archive)."""
+    return [flag for flag, given in (("--arms", args.arms), ("--seeds", args.seeds is not None),
+                                      ("--first-seed", args.first_seed is not None),
+                                      ("--auroc-rows", args.auroc_rows is not None), ("--auroc-set", args.auroc_set),
+                                      ("--auroc-methods", args.auroc_methods),
+                                      ("--drop-checkpoints", args.drop_checkpoints), ("--sweep", args.sweep),
+                                      ("--config", args.config), ("--preset", args.preset), (" ".join(rest), rest))
+            if given]
+
+
 def _archive(args, rest: list[str]) -> int:
     from grail.analysis.compare.archive import archive_comparison
 
-    extra = [flag for flag, given in (("--arms", args.arms), ("--seeds", args.seeds is not None),
-                                      ("--first-seed", args.first_seed is not None),
-                                      ("--auroc-rows", args.auroc_rows is not None), ("--auroc-set", args.auroc_set),
-                                      ("--auroc-methods", args.auroc_methods), ("--jobs", args.jobs != 1),
-                                      ("--drop-checkpoints", args.drop_checkpoints), ("--sweep", args.sweep),
-                                      ("--config", args.config), ("--preset", args.preset), (" ".join(rest), rest))
-             if given]
+    extra = _plan_flags(args, rest) + (["--jobs"] if args.jobs != 1 else [])
+    if args.report_only:
+        extra.append("--report-only")
     if not args.resume:
         raise ValueError("--archive DEST copies an existing comparison: give it with --resume DIR.")
     if extra:

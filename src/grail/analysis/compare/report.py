@@ -280,7 +280,11 @@ def render_markdown(s: dict, plots: list[str], plot_note: str, jobs: int) -> str
         lines.append("With two seeds the interval uses t = 12.71 (one degree of freedom): it is very wide.")
     unfinished = [f"{r['arm']}/seed{r['seed']}" for r in s["runs"] if not r["finished"]]
     if unfinished:
-        lines.append(f"Not finished (left out): {', '.join(unfinished)}.")
+        lines.append(f"**Partial**: {len(s['runs']) - len(unfinished)} of {len(s['runs'])} runs finished; every "
+                     f"table, interval and plot is over the finished runs alone. Not finished (left out): "
+                     f"{', '.join(unfinished)}. Stopping or extending on what a partial report shows (peeking) breaks "
+                     f"the intervals' 95% coverage: fix that rule in advance (on the interval's width, never its "
+                     f"sign).")
     lines += ["", "## Held-out accuracy", ""]
     lines += _stat_tables("Accuracy (percent)", s["metrics"], arms, 100.0, 1, "percent; differences in points",
                           before=s.get("before_rl"))
@@ -392,7 +396,7 @@ def write_report(out_dir: str | Path, plan: dict, jobs: int = 1) -> dict:
     runs = load_runs(out_dir, plan, start)
     summary = {"setting": describe_setting(plan, out_dir), **summarize(plan, runs, start)}
     try:
-        plots, note = write_plots(summary, runs, out_dir), ""
+        plots, note = write_plots(summary, [r for r in runs if r.result is not None], out_dir), ""
     except ImportError:
         plots, note = [], "No plots: matplotlib is not installed (`pip install matplotlib`, then rerun the command)."
     summary["plots"], summary["jobs"] = plots, jobs

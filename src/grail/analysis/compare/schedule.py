@@ -40,7 +40,7 @@ from grail.analysis.compare.summary import RESULT_FILE, WARMSTART_AUROC_FILE, pl
 from grail.options.fields import SYNTHETIC_DATASET
 from grail.training.overrides import build_config
 
-__all__ = ["run_comparison", "run_worker"]
+__all__ = ["report_only", "run_comparison", "run_worker"]
 
 # ---- the comparison ------------------------------------------------------------------------------------------------
 
@@ -171,6 +171,21 @@ def _reported_jobs(out_dir: Path, jobs: int) -> int:
     except (OSError, ValueError):
         return jobs
     return recorded if isinstance(recorded, int) and recorded >= 1 else jobs
+
+
+def report_only(plan: dict, out_dir: str | Path, jobs: int = 1, log: Log = print) -> dict:
+    """The report from the runs finished so far, training and evaluating nothing (`--resume DIR --report-only`):
+    of a comparison still running (it takes no lock; a run counts once its marker is written, every file whole),
+    stopped, or archived part-way. `jobs`: the runs at a time the last report recorded, else this."""
+    out_dir = Path(out_dir)
+    keys = [(arm["slug"], seed) for seed in plan_seeds(plan) for arm in plan["arms"]]
+    finished = sum((run_path(out_dir, slug, seed) / RESULT_FILE).is_file() for slug, seed in keys)
+    if not finished:
+        raise ValueError(f"--report-only: no run of {out_dir} has finished yet, so there is nothing to report; wait "
+                         f"for one, or train with grail compare --resume {out_dir}.")
+    summary = write_report(out_dir, plan, _reported_jobs(out_dir, jobs))
+    log(f"compare: report of {finished} of {len(keys)} finished run(s), nothing trained, in {out_dir / 'report.md'}")
+    return summary
 
 
 def run_comparison(plan: dict, out_dir: str | Path, jobs: int = 1, log: Log = print) -> dict:

@@ -1,0 +1,86 @@
+"""`grail compare --resume DIR --report-only`: the report of the runs finished so far, training nothing, also while
+the comparison holds its lock. Built from hand-written run files (no training): one run of five is unfinished
+(half its steps logged, no marker), and every number the report shows is checked against values chosen here."""
+
+import json
+
+import pytest
+
+from grail.analysis.compare import plan as compare
+from grail.analysis.compare import report
+from grail.analysis.compare.run import lock
+from grail.analysis.compare.summary import RESULT_FILE, run_path
+from grail.cli import main
+
+PRIMARY = "sampled/synthetic/acc@4"
+ACC = {"none": [0.50, 0.60, 0.40], "grail": [0.55, 0.70, None]}  # grail/seed2 has not finished
+
+
+@pytest.fixture
+def partial(tmp_path):
+    arms = compare.parse_arms("none,grail", [])
+    plan = {"seeds": 3, "seed_fields": ["seed", "data_seed"], "base": {},
+            "protocol": {"kind": "synthetic held-out", "primary": PRIMARY, "description": "hand-written"},
+            "arms": [{"label": a.label, "slug": a.slug, "method": a.method, "fields": a.fields} for a in arms]}
+    (tmp_path / compare.PLAN_FILE).write_text(json.dumps(plan))
+    for arm, values in ACC.items():
+        for seed, acc in enumerate(values):
+            run = run_path(tmp_path, arm, seed)
+            run.mkdir(parents=True)
+            steps = range(1, 11 if acc is not None else 5)
+            (run / "metrics.jsonl").write_text("".join(json.dumps({"step": t, "reward": 0.5}) + "\n" for t in steps))
+            if acc is not None:
+                (run / RESULT_FILE).write_text(json.dumps({"metrics": {PRIMARY: acc}, "train_seconds": 10.0,
+                                                           "seconds_per_step": 1.0, "eval_seconds": 1.0}))
+    return tmp_path
+
+
+def test_it_reports_the_finished_runs_and_trains_nothing_while_the_comparison_holds_its_lock(partial, monkeypatch):
+    plotted = []
+    real_plots = report.write_plots
+    monkeypatch.setattr(report, "write_plots", lambda s, runs, out: plotted.extend(runs) or real_plots(s, runs, out))
+    unfinished = run_path(partial, "grail", 2)
+    before = sorted(p.name for p in unfinished.iterdir())
+    with lock(partial / ".compare.lock", wait=False):  # as a running comparison holds it
+        assert main(["compare", "--resume", str(partial), "--report-only"]) == 0
+    assert sorted(p.name for p in unfinished.iterdir()) == before  # nothing trained, evaluated or written there
+    summary = json.loads((partial / "report.json").read_text())
+    stats = summary["metrics"][PRIMARY]
+    assert stats["per_arm"]["grail"]["seeds"] == [0, 1] and stats["per_arm"]["none"]["seeds"] == [0, 1, 2]
+    assert stats["per_arm"]["none"]["mean"] == pytest.approx(0.50)
+    paired = stats["paired"]["grail"]
+    assert paired["seeds"] == [0, 1] and paired["values"] == pytest.approx([0.05, 0.10])
+    text = (partial / "report.md").read_text()
+    assert "**Partial**: 5 of 6 runs finished" in text and "Not finished (left out): grail/seed2." in text
+    assert "peeking" in text
+    assert plotted and all(r.result is not None for r in plotted)  # the half-trained run is in no plot either
+
+
+def test_a_finished_comparison_is_not_called_partial(partial):
+    run = run_path(partial, "grail", 2)
+    (run / RESULT_FILE).write_text(json.dumps({"metrics": {PRIMARY: 0.45}}))
+    assert main(["compare", "--resume", str(partial), "--report-only"]) == 0
+    assert "Partial" not in (partial / "report.md").read_text()
+    assert json.loads((partial / "report.json").read_text())["metrics"][PRIMARY]["paired"]["grail"]["n"] == 3
+
+
+@pytest.mark.parametrize("extra, message", [
+    ([], "no run of"),                                   # nothing finished yet
+    (["--seeds", "4"], "drop --seeds"),
+    (["--save_steps", "5"], "drop --save_steps 5"),
+    (["--archive", "elsewhere"], "drop --report-only"),
+])
+def test_what_it_refuses_names_the_fix(partial, capsys, extra, message):
+    if not extra:
+        for path in partial.glob(f"runs/*/seed*/{RESULT_FILE}"):
+            path.unlink()
+    assert main(["compare", "--resume", str(partial), "--report-only", *extra]) == 2
+    assert message in capsys.readouterr().err
+    assert not (partial / "report.md").exists()
+
+
+def test_it_needs_a_comparison_directory(tmp_path, capsys):
+    assert main(["compare", "--report-only"]) == 2
+    assert "give it with --resume DIR" in capsys.readouterr().err
+    assert main(["compare", "--resume", str(tmp_path), "--report-only"]) == 2
+    assert f"no {compare.PLAN_FILE} there" in capsys.readouterr().err
