@@ -39,8 +39,11 @@ def test_an_archive_re_renders_the_report_and_trains_only_the_runs_it_lacks(tmp_
     (out / "runs/grail/seed0" / RESULT_FILE).unlink()
     partial = tmp_path / "partial"
     assert main(["compare", "--resume", str(out), "--archive", str(partial)]) == 0
-    assert "1 unfinished not archived" in capsys.readouterr().out
+    logged = capsys.readouterr().out
+    assert "1 unfinished not archived" in logged and f"grail compare --resume {partial} --report-only" in logged
     assert not (partial / "runs/grail").exists()
+    assert main(["compare", "--resume", str(partial), "--report-only"]) == 0  # what it holds, training nothing
+    assert not (partial / "runs/grail").exists() and "**Partial**: 1 of 2" in (partial / "report.md").read_text()
     assert main(["compare", "--resume", str(partial)]) == 0
     again = json.loads((partial / "runs/grail/seed0" / RESULT_FILE).read_text())
     assert again["metrics"] == finished["metrics"] and again["evaluations"] == finished["evaluations"]

@@ -95,6 +95,7 @@ def archive_comparison(out_dir: str | Path, dest: str | Path, log: Log = print) 
         shutil.rmtree(target, ignore_errors=True)
         staging.rename(target)
     log(f"compare: archived {len(finished)} finished run(s) ({copied / 1e6:.1f} MB, no weights) to {dest}"
-        + (f"; {len(unfinished)} unfinished not archived (from there they train from the start)" if unfinished
-           else "") + f". Re-render or continue: grail compare --resume {dest}")
+        + (f"; {len(unfinished)} unfinished not archived (from there they train from the start). Its report so "
+           f"far, training nothing: grail compare --resume {dest} --report-only; continue there: grail compare "
+           f"--resume {dest}" if unfinished else f". Re-render: grail compare --resume {dest}"))
     return {"finished": finished, "unfinished": unfinished, "bytes": copied}
