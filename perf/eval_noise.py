@@ -1,22 +1,27 @@
 """How much of a comparison's seed-to-seed spread is its evaluation's own sampling, and how many seeds a target
 interval would need with more samples per problem: for planning the next comparison, never for stopping this one.
 
-A sampled accuracy acc@n is the mean over P held-out problems of the mean over n samples. Given the trained model,
-its sampling variance is (1/P²) Σ_i p_i (1 − p_i) / n, with p_i problem i's accuracy; a_i (1 − a_i) · n / (n − 1),
-from the observed a_i = k_i / n, estimates p_i (1 − p_i) without bias. The per-seed paired difference d_s = a_s − b_s
-of two arms evaluated independently has evaluation variance V_s = V(a_s) + V(b_s). Over seeds,
+A sampled accuracy acc@n is the mean over P held-out problems of the mean over n samples, so it varies even for
+fixed trained models. For the paired difference d_s = a_s − b_s of two arms at seed s, take per problem i and sample
+j the difference δ_ij = x_ij − y_ij of the two arms' correctness (0/1), samples paired by index. Given the trained
+models, the evaluation's variance of d_s is (1/P²) Σ_i var_j(δ_ij) / n, estimated without bias by the sample
+variance over j. This holds whether or not the arms' sampling is coupled: `grail compare` seeds the evaluation of
+every arm at seed s alike, so same-seed arms often draw the same completion, and the estimate assuming independent
+sampling, (1/P²) Σ_i [a_i (1 − a_i) + b_i (1 − b_i)] / (n − 1) with a_i, b_i the per-problem accuracies, is shown
+beside it (larger when the coupling helps). Over seeds,
 
-    var(d) = T + E,   E = mean_s V_s (the evaluation's sampling),   T = the rest (training, and model × problem)
+    var(d) = T + E,   E = the mean over seeds of the evaluation's variance,   T = the rest (training, model × problem)
 
 (the problems are the same for every run, so which problems were drawn is not in var(d)). With m samples per
-problem E becomes E · n / m, so the sd of the differences is √(T + E · n / m), and the seeds a ±w half-width needs
-follow (grail.analysis.compare.stats.seeds_needed). Greedy acc@1 has no sampling: E = 0.
+problem E becomes E · n / m, the sd of the differences √(T + E · n / m), and the seeds a ±w half-width needs follow
+(grail.analysis.compare.stats.seeds_needed). Greedy acc@1 has no sampling: E = 0.
 
     python perf/eval_noise.py ~/runs/cmp --pairs grail:none,random:none [--metric sampled/synthetic/acc@4] \
         [--seeds 0-5] [--samples 4,8,16,32] [--half-width 2.5] [--json out.json]
 
-Reads the runs' compare_result.json (grail compare); `--seeds` keeps the analysis to seeds already read (e.g. the
-first part of a comparison still running). More samples per problem cost evaluation time roughly in proportion.
+Reads the finished runs' eval/final/<evaluation>/samples.jsonl (grail compare; an archive keeps them); `--seeds`
+keeps the analysis to seeds already read (e.g. the first part of a comparison still running). More samples per
+problem cost evaluation time roughly in proportion.
 """
 
 from __future__ import annotations
@@ -24,62 +29,93 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 from pathlib import Path
 
 from grail.analysis.compare.plan import PLAN_FILE
 from grail.analysis.compare.stats import seeds_needed
-from grail.analysis.compare.summary import load_runs, problem_values
+from grail.analysis.compare.summary import load_runs
+
+Samples = dict[str, list[float]]  # problem id → correctness (0/1) of samples 0..n−1
 
 
-def sampling_variance(per_problem: list[float], n: int) -> float:
-    """Unbiased estimate of the sampling variance of the mean over problems of `per_problem` (each a mean of n
-    Bernoulli samples, a_i = k_i / n), given the model: (1/P²) Σ_i a_i (1 − a_i) / (n − 1)."""
-    if n < 2:
-        raise ValueError(f"{n} sample(s) per problem: the sampling variance needs at least 2 (greedy has none).")
-    return sum(a * (1.0 - a) for a in per_problem) / ((n - 1) * len(per_problem) ** 2)
+def paired_sampling_variance(first: Samples, second: Samples) -> float:
+    """The evaluation's variance of mean(first) − mean(second), samples paired by index, given the models:
+    (1/P²) Σ_i var_j(x_ij − y_ij) / n (sample variance, n − 1)."""
+    if set(first) != set(second):
+        raise ValueError("the two runs were evaluated on different problems; they cannot be paired.")
+    total = 0.0
+    for pid, x in first.items():
+        y = second[pid]
+        if len(x) != len(y) or len(x) < 2:
+            raise ValueError(f"problem {pid}: {len(x)} and {len(y)} samples; pairing needs the same n ≥ 2 "
+                             f"(greedy has no sampling).")
+        total += statistics.variance([a - b for a, b in zip(x, y, strict=True)]) / len(x)
+    return total / len(first) ** 2
 
 
-def decompose(first: dict[int, list[float]], second: dict[int, list[float]], n: int,
-              samples: tuple[int, ...] = (4, 8, 16, 32), half_width: float = 0.025) -> dict:
-    """The paired difference first − second over the seeds both have ({seed: per-problem accuracies}, fractions):
-    its variance over seeds, the evaluation's share E, the rest T, and per m in `samples` the projected sd and the
-    seeds for ±half_width."""
+def independent_sampling_variance(first: Samples, second: Samples) -> float:
+    """The same, were the two arms' samples independent: (1/P²) Σ_i [a_i (1 − a_i) + b_i (1 − b_i)] / (n − 1)."""
+    total = 0.0
+    for runs in (first, second):
+        for x in runs.values():
+            a = sum(x) / len(x)
+            total += a * (1.0 - a) / (len(x) - 1)
+    return total / len(first) ** 2
+
+
+def _mean(samples: Samples) -> float:
+    return sum(sum(x) / len(x) for x in samples.values()) / len(samples)
+
+
+def decompose(first: dict[int, Samples], second: dict[int, Samples], samples: tuple[int, ...] = (4, 8, 16, 32),
+              half_width: float = 0.025) -> dict:
+    """The paired difference first − second over the seeds both have ({seed: samples}; fractions): its variance over
+    seeds, the evaluation's part E (and E had the sampling been independent), the rest T, and per m in `samples`
+    the projected sd and the seeds for ±half_width."""
     seeds = sorted(set(first) & set(second))
     if len(seeds) < 2:
         raise ValueError(f"{len(seeds)} paired seed(s): the variance over seeds needs at least 2.")
-    d = [sum(first[s]) / len(first[s]) - sum(second[s]) / len(second[s]) for s in seeds]
-    mean = sum(d) / len(d)
-    total = sum((x - mean) ** 2 for x in d) / (len(d) - 1)
-    evaluation = sum(sampling_variance(first[s], n) + sampling_variance(second[s], n) for s in seeds) / len(seeds)
+    n = len(next(iter(first[seeds[0]].values())))
+    total = statistics.variance([_mean(first[s]) - _mean(second[s]) for s in seeds])
+    evaluation = statistics.fmean(paired_sampling_variance(first[s], second[s]) for s in seeds)
+    independent = statistics.fmean(independent_sampling_variance(first[s], second[s]) for s in seeds)
     rest = max(total - evaluation, 0.0)
     projected = {}
     for m in samples:
         sd = math.sqrt(rest + evaluation * n / m)
         projected[m] = {"sd": sd, "seeds": seeds_needed(sd, half_width)}
-    return {"seeds": seeds, "n": n, "var": total, "eval_var": evaluation, "rest_var": rest,
-            "eval_share": evaluation / total if total > 0 else None, "sd": math.sqrt(total), "projected": projected}
+    return {"seeds": seeds, "n": n, "var": total, "eval_var": evaluation, "eval_var_independent": independent,
+            "rest_var": rest, "eval_share": evaluation / total if total > 0 else None, "sd": math.sqrt(total),
+            "projected": projected}
 
 
-def per_problem(out_dir: str | Path, metric: str, keep: set[int] | None = None) -> tuple[dict, int]:
-    """{arm label: {seed: per-problem accuracies}} of the finished runs in out_dir, and n (samples per problem)."""
+def load_samples(out_dir: str | Path, metric: str, keep: set[int] | None = None) -> dict[str, dict[int, Samples]]:
+    """{arm label: {seed: samples}} of the finished runs in out_dir, for `metric` = <evaluation>/<benchmark>/acc@n."""
     out_dir = Path(out_dir)
     plan_path = out_dir / PLAN_FILE
     if not plan_path.is_file():
         raise ValueError(f"{out_dir}: no {PLAN_FILE}; give the --output_dir of a grail compare (or its archive).")
-    stat = metric.rpartition("/")[2]
-    if not stat.startswith("acc@") or not stat.removeprefix("acc@").isdigit():
+    evaluation, benchmark, stat = (metric.split("/") + ["", ""])[:3]
+    if not stat.startswith("acc@") or not benchmark:
         raise ValueError(f"--metric {metric}: give a sampled accuracy, <evaluation>/<benchmark>/acc@n.")
-    n = int(stat.removeprefix("acc@"))
-    table: dict[str, dict[int, list[float]]] = {}
+    table: dict[str, dict[int, Samples]] = {}
     for run in load_runs(out_dir, json.loads(plan_path.read_text())):
         if run.result is None or (keep is not None and run.seed not in keep):
             continue
-        values = problem_values(run.result.get("evaluations") or {}, metric)
-        if values is None:
-            raise ValueError(f"{run.path}: no per-problem values of {metric} in its compare_result.json; name a "
-                             f"metric the runs evaluated (e.g. sampled/synthetic/acc@4).")
-        table.setdefault(run.arm, {})[run.seed] = list(values.values())
-    return table, n
+        path = run.path / "eval" / "final" / evaluation / "samples.jsonl"
+        if not path.is_file():
+            raise ValueError(f"{path} does not exist: name an evaluation the runs sampled (e.g. "
+                             f"sampled/synthetic/acc@4).")
+        rows: dict[str, dict[int, float]] = {}
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            if row.get("benchmark") == benchmark:
+                rows.setdefault(str(row["problem_id"]), {})[int(row["sample_index"])] = float(bool(row["correct"]))
+        if not rows:
+            raise ValueError(f"{path}: no samples of benchmark {benchmark!r}; name one the runs evaluated.")
+        table.setdefault(run.arm, {})[run.seed] = {pid: [x[j] for j in sorted(x)] for pid, x in rows.items()}
+    return table
 
 
 def _seed_set(text: str | None) -> set[int] | None:
@@ -93,13 +129,15 @@ def _seed_set(text: str | None) -> set[int] | None:
 
 
 def markdown(rows: list[dict], samples: tuple[int, ...], half_width: float) -> str:
-    head = ("| pair | seeds | sd of differences | evaluation share | "
+    head = ("| pair | seeds | sd of differences | evaluation share | evaluation share, were arms independent | "
             + " | ".join(f"sd, seeds for ±{100 * half_width:g} at n={m}" for m in samples) + " |")
-    lines = [head, "|---|---:|---:|---:|" + "---:|" * len(samples)]
+    lines = [head, "|---|---:|---:|---:|---:|" + "---:|" * len(samples)]
     for r in rows:
         share = "–" if r["eval_share"] is None else f"{100 * r['eval_share']:.0f}%"
+        independent = "–" if not r["var"] else f"{100 * r['eval_var_independent'] / r['var']:.0f}%"
         cells = [f"{100 * r['projected'][m]['sd']:.2f}, {r['projected'][m]['seeds'] or '> 10000'}" for m in samples]
-        lines.append(f"| {r['pair']} | {len(r['seeds'])} | {100 * r['sd']:.2f} | {share} | " + " | ".join(cells) + " |")
+        lines.append(f"| {r['pair']} | {len(r['seeds'])} | {100 * r['sd']:.2f} | {share} | {independent} | "
+                     + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -115,17 +153,17 @@ def main() -> None:
     args = parser.parse_args()
     samples = tuple(int(m) for m in args.samples.split(","))
     try:
-        table, n = per_problem(args.comparison, args.metric, _seed_set(args.seeds))
+        table = load_samples(args.comparison, args.metric, _seed_set(args.seeds))
         rows = []
         for pair in args.pairs.split(","):
             a, _, b = pair.partition(":")
             missing = [arm for arm in (a, b) if arm not in table]
             if missing:
                 raise ValueError(f"--pairs {pair}: no finished run of {missing[0]!r} (arms: {', '.join(table)}).")
-            rows.append({"pair": f"{a} − {b}", **decompose(table[a], table[b], n, samples, args.half_width / 100)})
+            rows.append({"pair": f"{a} − {b}", **decompose(table[a], table[b], samples, args.half_width / 100)})
     except ValueError as err:
         raise SystemExit(f"eval_noise: {err}") from None
-    print(f"{args.metric}, n = {n} samples per problem; points:\n")
+    print(f"{args.metric}; points:\n")
     print(markdown(rows, samples, args.half_width / 100))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")

@@ -1,6 +1,7 @@
 """perf/eval_noise.py: the share of a comparison's seed-to-seed variance that is its evaluation's own sampling.
-Checked on simulated evaluations whose truth is known (Bernoulli samples from fixed per-problem accuracies, with and
-without a training effect per seed), and on a hand-written comparison directory."""
+Checked on simulated evaluations whose truth is known (Bernoulli samples from fixed per-problem accuracies, drawn
+independently or with the two arms sharing their random numbers, with and without a training effect per seed), and
+on a hand-written comparison directory."""
 
 import json
 import random
@@ -16,28 +17,45 @@ N = 4
 P_TRUE = [0.05 * (i % 12) for i in range(64)]  # 0 .. 0.55: problems of every difficulty, as on the real task
 
 
-def _evaluate(rng: random.Random, p: list[float]) -> list[float]:
-    """One evaluation: per problem, the mean of N Bernoulli samples."""
-    return [sum(rng.random() < min(max(q, 0.0), 1.0) for _ in range(N)) / N for q in p]
+def _evaluate(uniforms: list[list[float]], p: list[float]) -> dict[str, list[float]]:
+    """One evaluation: per problem, N samples correct where the uniform draw falls below its accuracy."""
+    return {str(i): [float(u < q) for u in row] for i, (row, q) in enumerate(zip(uniforms, p, strict=True))}
+
+
+def _draws(rng: random.Random) -> list[list[float]]:
+    return [[rng.random() for _ in range(N)] for _ in P_TRUE]
 
 
 def test_without_a_training_effect_the_evaluation_explains_the_whole_spread():
     rng = random.Random(0)
     seeds = range(1500)
-    first = {s: _evaluate(rng, P_TRUE) for s in seeds}
-    second = {s: _evaluate(rng, P_TRUE) for s in seeds}
-    out = noise.decompose(first, second, N)
-    assert out["eval_share"] == pytest.approx(1.0, abs=0.1)  # without the n/(n−1) correction it would be 0.75
+    first = {s: _evaluate(_draws(rng), P_TRUE) for s in seeds}
+    second = {s: _evaluate(_draws(rng), P_TRUE) for s in seeds}
+    out = noise.decompose(first, second)
+    assert out["n"] == N and out["eval_share"] == pytest.approx(1.0, abs=0.1)
+    assert out["eval_var_independent"] == pytest.approx(out["eval_var"], rel=0.05)  # nothing shared: they agree
     assert out["projected"][N]["sd"] == pytest.approx(out["sd"], rel=0.06)
+
+
+def test_arms_that_share_their_random_numbers_are_credited_with_less_evaluation_noise():
+    rng = random.Random(3)
+    seeds = range(1500)
+    draws = {s: _draws(rng) for s in seeds}  # the same uniforms for both arms of a seed, as same-seed evaluations
+    first = {s: _evaluate(draws[s], [q + 0.05 for q in P_TRUE]) for s in seeds}
+    second = {s: _evaluate(draws[s], P_TRUE) for s in seeds}
+    out = noise.decompose(first, second)
+    truth = 0.05 * 0.95 / N / len(P_TRUE)  # δ_ij is 1 with probability 0.05, else 0, for every problem
+    assert out["eval_var"] == pytest.approx(truth, rel=0.1) and out["var"] == pytest.approx(truth, rel=0.1)
+    assert out["eval_var_independent"] > 5 * out["eval_var"]  # the independent formula would overstate it
 
 
 def test_a_training_effect_per_seed_is_what_remains():
     rng = random.Random(1)
     seeds = range(1500)
     shift = {s: 0.1 if s % 2 else -0.1 for s in seeds}  # the trained model differs by seed: variance 0.01
-    first = {s: _evaluate(rng, [q + 0.2 + shift[s] for q in P_TRUE]) for s in seeds}
-    second = {s: _evaluate(rng, [q + 0.2 for q in P_TRUE]) for s in seeds}
-    out = noise.decompose(first, second, N)
+    first = {s: _evaluate(_draws(rng), [q + 0.2 + shift[s] for q in P_TRUE]) for s in seeds}
+    second = {s: _evaluate(_draws(rng), [q + 0.2 for q in P_TRUE]) for s in seeds}
+    out = noise.decompose(first, second)
     assert out["rest_var"] == pytest.approx(0.01, rel=0.2)
     true_eval = sum((q + 0.3) * (0.7 - q) / 2 + (q + 0.1) * (0.9 - q) / 2 + (q + 0.2) * (0.8 - q)
                     for q in P_TRUE) / (N * len(P_TRUE) ** 2)  # the first arm at ±0.1 half the time each
@@ -45,70 +63,73 @@ def test_a_training_effect_per_seed_is_what_remains():
     assert out["eval_share"] == pytest.approx(true_eval / (true_eval + 0.01), rel=0.2)
 
 
-def test_the_projection_scales_only_the_evaluation_part():
-    first = {0: [0.5, 0.25], 1: [0.75, 0.5], 2: [0.25, 0.0]}
-    second = {0: [0.0, 0.0], 1: [0.25, 0.25], 2: [0.5, 0.5]}
-    out = noise.decompose(first, second, 4, samples=(4, 16))
-    d = [0.375, 0.375, -0.375]
-    mean = sum(d) / 3
-    assert out["var"] == pytest.approx(sum((x - mean) ** 2 for x in d) / 2)
-    e = sum(sum(a * (1 - a) for a in first[s] + second[s]) / (3 * 4) for s in range(3)) / 3  # (n − 1) P² = 3 · 4
-    assert out["eval_var"] == pytest.approx(e)
-    assert out["projected"][16]["sd"] ** 2 == pytest.approx(out["rest_var"] + e / 4)
+def test_the_estimates_and_the_projection_by_hand():
+    first = {0: {"a": [1, 0, 1, 0], "b": [1, 1, 1, 1]}, 1: {"a": [0, 0, 0, 0], "b": [1, 0, 0, 0]}}
+    second = {0: {"a": [1, 0, 0, 0], "b": [1, 1, 0, 1]}, 1: {"a": [1, 1, 0, 0], "b": [0, 0, 0, 0]}}
+    out = noise.decompose(first, second, samples=(4, 16))
+    assert out["var"] == pytest.approx(((0.75 - 0.5) - (0.125 - 0.25)) ** 2 / 2)  # two seeds: (d0 − d1)² / 2
+    # seed 0: δ_a = (0, 0, 1, 0), δ_b = (0, 0, 1, 0): var 0.25 each; seed 1: δ_a = (−1, −1, 0, 0): var 1/3,
+    # δ_b = (1, 0, 0, 0): var 0.25; each / n / P²
+    assert out["eval_var"] == pytest.approx(((0.25 + 0.25) + (1 / 3 + 0.25)) / 2 / 4 / 4)
+    indep = [(0.25 + 0 + 0.1875 + 0.1875), (0 + 0.1875 + 0.25 + 0)]  # Σ a(1 − a) over both arms' problems
+    assert out["eval_var_independent"] == pytest.approx(sum(v / 3 / 4 for v in indep) / 2)
+    assert out["projected"][16]["sd"] ** 2 == pytest.approx(out["rest_var"] + out["eval_var"] / 4)
 
 
-def test_fewer_than_two_paired_seeds_or_one_sample_is_refused():
+def test_what_cannot_be_paired_is_refused():
+    one = {"a": [1.0, 0.0]}
     with pytest.raises(ValueError, match="at least 2"):
-        noise.decompose({0: [0.5]}, {0: [0.5], 1: [0.5]}, 4)
-    with pytest.raises(ValueError, match="greedy has none"):
-        noise.sampling_variance([0.0, 1.0], 1)
+        noise.decompose({0: one}, {0: one, 1: one})
+    with pytest.raises(ValueError, match="greedy has no sampling"):
+        noise.paired_sampling_variance({"a": [1.0]}, {"a": [0.0]})
+    with pytest.raises(ValueError, match="different problems"):
+        noise.paired_sampling_variance(one, {"b": [1.0, 0.0]})
 
 
-def test_it_reads_a_comparison_directory_and_keeps_the_seeds_asked_for(tmp_path):
+def _comparison(tmp_path, seeds: int, rows) -> None:
     metric = "sampled/synthetic/acc@4"
     arms = compare.parse_arms("none,grail", [])
-    plan = {"seeds": 3, "seed_fields": ["seed", "data_seed"], "base": {},
+    plan = {"seeds": seeds, "seed_fields": ["seed", "data_seed"], "base": {},
             "protocol": {"kind": "synthetic held-out", "primary": metric, "description": "hand-written"},
             "arms": [{"label": a.label, "slug": a.slug, "method": a.method, "fields": a.fields} for a in arms]}
     (tmp_path / compare.PLAN_FILE).write_text(json.dumps(plan))
     for arm in ("none", "grail"):
-        for seed in range(3):
+        for seed in range(seeds):
             run = run_path(tmp_path, arm, seed)
-            run.mkdir(parents=True)
-            entry = {"name": "synthetic", "n": "4", "problem_ids": ["0", "1"],
-                     "per_problem_acc": [0.25 * seed, 0.5], "per_problem_pass": {}}
-            (run / RESULT_FILE).write_text(json.dumps({"metrics": {metric: 0.1},
-                                                       "evaluations": {"sampled": [entry]}}))
-    table, n = noise.per_problem(tmp_path, metric, keep={0, 2})
-    assert n == 4 and table["grail"] == {0: [0.0, 0.5], 2: [0.5, 0.5]} and set(table["none"]) == {0, 2}
+            (run / "eval/final/sampled").mkdir(parents=True)
+            (run / RESULT_FILE).write_text(json.dumps({"metrics": {metric: 0.1}}))
+            (run / "eval/final/sampled/samples.jsonl").write_text("".join(
+                json.dumps({"benchmark": b, "problem_id": pid, "sample_index": j, "correct": bool(x)}) + "\n"
+                for b, pid, j, x in rows(arm, seed)))
+
+
+def test_it_reads_a_comparison_directory_and_keeps_the_seeds_asked_for(tmp_path):
+    def rows(arm, seed):  # samples written out of order, and another benchmark's, which is ignored
+        return [("synthetic", "1", 1, seed % 2), ("synthetic", "1", 0, 1), ("synthetic", "0", 0, 0),
+                ("synthetic", "0", 1, arm == "grail"), ("other", "0", 0, 1)]
+    _comparison(tmp_path, 3, rows)
+    table = noise.load_samples(tmp_path, "sampled/synthetic/acc@4", keep={0, 2})
+    assert table["grail"] == {0: {"0": [0.0, 1.0], "1": [1.0, 0.0]}, 2: {"0": [0.0, 1.0], "1": [1.0, 0.0]}}
+    assert set(table["none"]) == {0, 2} and table["none"][0]["0"] == [0.0, 0.0]
     with pytest.raises(ValueError, match="give a sampled accuracy"):
-        noise.per_problem(tmp_path, "greedy/synthetic/pass@2")
-    with pytest.raises(ValueError, match="no per-problem values"):
-        noise.per_problem(tmp_path, "sampled/gsm8k/acc@4")
-    assert noise._seed_set("0-2,5") == {0, 1, 2, 5}
-    assert noise._seed_set(None) is None
+        noise.load_samples(tmp_path, "sampled/synthetic/pass@2")
+    with pytest.raises(ValueError, match="name an evaluation the runs sampled"):
+        noise.load_samples(tmp_path, "greedy/synthetic/acc@1")
+    with pytest.raises(ValueError, match="no samples of benchmark 'gsm8k'"):
+        noise.load_samples(tmp_path, "sampled/gsm8k/acc@4")
+    assert noise._seed_set("0-2,5") == {0, 1, 2, 5} and noise._seed_set(None) is None
 
 
 def test_the_command_prints_the_table(tmp_path, monkeypatch, capsys):
     rng = random.Random(2)
-    metric = "sampled/synthetic/acc@4"
-    arms = compare.parse_arms("none,grail", [])
-    plan = {"seeds": 4, "seed_fields": ["seed", "data_seed"], "base": {},
-            "protocol": {"kind": "synthetic held-out", "primary": metric, "description": "hand-written"},
-            "arms": [{"label": a.label, "slug": a.slug, "method": a.method, "fields": a.fields} for a in arms]}
-    (tmp_path / compare.PLAN_FILE).write_text(json.dumps(plan))
-    for arm in ("none", "grail"):
-        for seed in range(4):
-            run = run_path(tmp_path, arm, seed)
-            run.mkdir(parents=True)
-            entry = {"name": "synthetic", "n": "4", "problem_ids": [str(i) for i in range(64)],
-                     "per_problem_acc": _evaluate(rng, P_TRUE), "per_problem_pass": {}}
-            (run / RESULT_FILE).write_text(json.dumps({"metrics": {metric: 0.1},
-                                                       "evaluations": {"sampled": [entry]}}))
+
+    def rows(arm, seed):
+        return [("synthetic", str(i), j, rng.random() < q) for i, q in enumerate(P_TRUE) for j in range(N)]
+    _comparison(tmp_path, 4, rows)
     monkeypatch.setattr("sys.argv", ["eval_noise.py", str(tmp_path), "--pairs", "grail:none", "--samples", "4,16",
                                      "--json", str(tmp_path / "out.json")])
     noise.main()
     row = json.loads((tmp_path / "out.json").read_text())[0]
-    assert row["pair"] == "grail − none" and row["seeds"] == [0, 1, 2, 3]
+    assert row["pair"] == "grail − none" and row["seeds"] == [0, 1, 2, 3] and row["n"] == N
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| grail − none"))
     assert line.startswith(f"| grail − none | 4 | {100 * row['sd']:.2f} |")
