@@ -179,9 +179,6 @@ def run(args, rest: list[str]) -> int:
 
 
 def _report_only(args, rest: list[str]) -> int:
-    import json
-
-    from grail.analysis.compare.plan import PLAN_FILE
     from grail.analysis.compare.schedule import report_only
 
     if not args.resume:
@@ -189,11 +186,8 @@ def _report_only(args, rest: list[str]) -> int:
     extra = _plan_flags(args, rest)
     if extra:
         raise ValueError(f"--report-only reports the comparison as it is and trains nothing; drop {', '.join(extra)}.")
-    path = Path(args.resume) / PLAN_FILE
-    if not path.is_file():
-        raise ValueError(f"--resume {args.resume}: no {PLAN_FILE} there; give the --output_dir of an earlier grail "
-                         f"compare, or its archive.")
-    report_only(json.loads(path.read_text()), args.resume, jobs=args.jobs)
+    plan, out_dir = _resumed_plan(args, rest)  # nothing to amend: the flags that would are refused above
+    report_only(plan, out_dir, jobs=args.jobs)
     return 0
 
 
