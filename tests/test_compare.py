@@ -147,6 +147,27 @@ def test_each_checkpoint_gets_the_saliency_auroc_and_the_report_follows_it_over_
     assert (copied / RESULT_FILE).stat().st_mtime_ns == marker  # the run itself is not redone
 
 
+def test_each_run_says_where_its_evaluation_time_went_and_the_report_sums_it_up(comparison):
+    """eval_phase_seconds: each accuracy evaluation's sampling and grading as its harness timed it, the rest of the
+    accuracy part, then the AUROC; the parts add up to eval_seconds, and the report's table is their mean over runs."""
+    out, _ = comparison
+    report = json.loads((out / "report.json").read_text())
+    phases = report["timing"]["eval_phase_seconds"]
+    assert list(phases) == ["greedy", "sampled", "loading and writing", "auroc and extra evaluations"]
+    for arm in json.loads((out / "compare.json").read_text())["arms"]:
+        runs = [_result(out, arm["slug"], s) for s in range(2)]
+        for seed, run in enumerate(runs):
+            parts = run["eval_phase_seconds"]
+            assert all(v >= 0 for v in parts.values()) and parts["auroc and extra evaluations"] > 0
+            assert sum(parts.values()) == pytest.approx(run["eval_seconds"], rel=1e-6)
+            for name in ("greedy", "sampled"):
+                harness = out / "runs" / arm["slug"] / f"seed{seed}" / "eval" / "final" / name / "results.json"
+                assert parts[name] == json.loads(harness.read_text())["timing"]["seconds"]
+        assert phases["sampled"][arm["label"]]["mean"] == pytest.approx(statistics.fmean(
+            r["eval_phase_seconds"]["sampled"] for r in runs))
+    assert "Where the evaluation's time went" in (out / "report.md").read_text()
+
+
 def test_arms_of_one_seed_differ_only_in_the_arms_fields(comparison):
     out, _ = comparison
 

@@ -135,8 +135,11 @@ def test_grail_eval_end_to_end_on_two_benchmarks(tmp_path, tiny_dir, capsys):
     assert [b["name"] for b in results["benchmarks"]] == ["math500", "synthetic"]
     assert set(results["benchmarks"][0]["pass_at_k"]) == {"1", "2"}
     assert "math500" in capsys.readouterr().out
+    assert results["timing"]["new_samples"] == len(records) and results["timing"]["seconds"] > 0
     assert main(argv) == 0  # a rerun resumes: nothing left to sample, same results
-    assert json.loads((out / "results.json").read_text())["benchmarks"] == results["benchmarks"]
+    rerun = json.loads((out / "results.json").read_text())
+    assert rerun["benchmarks"] == results["benchmarks"]
+    assert rerun["timing"]["new_samples"] == 0  # the timing is this call's, which sampled nothing
 
 
 @pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data/benchmarks is not present")

@@ -14,7 +14,9 @@ Output directory:
     run.json        the arguments (a rerun with other arguments into the same directory is refused)
     samples.jsonl   one line per sample: benchmark, problem_id, sample_index, completion, extracted, correct,
                     reason, tokens — appended batch by batch, flushed and fsync'ed
-    results.json    metrics per benchmark and both averages (written atomically: temp file + rename)
+    results.json    metrics per benchmark and both averages (written atomically: temp file + rename), and
+                    "timing": this call's wall seconds of sampling and grading and its new samples (a resumed
+                    evaluation's covers only what this call did)
     results.md      the same as a markdown table (atomically)
 
 Resuming. Problems are processed in a fixed order (benchmarks as given, each in file order), in batches of
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -188,8 +191,10 @@ def run_evaluation(sampler: Sampler, tokenizer, spec: EvalSpec, out_dir: str | P
     batches = sampling_batches(spec, loaded)
     done = sum(all(_key(p.source, p.id, j) in recorded for j in range(n)) for p in items)
     bar = _progress_bar(len(items), done, progress)
+    begin = time.perf_counter()
     with GradingPool(workers if done < len(items) else 1) as pool:  # one set of grading processes for the run
         new_samples = _sample_and_grade(sampler, tokenizer, spec, batches, recorded, samples_path, pool, bar)
+    timing = {"seconds": time.perf_counter() - begin, "new_samples": new_samples}
     if bar is not None:
         bar.close()
     scores = [_score(bench, recorded, spec) for bench in loaded if bench.problems]
@@ -199,7 +204,8 @@ def run_evaluation(sampler: Sampler, tokenizer, spec: EvalSpec, out_dir: str | P
                "spec": spec.record(),
                "benchmarks_loaded": [{"name": b.name, "subset": b.subset, "total_rows": b.total_rows,
                                       "evaluated": len(b.problems), "skipped": [list(s) for s in b.skipped]}
-                                     for b in loaded]}
+                                     for b in loaded],
+               "timing": timing}
     markdown = f"Scoring: {SCORINGS[spec.scoring].description}.\n\n" + format_markdown(scores, averages)
     _write_atomic(out_dir / "results.json", json.dumps(results, indent=2) + "\n")
     _write_atomic(out_dir / "results.md", markdown + "\n")

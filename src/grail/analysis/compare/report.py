@@ -330,6 +330,12 @@ def render_markdown(s: dict, plots: list[str], plot_note: str, jobs: int) -> str
                       _spread(t["seconds_per_step"][arm], 3), _spread(t["eval_seconds"][arm], 1),
                       _spread(step[arm], 1) + (f" ({step[arm]['n']})" if step[arm]["mean"] is not None else "")]
                      for arm in arms])
+    phases = t.get("eval_phase_seconds") or {}
+    if phases:
+        lines += ["", "Where the evaluation's time went, seconds per run, mean [min, max] over the same runs: each "
+                      "accuracy evaluation's sampling and grading, loading the model and writing, and the evaluations "
+                      "after it (the saliency AUROC where the plan asks for it):", ""]
+        lines += _table(["arm", *phases], [[arm, *(_spread(phases[k][arm], 1) for k in phases)] for arm in arms])
     total = t.get("total")
     if total and total["runs"]:
         lines += ["", f"The last column sums TRL's per-step time (generation and loss) over each finished run's steps, "

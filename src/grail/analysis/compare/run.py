@@ -173,6 +173,7 @@ def run_one(plan: dict, out_dir: str | Path, slug: str, seed: int, log: Log = pr
         final_dir = run_dir / "final"
         metrics, per_problem = evaluate_model(plan, out_dir, seed, final_dir, run_dir / "eval" / "final", log,
                                               grading_workers)
+        extra_start = time.perf_counter()
         evaluations = list(EXTRA_EVALUATIONS)
         if plan.get("auroc_rows"):  # saliency quality of the final model (grail.analysis.compare.auroc)
             evaluations.append(lambda model_dir, cfg, log: run_auroc(model_dir, cfg, AurocPlan.of(plan)))
@@ -185,12 +186,31 @@ def run_one(plan: dict, out_dir: str | Path, slug: str, seed: int, log: Log = pr
             write_json(extra_path, extra)
         if plan.get("auroc_rows"):
             checkpoint_auroc(plan, out_dir, slug, seed, log)
-        result = {"arm": arm["label"], "seed": seed, **trained, "eval_seconds": time.perf_counter() - eval_start,
-                  "wall_seconds": time.perf_counter() - start, "metrics": metrics, "evaluations": per_problem}
+        end = time.perf_counter()
+        result = {"arm": arm["label"], "seed": seed, **trained, "eval_seconds": end - eval_start,
+                  "eval_phase_seconds": eval_phases(run_dir / "eval" / "final", extra_start - eval_start,
+                                                    end - extra_start),
+                  "wall_seconds": end - start, "metrics": metrics, "evaluations": per_problem}
         write_json(run_dir / RESULT_FILE, result)  # last: the finished marker
     if plan.get("drop_checkpoints"):
         drop_checkpoints(run_dir, log)
     return result
+
+
+def eval_phases(eval_dir: Path, accuracy_seconds: float, other_seconds: float) -> dict[str, float]:
+    """Where a run's evaluation time went: each accuracy evaluation's sampling and grading (its harness's
+    results.json "timing", by evaluation name: greedy and sampled, or benchmarks), the rest of the accuracy part
+    (loading the model, writing), and the evaluations after it (the saliency AUROC and any extra evaluation). The
+    parts add up to the accuracy and other seconds given. An evaluation resumed after a kill counts only the work
+    done by this call."""
+    phases = {}
+    for results in sorted(eval_dir.glob("*/results.json")):
+        timing = json.loads(results.read_text()).get("timing")
+        if timing is not None:
+            phases[results.parent.name] = timing["seconds"]
+    phases["loading and writing"] = max(0.0, accuracy_seconds - sum(phases.values()))
+    phases["auroc and extra evaluations"] = other_seconds
+    return phases
 
 
 def drop_checkpoints(run_dir: Path, log: Log = print) -> int:

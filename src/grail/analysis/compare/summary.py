@@ -295,9 +295,14 @@ def summarize(plan: dict, runs: list[RunData], start: StartData | None = None) -
     completions = {f"{k}{suffix}": _stats(_per_arm(finished, arms, lambda r, k=k, n=n: _key_mean(r.log, k, n)), arms,
                                           lay)["per_arm"]
                    for k in COMPLETION_KEYS for suffix, n in (("", None), (f" (last {LAST_STEPS} steps)", LAST_STEPS))}
-    timing = {k: _stats(_per_arm([r for r in finished if not r.result.get("resumed")], arms,
-                                 lambda r, k=k: r.result.get(k)), arms, lay)["per_arm"]
+    untimed = [r for r in finished if not r.result.get("resumed")]  # a resumed run's clock covers its last part
+    timing = {k: _stats(_per_arm(untimed, arms, lambda r, k=k: r.result.get(k)), arms, lay)["per_arm"]
               for k in ("train_seconds", "seconds_per_step", "eval_seconds")}
+    phases = list(dict.fromkeys(k for r in untimed for k in r.result.get("eval_phase_seconds") or {}))
+    if phases:  # where the evaluation's time went (runs of grail-rl before 2026-11-27 do not say)
+        timing["eval_phase_seconds"] = {
+            k: _stats(_per_arm(untimed, arms, lambda r, k=k: (r.result.get("eval_phase_seconds") or {}).get(k)),
+                      arms, lay)["per_arm"] for k in phases}
     timing["step_seconds"] = _stats(_per_arm(finished, arms, lambda r: step_seconds(r.log)), arms, lay)["per_arm"]
     timing["total"] = {
         "runs": len(finished), "resumed": sum(bool(r.result.get("resumed")) for r in finished),
