@@ -2,7 +2,8 @@
 against its nulls (random, position, the rescaled arm), from the same runs. The report pairs every arm with GRPO;
 this pairs any two, with the report's own statistics (grail.analysis.compare.summary.paired_stats): per seed s
 both arms finished, d_s = a_s − b_s; the 95% t-interval over seeds, the exact sign-flip p and the percentile
-bootstrap interval.
+bootstrap interval. With several pairs, each metric's sign-flip p-values also get Holm's adjustment over its pairs
+(grail.analysis.compare.stats.holm): the p to read when the pairs are a family of secondary comparisons.
 
     python perf/paired_arms.py ~/runs/does-it-pay --pairs grail:random,grail:position \
         [--metrics sampled/synthetic/acc@4,greedy/synthetic/acc@1] [--json out.json]
@@ -16,6 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
+from grail.analysis.compare.stats import holm
 from grail.analysis.compare.summary import paired_stats
 
 
@@ -46,14 +48,24 @@ def paired_arms(report: dict, a: str, b: str, metric: str) -> dict:
     return {**paired_stats(second, first, reference=b), "a": a, "b": b, "metric": metric}
 
 
+def with_holm(rows: list[dict]) -> list[dict]:
+    """Each row with `holm_p`: its sign-flip p adjusted over the rows of the same metric (Holm)."""
+    out = [dict(r) for r in rows]
+    for metric in dict.fromkeys(r["metric"] for r in out):
+        family = [r for r in out if r["metric"] == metric]
+        for r, p in zip(family, holm([r["sign_flip_p"] for r in family]), strict=True):
+            r["holm_p"] = p
+    return out
+
+
 def markdown(rows: list[dict], scale: float = 100.0) -> str:
-    lines = ["| pair | metric | seeds | mean ± half-width [95% t] | sign-flip p | bootstrap 95% |",
-             "|---|---|---:|---:|---:|---:|"]
+    lines = ["| pair | metric | seeds | mean ± half-width [95% t] | sign-flip p | Holm p | bootstrap 95% |",
+             "|---|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         boot = r["bootstrap"]
         lines.append(f"| {r['a']} − {r['b']} | {r['metric']} | {r['n']} | {scale * r['mean']:+.1f} ± "
                      f"{scale * r['half_width']:.1f} [{scale * r['low']:+.1f}, {scale * r['high']:+.1f}] | "
-                     f"{r['sign_flip_p']:.3f} | [{scale * boot[0]:+.1f}, {scale * boot[1]:+.1f}] |")
+                     f"{r['sign_flip_p']:.3f} | {r['holm_p']:.3f} | [{scale * boot[0]:+.1f}, {scale * boot[1]:+.1f}] |")
     return "\n".join(lines)
 
 
@@ -73,7 +85,7 @@ def main() -> None:
         raise SystemExit(f"--pairs {args.pairs!r}: give each pair as a:b (e.g. grail:random).")
     metrics = args.metrics.split(",") if args.metrics else [report["primary_metric"]]
     try:
-        rows = [paired_arms(report, a, b, m) for m in metrics for a, b in pairs]
+        rows = with_holm([paired_arms(report, a, b, m) for m in metrics for a, b in pairs])
     except ValueError as err:
         raise SystemExit(str(err)) from None
     print(markdown(rows))

@@ -7,7 +7,15 @@ import statistics
 
 import pytest
 
-from grail.analysis.compare.stats import bootstrap_interval, seeds_needed, sign_flip_p, t_cdf, t_interval, t_quantile
+from grail.analysis.compare.stats import (
+    bootstrap_interval,
+    holm,
+    seeds_needed,
+    sign_flip_p,
+    t_cdf,
+    t_interval,
+    t_quantile,
+)
 
 
 @pytest.mark.parametrize("p", [0.6, 0.8, 0.9, 0.975, 0.995])
@@ -78,3 +86,12 @@ def test_bootstrap_interval_brackets_the_mean_and_is_reproducible():
     assert low < statistics.fmean(values) < high and min(values) <= low and high <= max(values)
     assert bootstrap_interval(values) == (low, high)  # a fixed seed
     assert bootstrap_interval([1.0, 1.0, 1.0]) == (1.0, 1.0) and bootstrap_interval([1.0]) is None
+
+
+def test_holm_multiplies_the_sorted_p_values_by_the_tests_left_and_keeps_them_in_order():
+    # sorted: 0.01·4 = 0.04, 0.03·3 = 0.09, 0.04·2 = 0.08 → 0.09 (never below an earlier one), 0.20·1 = 0.20
+    assert holm([0.01, 0.04, 0.03, 0.20]) == pytest.approx([0.04, 0.09, 0.09, 0.20])
+    assert holm([0.5, 0.6]) == [1.0, 1.0]  # capped at 1
+    assert holm([0.02]) == [0.02] and holm([]) == []  # one test: nothing to adjust
+    with pytest.raises(ValueError, match=r"in \[0, 1\]"):
+        holm([0.1, 1.5])

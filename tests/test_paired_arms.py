@@ -53,3 +53,13 @@ def test_a_pairing_the_report_cannot_give_is_refused_by_name(tmp_path, capsys):
         sys.argv = argv
     table = capsys.readouterr().out
     assert "| grail − random | sampled/synthetic/acc@4 | 3 | +8.3 ±" in table
+    assert "| Holm p |" in table.splitlines()[0]
+
+
+def test_several_pairs_get_holm_adjusted_p_values_within_each_metric():
+    module = load_perf_script("paired_arms")
+    rows = [{"metric": "m1", "sign_flip_p": 0.01}, {"metric": "m1", "sign_flip_p": 0.04},
+            {"metric": "m2", "sign_flip_p": 0.04}]
+    out = module.with_holm(rows)
+    assert [r["holm_p"] for r in out] == pytest.approx([0.02, 0.04, 0.04])  # m2's one pair is its own family
+    assert "holm_p" not in rows[0]  # the rows given are left as they were

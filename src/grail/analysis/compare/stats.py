@@ -8,6 +8,9 @@
                test (under H0 each d_s is as likely −d_s: the two-sided p is the share of the 2^S sign assignments
                whose |mean| reaches the observed one; exact, so with S seeds p ≥ 2 / 2^S: S ≥ 6 to reach 0.05), and
                a percentile bootstrap interval of the mean over seeds (resampled with replacement, a fixed seed)
+    several    Holm's step-down adjustment of m p-values tested together: sorted p₍₁₎ ≤ … ≤ p₍ₘ₎, adjusted
+               p₍ᵢ₎ = max over j ≤ i of min(1, (m − j + 1) · p₍ⱼ₎); rejecting where it is below α keeps the chance of
+               any false rejection among the m below α, without assuming them independent
 
 The Student t quantile is computed here (regularised incomplete beta, bisection)."""
 
@@ -17,8 +20,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["Interval", "LEVEL", "POWER", "bootstrap_interval", "paired_interval", "seeds_needed", "sign_flip_p",
-           "t_cdf", "t_interval", "t_quantile"]
+__all__ = ["Interval", "LEVEL", "POWER", "bootstrap_interval", "holm", "paired_interval", "seeds_needed",
+           "sign_flip_p", "t_cdf", "t_interval", "t_quantile"]
 
 LEVEL = 0.95
 POWER = 0.80
@@ -180,3 +183,15 @@ def bootstrap_interval(values: Sequence[float], level: float = LEVEL, resamples:
     means = sorted(sum(rng.choice(v) for _ in range(n)) / n for _ in range(resamples))
     tail = (1.0 - level) / 2.0
     return means[int(math.floor(tail * (resamples - 1)))], means[int(math.ceil((1.0 - tail) * (resamples - 1)))]
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm-adjusted p-values (module docstring), in the order given."""
+    m = len(p_values)
+    if any(not 0.0 <= p <= 1.0 for p in p_values):
+        raise ValueError(f"p-values must lie in [0, 1], got {list(p_values)}")
+    adjusted, running = [0.0] * m, 0.0
+    for rank, i in enumerate(sorted(range(m), key=lambda i: p_values[i])):
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
