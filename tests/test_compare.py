@@ -371,7 +371,9 @@ def test_the_report_gives_the_paired_checks_without_normality(comparison):
         paired = stats["paired"]["grail@saliency_leaf=middle"]
         assert paired["sign_flip_p"] == pytest.approx(sign_flip_p(paired["values"]))
         assert paired["bootstrap"] == pytest.approx(list(bootstrap_interval(paired["values"])))
-    assert "sign-flip permutation test" in (out / "report.md").read_text()
+        assert paired["holm_p"] == paired["sign_flip_p"]  # one arm compared: nothing to adjust
+    text = (out / "report.md").read_text()
+    assert "sign-flip permutation test" in text and "Holm" not in text  # the report shows it for several arms only
 
 
 def test_the_report_names_the_code_that_trained_the_runs(comparison, tmp_path):

@@ -120,3 +120,16 @@ def test_the_report_shows_how_many_completions_training_cut_off(swept):
     assert clipped["completions/clipped_ratio (last 10 steps)"][arm]["mean"] == pytest.approx(0.1)
     assert clipped["completions/mean_length"][arm]["mean"] is None  # not logged: left out, not zero
     assert "## Completions during training" in (out / "report.md").read_text()
+
+
+def test_the_report_adjusts_the_sign_flip_p_over_the_arms_compared(swept):
+    """Two arms paired with their references: rate 0.5's differences (+0.12, +0.08, +0.10) are all positive, p = 2/8;
+    rate 0's (+0.02, −0.02, 0) sum to 0, p = 1. Holm: 0.25 · 2 = 0.5, then max(0.5, 1 · 1) = 1."""
+    out, _, report = swept
+    paired = report["metrics"][PRIMARY]["paired"]
+    assert paired["grail@task_filler_rate=0.5"]["sign_flip_p"] == pytest.approx(0.25)
+    assert paired["grail@task_filler_rate=0"]["sign_flip_p"] == pytest.approx(1.0)
+    assert paired["grail@task_filler_rate=0.5"]["holm_p"] == pytest.approx(0.5)
+    assert paired["grail@task_filler_rate=0"]["holm_p"] == pytest.approx(1.0)
+    text = (out / "report.md").read_text()
+    assert "p = 0.25 (Holm 0.5)" in text and "Holm's adjustment of each p over the 2 arms compared" in text

@@ -90,25 +90,30 @@ def _stat_tables(title: str, stats: dict, arms: list[str], scale: float, digits:
     return lines + _robust_lines(stats, names, scale, digits) + [""]
 
 
-def _robust(stat: dict, scale: float, digits: int) -> str:
+def _robust(stat: dict, scale: float, digits: int, with_holm: bool) -> str:
     p, boot = stat.get("sign_flip_p"), stat.get("bootstrap")
     if p is None:
         return "–"
+    holm = f" (Holm {stat['holm_p']:.3g})" if with_holm and stat.get("holm_p") is not None else ""
     interval = "" if boot is None else f", [{scale * boot[0]:+.{digits}f}, {scale * boot[1]:+.{digits}f}]"
-    return f"p = {p:.3g}{interval}"
+    return f"p = {p:.3g}{holm}{interval}"
 
 
 def _robust_lines(stats: dict, names: list[str], scale: float, digits: int) -> list[str]:
-    """The paired differences' checks that do not assume normality (grail.analysis.compare.stats)."""
+    """The paired differences' checks that do not assume normality (grail.analysis.compare.stats), with Holm's
+    adjustment of the p over the arms when there are several."""
     paired = stats[names[0]]["paired"]
     if not paired:
         return []
     n = max(d["n"] for d in paired.values())
+    several = len(paired) > 1
+    holm = (f" In brackets, Holm's adjustment of each p over the {len(paired)} arms compared, the p to read when the "
+            "question is whether any arm differs." if several else "")
     return ["", "The same differences without assuming them normal: the exact sign-flip permutation test's "
             "two-sided p over seeds, and a 95% percentile bootstrap interval of the mean over seeds "
-            f"(with {n} seeds no p can be below {2 / 2**n:.3g}):", "",
-            *_table(["arm", *names], [[arm, *(_robust(stats[m]["paired"][arm], scale, digits) for m in names)]
-                                      for arm in paired])]
+            f"(with {n} seeds no p can be below {2 / 2**n:.3g}).{holm}", "",
+            *_table(["arm", *names], [[arm, *(_robust(stats[m]["paired"][arm], scale, digits, several)
+                                              for m in names)] for arm in paired])]
 
 
 def _warmstart_text(warm: dict, arms: list[str]) -> str:

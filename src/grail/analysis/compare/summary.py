@@ -38,6 +38,7 @@ from grail.analysis.compare.stats import (
     LEVEL,
     POWER,
     bootstrap_interval,
+    holm,
     paired_interval,
     seeds_needed,
     sign_flip_p,
@@ -200,10 +201,13 @@ def _per_arm(runs: list[RunData], arms: list[str], value_of) -> dict[str, dict[i
 
 def _stats(table: dict[str, dict[int, float]], arms: list[str], lay: Layout) -> dict:
     """Per-arm intervals and paired differences against each arm's reference, JSON-ready."""
+    paired = {arm: paired_stats(table[lay.baseline[arm]], table[arm], lay.baseline[arm]) for arm in lay.paired}
+    tested = [arm for arm in paired if paired[arm]["sign_flip_p"] is not None]
+    for arm, p in zip(tested, holm([paired[arm]["sign_flip_p"] for arm in tested]), strict=True):
+        paired[arm]["holm_p"] = p  # over this metric's arms compared with their references (stats.holm)
     return {"per_arm": {arm: {**asdict(t_interval(list(table[arm].values()))), "seeds": sorted(table[arm])}
                         for arm in arms},
-            "paired": {arm: paired_stats(table[lay.baseline[arm]], table[arm], lay.baseline[arm])
-                       for arm in lay.paired}}
+            "paired": paired}
 
 
 def paired_stats(base: dict[int, float], other: dict[int, float], reference: str) -> dict:
