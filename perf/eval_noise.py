@@ -17,11 +17,16 @@ problem E becomes E · n / m, the sd of the differences √(T + E · n / m), and
 (grail.analysis.compare.stats.seeds_needed). Greedy acc@1 has no sampling: E = 0.
 
     python perf/eval_noise.py ~/runs/cmp --pairs grail:none,random:none [--metric sampled/synthetic/acc@4] \
-        [--seeds 0-5] [--samples 4,8,16,32] [--half-width 2.5] [--json out.json]
+        [--seeds 0-5] [--samples 4,8,16,32] [--half-width 2.5] [--run-seconds R --sampled-seconds E] [--json out.json]
 
 Reads the finished runs' eval/final/<evaluation>/samples.jsonl (grail compare; an archive keeps them); `--seeds`
-keeps the analysis to seeds already read (e.g. the first part of a comparison still running). More samples per
-problem cost evaluation time roughly in proportion.
+keeps the analysis to seeds already read (e.g. the first part of a comparison still running).
+
+Cost. More samples per problem cost sampling time in proportion: a run of R seconds whose sampled evaluation took E
+costs R + E · (m / n − 1) at m samples, and an arm seeds(m) times that. R and E are the medians over the finished
+runs of `wall_seconds` and of `eval_phase_seconds[<evaluation>]` in compare_result.json (runs of grail-rl since
+2026-11-27 record the split), or `--run-seconds` / `--sampled-seconds` where the runs do not say. The cheapest m for
+the target is marked.
 """
 
 from __future__ import annotations
@@ -118,6 +123,36 @@ def load_samples(out_dir: str | Path, metric: str, keep: set[int] | None = None)
     return table
 
 
+def run_costs(out_dir: str | Path, evaluation: str, keep: set[int] | None = None) -> tuple[float | None, float | None]:
+    """(R, E): the medians over the finished runs of their wall seconds and of their `evaluation`'s sampling and
+    grading seconds (compare_result.json's `eval_phase_seconds`); None where no run records it. Resumed runs are left
+    out: their clock covers only their last part."""
+    out_dir = Path(out_dir)
+    walls, sampled = [], []
+    for run in load_runs(out_dir, json.loads((out_dir / PLAN_FILE).read_text())):
+        if run.result is None or run.result.get("resumed") or (keep is not None and run.seed not in keep):
+            continue
+        if isinstance(run.result.get("wall_seconds"), int | float):
+            walls.append(run.result["wall_seconds"])
+        phase = (run.result.get("eval_phase_seconds") or {}).get(evaluation)
+        if isinstance(phase, int | float):
+            sampled.append(phase)
+    return (statistics.median(walls) if walls else None, statistics.median(sampled) if sampled else None)
+
+
+def add_costs(row: dict, run_seconds: float, sampled_seconds: float) -> dict:
+    """`row` (decompose's) with, per m, the seconds of one run at m samples and of an arm's seeds(m) runs."""
+    if sampled_seconds > run_seconds:
+        raise ValueError(f"the sampled evaluation ({sampled_seconds:g} s) cannot take longer than the whole run "
+                         f"({run_seconds:g} s): check --run-seconds and --sampled-seconds.")
+    n, out = row["n"], {**row, "projected": {}}
+    for m, p in row["projected"].items():
+        per_run = run_seconds + sampled_seconds * (m / n - 1)
+        out["projected"][m] = {**p, "seconds_per_run": per_run,
+                               "seconds_per_arm": None if p["seeds"] is None else p["seeds"] * per_run}
+    return out
+
+
 def _seed_set(text: str | None) -> set[int] | None:
     if not text:
         return None
@@ -129,13 +164,18 @@ def _seed_set(text: str | None) -> set[int] | None:
 
 
 def markdown(rows: list[dict], samples: tuple[int, ...], half_width: float) -> str:
+    cost = ", hours per arm" if rows and "seconds_per_arm" in rows[0]["projected"][samples[0]] else ""
     head = ("| pair | seeds | sd of differences | evaluation share | evaluation share, were arms independent | "
-            + " | ".join(f"sd, seeds for ±{100 * half_width:g} at n={m}" for m in samples) + " |")
+            + " | ".join(f"sd, seeds for ±{100 * half_width:g}{cost} at n={m}" for m in samples) + " |")
     lines = [head, "|---|---:|---:|---:|---:|" + "---:|" * len(samples)]
     for r in rows:
         share = "–" if r["eval_share"] is None else f"{100 * r['eval_share']:.0f}%"
         independent = "–" if not r["var"] else f"{100 * r['eval_var_independent'] / r['var']:.0f}%"
-        cells = [f"{100 * r['projected'][m]['sd']:.2f}, {r['projected'][m]['seeds'] or '> 10000'}" for m in samples]
+        costs = [r["projected"][m].get("seconds_per_arm") for m in samples]
+        cheapest = min((c for c in costs if c is not None), default=None)
+        cells = [f"{100 * r['projected'][m]['sd']:.2f}, {r['projected'][m]['seeds'] or '> 10000'}"
+                 + ("" if c is None else f", {c / 3600:.1f} h" + (" (cheapest)" if c == cheapest else ""))
+                 for m, c in zip(samples, costs, strict=True)]
         lines.append(f"| {r['pair']} | {len(r['seeds'])} | {100 * r['sd']:.2f} | {share} | {independent} | "
                      + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -149,22 +189,39 @@ def main() -> None:
     parser.add_argument("--seeds", help="only these seeds, e.g. 0-5 or 0,2,4 (default: every finished one)")
     parser.add_argument("--samples", default="4,8,16,32", help="samples per problem to project to")
     parser.add_argument("--half-width", type=float, default=2.5, help="target 95%% half-width, points")
+    parser.add_argument("--run-seconds", type=float, help="a run's wall seconds (default: the runs' median)")
+    parser.add_argument("--sampled-seconds", type=float,
+                        help="its sampled evaluation's seconds (default: the runs' median, where they record it)")
     parser.add_argument("--json")
     args = parser.parse_args()
     samples = tuple(int(m) for m in args.samples.split(","))
     try:
-        table = load_samples(args.comparison, args.metric, _seed_set(args.seeds))
+        keep = _seed_set(args.seeds)
+        table = load_samples(args.comparison, args.metric, keep)
+        recorded = run_costs(args.comparison, args.metric.split("/")[0], keep)
+        run_s = args.run_seconds if args.run_seconds is not None else recorded[0]
+        sampled_s = args.sampled_seconds if args.sampled_seconds is not None else recorded[1]
         rows = []
         for pair in args.pairs.split(","):
             a, _, b = pair.partition(":")
             missing = [arm for arm in (a, b) if arm not in table]
             if missing:
                 raise ValueError(f"--pairs {pair}: no finished run of {missing[0]!r} (arms: {', '.join(table)}).")
-            rows.append({"pair": f"{a} − {b}", **decompose(table[a], table[b], samples, args.half_width / 100)})
+            row = {"pair": f"{a} − {b}", **decompose(table[a], table[b], samples, args.half_width / 100)}
+            rows.append(row if run_s is None or sampled_s is None else add_costs(row, run_s, sampled_s))
     except ValueError as err:
         raise SystemExit(f"eval_noise: {err}") from None
     print(f"{args.metric}; points:\n")
     print(markdown(rows, samples, args.half_width / 100))
+    if run_s is None or sampled_s is None:
+        print("\nNo cost column: the runs do not record their sampled evaluation's time (grail-rl before "
+              "2026-11-27); give --run-seconds and --sampled-seconds.")
+    else:
+        def source(given):
+            return "given" if given is not None else "the runs' median"
+        print(f"\nCost per arm at m samples: seeds × (R + E · (m / n − 1)), R = {run_s:.0f} s a run "
+              f"({source(args.run_seconds)}), E = {sampled_s:.0f} s of sampled evaluation "
+              f"({source(args.sampled_seconds)}).")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
 

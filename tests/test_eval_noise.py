@@ -86,7 +86,7 @@ def test_what_cannot_be_paired_is_refused():
         noise.paired_sampling_variance(one, {"b": [1.0, 0.0]})
 
 
-def _comparison(tmp_path, seeds: int, rows) -> None:
+def _comparison(tmp_path, seeds: int, rows, timing=lambda arm, seed: {}) -> None:
     metric = "sampled/synthetic/acc@4"
     arms = compare.parse_arms("none,grail", [])
     plan = {"seeds": seeds, "seed_fields": ["seed", "data_seed"], "base": {},
@@ -97,7 +97,7 @@ def _comparison(tmp_path, seeds: int, rows) -> None:
         for seed in range(seeds):
             run = run_path(tmp_path, arm, seed)
             (run / "eval/final/sampled").mkdir(parents=True)
-            (run / RESULT_FILE).write_text(json.dumps({"metrics": {metric: 0.1}}))
+            (run / RESULT_FILE).write_text(json.dumps({"metrics": {metric: 0.1}, **timing(arm, seed)}))
             (run / "eval/final/sampled/samples.jsonl").write_text("".join(
                 json.dumps({"benchmark": b, "problem_id": pid, "sample_index": j, "correct": bool(x)}) + "\n"
                 for b, pid, j, x in rows(arm, seed)))
@@ -131,5 +131,44 @@ def test_the_command_prints_the_table(tmp_path, monkeypatch, capsys):
     noise.main()
     row = json.loads((tmp_path / "out.json").read_text())[0]
     assert row["pair"] == "grail − none" and row["seeds"] == [0, 1, 2, 3] and row["n"] == N
-    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| grail − none"))
+    text = capsys.readouterr().out
+    line = next(ln for ln in text.splitlines() if ln.startswith("| grail − none"))
     assert line.startswith(f"| grail − none | 4 | {100 * row['sd']:.2f} |")
+    assert "No cost column" in text and " h" not in line  # these runs do not record their time
+
+
+def test_the_cost_of_more_samples_is_the_sampled_part_scaled_times_the_seeds():
+    row = {"n": 4, "projected": {4: {"sd": 0.039, "seeds": 13}, 16: {"sd": 0.034, "seeds": 10},
+                                 32: {"sd": 0.03, "seeds": None}}}
+    out = noise.add_costs(row, run_seconds=1223.0, sampled_seconds=246.0)
+    assert out["projected"][4] == {"sd": 0.039, "seeds": 13, "seconds_per_run": 1223.0, "seconds_per_arm": 15899.0}
+    assert out["projected"][16]["seconds_per_run"] == 1223.0 + 246.0 * 3 == 1961.0
+    assert out["projected"][16]["seconds_per_arm"] == 19610.0
+    assert out["projected"][32]["seconds_per_arm"] is None  # no seed count reaches the target
+    assert "seconds_per_run" not in row["projected"][4]  # the row given is left as it was
+    with pytest.raises(ValueError, match="cannot take longer than the whole run"):
+        noise.add_costs(row, run_seconds=100.0, sampled_seconds=200.0)
+
+
+def test_the_costs_are_the_runs_medians_and_the_command_marks_the_cheapest(tmp_path, monkeypatch, capsys):
+    rng = random.Random(3)
+
+    def rows(arm, seed):
+        return [("synthetic", str(i), j, rng.random() < q) for i, q in enumerate(P_TRUE) for j in range(N)]
+
+    def timing(arm, seed):  # seed 3 was resumed: its clock is partial and is left out
+        return {"wall_seconds": 1000.0 + 10 * seed, "eval_phase_seconds": {"sampled": 100.0 + seed, "greedy": 5.0},
+                "resumed": seed == 3}
+    _comparison(tmp_path, 4, rows, timing)
+    assert noise.run_costs(tmp_path, "sampled") == (1010.0, 101.0)  # medians of seeds 0–2
+    assert noise.run_costs(tmp_path, "sampled", keep={0}) == (1000.0, 100.0)
+    assert noise.run_costs(tmp_path, "benchmarks") == (1010.0, None)  # an evaluation the runs did not time
+    monkeypatch.setattr("sys.argv", ["eval_noise.py", str(tmp_path), "--samples", "4,16", "--sampled-seconds", "50",
+                                     "--json", str(tmp_path / "out.json")])
+    noise.main()
+    text = capsys.readouterr().out
+    row = json.loads((tmp_path / "out.json").read_text())[0]
+    at16 = row["projected"]["16"]
+    assert at16["seconds_per_run"] == 1010.0 + 50.0 * 3 and at16["seconds_per_arm"] == at16["seeds"] * 1160.0
+    assert "R = 1010 s a run (the runs' median), E = 50 s of sampled evaluation (given)" in text
+    assert text.count("(cheapest)") == 1 and "hours per arm" in text
