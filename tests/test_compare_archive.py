@@ -16,14 +16,18 @@ def _files(root):
 
 def test_an_archive_re_renders_the_report_and_trains_only_the_runs_it_lacks(tmp_path, warm_cache, capsys):
     cache, _ = warm_cache
-    out = tmp_path / "cmp"
-    assert main(compare_argv(cache, out, "none,grail", "1")) == 0
+    out, each = tmp_path / "cmp", tmp_path / "each"
+    assert main(compare_argv(cache, out, "none,grail", "1", "--archive-each", str(each))) == 0
     report = (out / "report.md").read_text()
     assert any(name.endswith(".safetensors") for name in _files(out))  # there are weights to leave out
+    logged = capsys.readouterr().out  # --archive-each: once the plan is written, after each run, with the report
+    assert [line.split(" finished run(s)")[0].rsplit(" ", 1)[-1] for line in logged.splitlines()
+            if line.startswith("compare: archived ")] == ["0", "1", "2", "2"]
 
     dest = tmp_path / "archive"
     assert main(["compare", "--resume", str(out), "--archive", str(dest)]) == 0
     archived = _files(dest)
+    assert _files(each) == archived  # archiving as it went left what archiving afterwards does
     assert "runs/grail/seed0/" + RESULT_FILE in archived and "runs/none/seed0/metrics.jsonl" in archived
     assert "before_rl.json" in archived and "runs/none/seed0/eval/final/sampled/samples.jsonl" in archived
     assert not [n for n in archived if n.endswith(WEIGHT_SUFFIXES) or n.startswith(("runs/none/seed0/final/",
@@ -57,3 +61,25 @@ def test_an_archive_re_renders_the_report_and_trains_only_the_runs_it_lacks(tmp_
     assert "config field learning_rate differs" in capsys.readouterr().err
     assert main(["compare", "--resume", str(out), "--archive", str(dest), "--arms", "none"]) == 2
     assert "drop --arms" in capsys.readouterr().err
+    # --archive-each refuses a destination holding another comparison before anything runs
+    fresh = tmp_path / "fresh"
+    assert main(compare_argv(cache, fresh, "none,grail", "1", "--archive-each", str(dest))) == 2  # dest: lr 0.5
+    assert "config field learning_rate differs" in capsys.readouterr().err and not (fresh / "runs").exists()
+    assert main(["compare", "--resume", str(out), "--archive", str(dest), "--archive-each", str(each)]) == 2
+    assert "drop --archive" in capsys.readouterr().err
+
+
+def test_a_failed_archive_while_the_comparison_runs_is_logged_and_the_runs_go_on(tmp_path):
+    from grail.analysis.compare.schedule import _archiver
+
+    out = tmp_path / "cmp"
+    out.mkdir()
+    (out / "compare.json").write_text(json.dumps({"arms": [], "seeds": 1, "base": {}}))
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the archive should go")
+    lines = []
+    _archiver(out, blocked, lines.append)()  # does not raise
+    assert len(lines) == 1 and lines[0].startswith(f"compare: WARNING: archiving into {blocked} failed (")
+    assert f"grail compare --resume {out} --archive {blocked}" in lines[0]
+    _archiver(out, None, lines.append)()  # no destination: nothing
+    assert len(lines) == 1

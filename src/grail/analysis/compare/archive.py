@@ -10,6 +10,9 @@ locks and half-written temporaries, and runs that have not finished (their check
 they start over). A finished run already in DEST is replaced by DIR's copy; DEST's other runs stay, so that archiving
 into the same DEST after every session accumulates the finished runs.
 
+`grail compare ... --archive-each DEST` does the same while the comparison runs: once its plan is written, after
+each run finishes and with the final report (a failed copy is logged and the runs go on).
+
 DEST must be empty, new, or hold the same comparison (arms, seeds' fields, protocol, base config and AUROC plan);
 checkpointing fields and the number of seeds may differ (they change on resume). Copying goes both ways: archiving
 an archive into a fresh directory on a new machine and resuming there trains the missing runs."""
@@ -25,7 +28,7 @@ from grail.analysis.compare.run import Log
 from grail.analysis.compare.summary import RESULT_FILE, plan_seeds, run_path
 from grail.options.checkpoint_dirs import checkpoint_dirs
 
-__all__ = ["WEIGHT_SUFFIXES", "archive_comparison"]
+__all__ = ["WEIGHT_SUFFIXES", "archive_comparison", "check_destination"]
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt")
 _SAME_KEYS = ("arms", "seed_fields", "protocol", "first_seed", "auroc_rows", "auroc_set", "auroc_methods")
@@ -61,6 +64,17 @@ def _check_same(plan: dict, stored: dict, dest: Path) -> None:
                          f"directory, or the archive of this comparison.")
 
 
+def check_destination(plan: dict, dest: str | Path) -> None:
+    """Refuse a DEST that cannot take this comparison's archive (see the module docstring), before any copying."""
+    dest = Path(dest)
+    if dest.exists() and not dest.is_dir():
+        raise ValueError(f"--archive {dest}: not a directory; give a directory (it is created if missing).")
+    if (dest / PLAN_FILE).is_file():
+        _check_same(plan, json.loads((dest / PLAN_FILE).read_text()), dest)
+    elif dest.is_dir() and any(dest.iterdir()):
+        raise ValueError(f"--archive {dest}: it holds files but no {PLAN_FILE}; give an empty or new directory.")
+
+
 def archive_comparison(out_dir: str | Path, dest: str | Path, log: Log = print) -> dict:
     """Copy the comparison in out_dir, less its weights and unfinished runs, into dest (see the module's docstring);
     returns {"finished": [run names copied], "unfinished": [run names left out], "bytes": bytes copied}."""
@@ -70,13 +84,8 @@ def archive_comparison(out_dir: str | Path, dest: str | Path, log: Log = print) 
         raise ValueError(f"--resume {out_dir}: no {PLAN_FILE} there; give the --output_dir of a grail compare.")
     if dest.resolve() == out_dir.resolve():
         raise ValueError(f"--archive {dest}: that is the comparison itself; give another directory.")
-    if dest.exists() and not dest.is_dir():
-        raise ValueError(f"--archive {dest}: not a directory; give a directory (it is created if missing).")
     plan = json.loads(path.read_text())
-    if (dest / PLAN_FILE).is_file():
-        _check_same(plan, json.loads((dest / PLAN_FILE).read_text()), dest)
-    elif dest.is_dir() and any(dest.iterdir()):
-        raise ValueError(f"--archive {dest}: it holds files but no {PLAN_FILE}; give an empty or new directory.")
+    check_destination(plan, dest)
     finished, unfinished = [], []
     for seed in plan_seeds(plan):
         for arm in plan["arms"]:

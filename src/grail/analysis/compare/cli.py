@@ -46,6 +46,7 @@ archive: `grail compare --resume DIR --archive DEST` copies the comparison witho
         checkpoints) and without its unfinished runs into DEST, and trains nothing: a few MB to keep in a repository
         or carry to another machine. `grail compare --resume DEST` renders the same report from it, computing nothing,
         or trains the runs it lacks; archiving into the same DEST again adds the runs finished since.
+        `--archive-each DEST` beside a comparison that trains does this as it goes: after each run finishes.
 report: `grail compare --resume DIR --report-only` writes the report from the runs finished so far and trains
         nothing, also while the comparison runs (to check its health: learning curves, clipping, wall time). A
         partial report says so first; deciding to stop or extend on its intervals is peeking.
@@ -58,7 +59,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False,
         usage="grail compare --arms A,B,... [--seeds S] [--jobs N] [--sweep FIELD=v1,v2] [--preset NAME | "
               "--config FILE] [--output_dir DIR] [--FIELD VALUE ...]\n       grail compare --resume DIR [--jobs N] "
-              "[--seeds MORE] [--save_steps N] [--save_total_limit N] [--drop-checkpoints]\n"
+              "[--seeds MORE] [--save_steps N] [--save_total_limit N] [--drop-checkpoints] [--archive-each DEST]\n"
               "       grail compare --resume DIR --archive DEST\n       grail compare --resume DIR --report-only")
     parser.add_argument("--arms",
                         help="comma-separated arms: METHOD[@field=value...] (the first arm is the reference of "
@@ -71,6 +72,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     parser.add_argument("--archive", metavar="DEST",
                         help="with --resume DIR: copy its results without weights or unfinished runs into DEST (new, "
                              "empty, or an earlier archive of it) and stop; `--resume DEST` re-renders the report")
+    parser.add_argument("--archive-each", metavar="DEST",
+                        help="while the comparison runs: archive it into DEST as --archive does, once its plan is "
+                             "written, after each run finishes and with the report (for a machine that may not "
+                             "outlive it: keep DEST on lasting storage)")
     parser.add_argument("--report-only", action="store_true",
                         help="with --resume DIR: write the report from the runs finished so far and train nothing "
                              "(also while the comparison runs); a partial report says which runs it leaves out")
@@ -144,13 +149,17 @@ def run(args, rest: list[str]) -> int:
 
     if args.jobs < 1:
         raise ValueError(f"--jobs {args.jobs}: give 1 or more runs at a time.")
+    if args.archive_each and (args.archive or args.report_only):
+        raise ValueError(f"--archive-each archives a comparison while it trains; drop "
+                         f"{'--archive' if args.archive else '--report-only'} (which train nothing), or drop "
+                         f"--archive-each.")
     if args.archive:
         return _archive(args, rest)
     if args.report_only:
         return _report_only(args, rest)
     if args.resume:
         plan, out_dir = _resumed_plan(args, rest)
-        return _run(run_comparison, plan, out_dir, args.jobs)
+        return _run(run_comparison, plan, out_dir, args.jobs, args.archive_each)
     if not args.arms:
         raise ValueError("--arms is required: give the arms to compare (e.g. --arms none,grail), or --resume DIR to "
                          "resume an earlier comparison.")
@@ -175,7 +184,7 @@ def run(args, rest: list[str]) -> int:
                      auroc_methods=None if args.auroc_methods is None else
                      [m.strip() for m in args.auroc_methods.split(",") if m.strip()])
     check_plan(plan, out_dir)  # before anything is written or trained
-    return _run(run_comparison, plan, out_dir, args.jobs)
+    return _run(run_comparison, plan, out_dir, args.jobs, args.archive_each)
 
 
 def _report_only(args, rest: list[str]) -> int:
@@ -217,9 +226,9 @@ def _archive(args, rest: list[str]) -> int:
     return 0
 
 
-def _run(run_comparison, plan: dict, out_dir, jobs: int) -> int:
+def _run(run_comparison, plan: dict, out_dir, jobs: int, archive_to: str | None = None) -> int:
     try:
-        run_comparison(plan, out_dir, jobs=jobs)
+        run_comparison(plan, out_dir, jobs=jobs, archive_to=archive_to)
     except RuntimeError as err:  # a run failed: the others are kept, a rerun resumes
         print(f"grail: error: {err}", file=sys.stderr)
         return 1

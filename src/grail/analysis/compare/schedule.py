@@ -69,8 +69,10 @@ class _Progress:
     """One line per start and finish, and a status line every STATUS_EVERY_S: done / running / left, elapsed, ETA
     from the finished runs' durations, and each running run's latest step."""
 
-    def __init__(self, plan: dict, out_dir: Path, total: int, done: dict[str, float], jobs: int, log: Log):
+    def __init__(self, plan: dict, out_dir: Path, total: int, done: dict[str, float], jobs: int, log: Log,
+                 on_finished=lambda: None):
         self.plan, self.out_dir, self.total, self.jobs, self.log = plan, out_dir, total, jobs, log
+        self.on_finished = on_finished  # called after each run that finished well (run_comparison: the archive)
         self.durations = dict(done)  # run name → seconds
         self.running: dict[str, float] = {}  # run name → start time
         self.wall_start: dict[str, float] = {}  # run name → its start, wall clock (file times)
@@ -108,6 +110,8 @@ class _Progress:
         else:
             self.failed += 1
         self.log(f"compare: {'finished' if ok else 'FAILED'} {name} in {_duration(seconds)} | {self._line()}")
+        if ok:
+            self.on_finished()
         self.last = time.perf_counter()
 
     def tick(self) -> None:
@@ -188,15 +192,40 @@ def report_only(plan: dict, out_dir: str | Path, jobs: int = 1, log: Log = print
     return summary
 
 
-def run_comparison(plan: dict, out_dir: str | Path, jobs: int = 1, log: Log = print) -> dict:
+def _archiver(out_dir: Path, dest: Path | None, log: Log):
+    """A function that archives the comparison into `dest` (grail.analysis.compare.archive) and logs, instead of
+    raising, a copy that fails: the runs go on, and `--resume DIR --archive DEST` catches up later."""
+    from grail.analysis.compare.archive import archive_comparison
+
+    def archive() -> None:
+        if dest is None:
+            return
+        try:
+            archive_comparison(out_dir, dest, log)
+        except (OSError, ValueError) as err:
+            log(f"compare: WARNING: archiving into {dest} failed ({err}); the comparison goes on. Archive it later: "
+                f"grail compare --resume {out_dir} --archive {dest}")
+    return archive
+
+
+def run_comparison(plan: dict, out_dir: str | Path, jobs: int = 1, log: Log = print,
+                   archive_to: str | Path | None = None) -> dict:
     """Every run of the plan (finished ones skipped), then the report; returns report.json's content. The plan is
-    written to out_dir/compare.json once the data and the warm start are found, or must equal the one there."""
+    written to out_dir/compare.json once the data and the warm start are found, or must equal the one there.
+    `archive_to`: archive the comparison there once the plan is written, after each run finishes and with the report
+    (`--archive-each`); a destination that cannot take it is refused before anything runs."""
+    from grail.analysis.compare.archive import check_destination
     from grail.training.run import quiet_libraries
 
     if jobs < 1:
         raise ValueError(f"--jobs {jobs}: give 1 or more runs at a time.")
     out_dir = Path(out_dir)
     check_plan(plan, out_dir)
+    if archive_to is not None:
+        if Path(archive_to).resolve() == out_dir.resolve():
+            raise ValueError(f"--archive-each {archive_to}: that is the comparison itself; give another directory.")
+        check_destination(plan, archive_to)
+    archive = _archiver(out_dir, None if archive_to is None else Path(archive_to), log)
     quiet_libraries()  # no loading bars in the comparison's log (warm starts, AUROC, in-process runs)
     with lock(out_dir / ".compare.lock", wait=False):
         check_plan(plan, out_dir)  # again: another comparison may have written it before this one took the lock
@@ -207,6 +236,7 @@ def run_comparison(plan: dict, out_dir: str | Path, jobs: int = 1, log: Log = pr
                 old.get("sweeps") != plan.get("sweeps")):
             write_json(stored, plan)  # new, or written before sweeps / base_source were recorded (check_plan: the rest
             # is equal)
+        archive()
         keys = [(arm["slug"], seed) for seed in plan_seeds(plan) for arm in plan["arms"]]  # seed-major: pairs early
         done = {}
         for slug, seed in keys:
@@ -218,7 +248,7 @@ def run_comparison(plan: dict, out_dir: str | Path, jobs: int = 1, log: Log = pr
             f"earlier; {jobs} at a time; directory {out_dir}")
         if not pending:  # only the report again: it says how many runs trained at a time, not this command's --jobs
             jobs = _reported_jobs(out_dir, jobs)
-        progress = _Progress(plan, out_dir, len(keys), done, min(jobs, max(1, len(pending))), log)
+        progress = _Progress(plan, out_dir, len(keys), done, min(jobs, max(1, len(pending))), log, archive)
         failed = (_in_process if jobs == 1 else _in_workers)(plan, out_dir, pending, jobs, progress)
         if failed:
             raise RuntimeError(f"{len(failed)} run(s) failed: " + "; ".join(failed) + ". Fix the cause and rerun the "
@@ -230,6 +260,7 @@ def run_comparison(plan: dict, out_dir: str | Path, jobs: int = 1, log: Log = pr
                 if plan.get("drop_checkpoints"):  # a run killed between its marker and the deletion
                     drop_checkpoints(run_path(out_dir, slug, seed), log)
         summary = write_report(out_dir, plan, jobs)
+        archive()
     log(f"compare: report in {out_dir / 'report.md'} (and report.json, {', '.join(summary['plots']) or 'no plots'})")
     return summary
 
