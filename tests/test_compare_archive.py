@@ -83,3 +83,36 @@ def test_a_failed_archive_while_the_comparison_runs_is_logged_and_the_runs_go_on
     assert f"grail compare --resume {out} --archive {blocked}" in lines[0]
     _archiver(out, None, lines.append)()  # no destination: nothing
     assert len(lines) == 1
+
+
+def test_archiving_again_copies_only_the_runs_that_changed(tmp_path):
+    from grail.analysis.compare import plan as compare
+    from grail.analysis.compare.archive import archive_comparison
+    from grail.analysis.compare.summary import run_path
+
+    out, dest = tmp_path / "cmp", tmp_path / "archive"
+    arms = compare.parse_arms("none,grail", [])
+    plan = {"seeds": 2, "seed_fields": ["seed", "data_seed"], "base": {}, "protocol": {"primary": "m"},
+            "arms": [{"label": a.label, "slug": a.slug, "method": a.method, "fields": a.fields} for a in arms]}
+    out.mkdir()
+    (out / "compare.json").write_text(json.dumps(plan))
+    for arm in ("none", "grail"):
+        for seed in range(2):
+            run = run_path(out, arm, seed)
+            (run / "final").mkdir(parents=True)
+            (run / "final" / "model.safetensors").write_bytes(b"w" * 1000)
+            (run / RESULT_FILE).write_text(json.dumps({"metrics": {"m": 0.1 * seed}}))
+            (run / "metrics.jsonl").write_text("x" * 100 + "\n")
+    first = archive_comparison(out, dest, log=lambda s: None)
+    assert len(first["finished"]) == 4 and first["bytes"] > 4 * 100
+    plan_bytes = (out / "compare.json").stat().st_size
+    assert archive_comparison(out, dest, log=lambda s: None)["bytes"] == plan_bytes  # the comparison's own files only
+    (run_path(out, "grail", 1) / "metrics.jsonl").write_text("y" * 300 + "\n")  # one run changed
+    (run_path(out, "none", 0) / "auroc_checkpoints.json").write_text("{}")  # one gained a file
+    again = archive_comparison(out, dest, log=lambda s: None)
+    assert (run_path(dest, "grail", 1) / "metrics.jsonl").read_text().startswith("y")
+    assert (run_path(dest, "none", 0) / "auroc_checkpoints.json").is_file()
+    run_bytes = {(arm, seed): sum(f.stat().st_size for f in run_path(out, arm, seed).glob("*") if f.is_file())
+                 for arm in ("none", "grail") for seed in range(2)}
+    assert again["bytes"] == plan_bytes + run_bytes["grail", 1] + run_bytes["none", 0]  # those two runs alone
+    assert not (run_path(dest, "none", 1) / "final").exists()  # weights never

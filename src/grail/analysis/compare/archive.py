@@ -7,8 +7,9 @@ plots, the before-RL evaluation's samples) and, for every finished run (its comp
 run directory: training log, code.jsonl, evaluation samples and results, AUROC files, compare.log. What is not:
 model weights and optimiser state (final/, checkpoint-N/, and any *.safetensors, *.bin, *.pt, *.pth, *.gguf file),
 locks and half-written temporaries, and runs that have not finished (their checkpoints are the weights; from DEST
-they start over). A finished run already in DEST is replaced by DIR's copy; DEST's other runs stay, so that archiving
-into the same DEST after every session accumulates the finished runs.
+they start over). A finished run already in DEST is replaced by DIR's copy, unless no file of it has changed since
+it was archived (same names, sizes and modification times: copies keep their times), when it is left as it is;
+DEST's other runs stay, so that archiving into the same DEST after every session accumulates the finished runs.
 
 `grail compare ... --archive-each DEST` does the same while the comparison runs: once its plan is written, after
 each run finishes and with the final report (a failed copy is logged and the runs go on).
@@ -54,6 +55,20 @@ def _copy_tree(source: Path, dest: Path, skip_dirs: set[Path]) -> int:
     return copied
 
 
+def _listing(source: Path, skip_dirs: set[Path]) -> list[tuple[str, int, int]]:
+    """(relative path, size, mtime in ns) of every file _copy_tree would copy from source, sorted."""
+    out = []
+    for item in sorted(source.iterdir()):
+        if item in skip_dirs or item.is_symlink():
+            continue
+        if item.is_dir():
+            out += [(f"{item.name}/{name}", size, mtime) for name, size, mtime in _listing(item, skip_dirs)]
+        elif item.is_file() and not _skipped(item.name):
+            stat = item.stat()
+            out.append((item.name, stat.st_size, stat.st_mtime_ns))
+    return out
+
+
 def _check_same(plan: dict, stored: dict, dest: Path) -> None:
     differs = [key for key in _SAME_KEYS if plan.get(key) != stored.get(key)]
     base, old = plan["base"], stored["base"]
@@ -96,14 +111,16 @@ def archive_comparison(out_dir: str | Path, dest: str | Path, log: Log = print) 
     for name in finished:
         slug, seed = name.rsplit("/seed", 1)
         target = run_path(dest, slug, int(seed))
-        staging = target.with_name(f".{target.name}.archiving")
-        shutil.rmtree(staging, ignore_errors=True)
         run_dir = run_path(out_dir, slug, int(seed))
         weights = {run_dir / "final", *(folder for _, folder in checkpoint_dirs(run_dir))}
+        if target.is_dir() and _listing(target, set()) == _listing(run_dir, weights):
+            continue  # archived before and unchanged since (copies keep their times): archiving again is cheap
+        staging = target.with_name(f".{target.name}.archiving")
+        shutil.rmtree(staging, ignore_errors=True)
         copied += _copy_tree(run_dir, staging, skip_dirs=weights)
         shutil.rmtree(target, ignore_errors=True)
         staging.rename(target)
-    log(f"compare: archived {len(finished)} finished run(s) ({copied / 1e6:.1f} MB, no weights) to {dest}"
+    log(f"compare: archived {len(finished)} finished run(s) ({copied / 1e6:.1f} MB copied, no weights) to {dest}"
         + (f"; {len(unfinished)} unfinished not archived (from there they train from the start). Its report so "
            f"far, training nothing: grail compare --resume {dest} --report-only; continue there: grail compare "
            f"--resume {dest}" if unfinished else f". Re-render: grail compare --resume {dest}"))
