@@ -133,3 +133,13 @@ def test_the_report_adjusts_the_sign_flip_p_over_the_arms_compared(swept):
     assert paired["grail@task_filler_rate=0"]["holm_p"] == pytest.approx(1.0)
     text = (out / "report.md").read_text()
     assert "p = 0.25 (Holm 0.5)" in text and "Holm's adjustment of each p over the 2 arms compared" in text
+
+
+def test_the_report_gives_the_smallest_difference_its_seeds_detect_with_80_percent_power(swept):
+    """Rate 0.5's differences (+0.12, +0.08, +0.10) have sd 2 points over 3 seeds: (t_{0.975,2} + t_{0.80,2}) · 2 / √3
+    with the tabled t_{0.975,2} = 4.302653 and t_{0.80,2} = 1.060660."""
+    out, _, report = swept
+    expected = (4.302653 + 1.060660) * 2.0 / 3 ** 0.5
+    got = report["resolution"]["grail@task_filler_rate=0.5"]["detectable_80pct_power_points"]
+    assert got == pytest.approx(expected, rel=1e-5)
+    assert f"| {expected:.2f} (S=3) |" in (out / "report.md").read_text()

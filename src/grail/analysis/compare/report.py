@@ -382,15 +382,21 @@ def _resolution_lines(s: dict) -> list[str]:
     lines += [f"The 95% interval's half-width with S seeds is t_{{0.975,S−1}} · sd / √S, where sd is the observed "
               f"standard deviation of the per-seed differences from the arm's reference. A difference smaller than the "
               f"half-width is not resolved; to detect a true difference d with 80% power needs "
-              f"(t_{{0.975,S−1}} + t_{{0.80,S−1}}) · sd / √S ≤ d. Points of {primary}:", ""]
-    header = ["arm", "sd of differences", *(f"half-width, S={n}" for n in SEED_COUNTS),
+              f"(t_{{0.975,S−1}} + t_{{0.80,S−1}}) · sd / √S ≤ d; at the seeds this comparison has, that d is the "
+              f"smallest true difference it would detect with 80% power (a difference it leaves undetected may still "
+              f"be there if it is smaller). Points of {primary}:", ""]
+    header = ["arm", "sd of differences", "detected with 80% power at these seeds",
+              *(f"half-width, S={n}" for n in SEED_COUNTS),
               *(f"S for ±{p:g}" for p in RESOLVE_POINTS), *(f"S for 80% power at {p:g}" for p in RESOLVE_POINTS)]
     rows = []
     for arm, r in s["resolution"].items():
         if r["sd_of_differences_points"] == 0:  # every seed gave the same difference: nothing to scale
             rows.append([arm, "0 (every seed gave the same difference)", *["–"] * (len(header) - 2)])
             continue
+        paired = s["metrics"][primary]["paired"][arm]
+        detectable = r.get("detectable_80pct_power_points")  # absent from a report.json of earlier versions
         rows.append([arm, f"{r['sd_of_differences_points']:.2f}",
+                     "–" if detectable is None else f"{detectable:.2f} (S={paired['n']})",
                      *(f"{r['half_width_points'][str(n)]:.2f}" for n in SEED_COUNTS),
                      *(str(r["seeds_for_half_width"][f"{p:g}"] or "> 10000") for p in RESOLVE_POINTS),
                      *(str(r["seeds_for_80pct_power"][f"{p:g}"] or "> 10000") for p in RESOLVE_POINTS)])

@@ -327,6 +327,9 @@ def summarize(plan: dict, runs: list[RunData], start: StartData | None = None) -
                                       for s in SEED_COUNTS},
                 "seeds_for_half_width": {f"{p:g}": seeds_needed(sd_points, p) for p in RESOLVE_POINTS},
                 "seeds_for_80pct_power": {f"{p:g}": seeds_needed(sd_points, p, power=POWER) for p in RESOLVE_POINTS},
+                # the smallest true difference these n seeds detect with 80% power (the scale a null result speaks to)
+                "detectable_80pct_power_points": sd_points / math.sqrt(d["n"])
+                * (t_quantile((1 + LEVEL) / 2, d["n"] - 1) + t_quantile(POWER, d["n"] - 1)),
             }
     return {
         "arms": arms, "seeds": plan["seeds"], "first_seed": plan.get("first_seed", 0), "level": LEVEL,
