@@ -69,25 +69,28 @@ def _listing(source: Path, skip_dirs: set[Path]) -> list[tuple[str, int, int]]:
     return out
 
 
-def _check_same(plan: dict, stored: dict, dest: Path) -> None:
+def _check_same(plan: dict, stored: dict, dest: Path, flag: str) -> None:
     differs = [key for key in _SAME_KEYS if plan.get(key) != stored.get(key)]
     base, old = plan["base"], stored["base"]
     differs += [f"config field {k}" for k in sorted(set(base) | set(old))
                 if k not in _CHECKPOINTING and base.get(k, "<unset>") != old.get(k, "<unset>")]
     if differs:
-        raise ValueError(f"--archive {dest}: it holds another comparison ({differs[0]} differs); give an empty or new "
+        raise ValueError(f"{flag} {dest}: it holds another comparison ({differs[0]} differs); give an empty or new "
                          f"directory, or the archive of this comparison.")
 
 
-def check_destination(plan: dict, dest: str | Path) -> None:
-    """Refuse a DEST that cannot take this comparison's archive (see the module docstring), before any copying."""
+def check_destination(plan: dict, out_dir: str | Path, dest: str | Path, flag: str = "--archive") -> None:
+    """Refuse a DEST that cannot take the archive of the comparison in out_dir (see the module docstring), before any
+    copying; `flag` names the option in the message."""
     dest = Path(dest)
+    if dest.resolve() == Path(out_dir).resolve():
+        raise ValueError(f"{flag} {dest}: that is the comparison itself; give another directory.")
     if dest.exists() and not dest.is_dir():
-        raise ValueError(f"--archive {dest}: not a directory; give a directory (it is created if missing).")
+        raise ValueError(f"{flag} {dest}: not a directory; give a directory (it is created if missing).")
     if (dest / PLAN_FILE).is_file():
-        _check_same(plan, json.loads((dest / PLAN_FILE).read_text()), dest)
+        _check_same(plan, json.loads((dest / PLAN_FILE).read_text()), dest, flag)
     elif dest.is_dir() and any(dest.iterdir()):
-        raise ValueError(f"--archive {dest}: it holds files but no {PLAN_FILE}; give an empty or new directory.")
+        raise ValueError(f"{flag} {dest}: it holds files but no {PLAN_FILE}; give an empty or new directory.")
 
 
 def archive_comparison(out_dir: str | Path, dest: str | Path, log: Log = print) -> dict:
@@ -97,10 +100,8 @@ def archive_comparison(out_dir: str | Path, dest: str | Path, log: Log = print) 
     path = out_dir / PLAN_FILE
     if not path.is_file():
         raise ValueError(f"--resume {out_dir}: no {PLAN_FILE} there; give the --output_dir of a grail compare.")
-    if dest.resolve() == out_dir.resolve():
-        raise ValueError(f"--archive {dest}: that is the comparison itself; give another directory.")
     plan = json.loads(path.read_text())
-    check_destination(plan, dest)
+    check_destination(plan, out_dir, dest)
     finished, unfinished = [], []
     for seed in plan_seeds(plan):
         for arm in plan["arms"]:

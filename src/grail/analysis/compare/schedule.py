@@ -222,9 +222,7 @@ def run_comparison(plan: dict, out_dir: str | Path, jobs: int = 1, log: Log = pr
     out_dir = Path(out_dir)
     check_plan(plan, out_dir)
     if archive_to is not None:
-        if Path(archive_to).resolve() == out_dir.resolve():
-            raise ValueError(f"--archive-each {archive_to}: that is the comparison itself; give another directory.")
-        check_destination(plan, archive_to)
+        check_destination(plan, out_dir, archive_to, flag="--archive-each")
     archive = _archiver(out_dir, None if archive_to is None else Path(archive_to), log)
     quiet_libraries()  # no loading bars in the comparison's log (warm starts, AUROC, in-process runs)
     with lock(out_dir / ".compare.lock", wait=False):
