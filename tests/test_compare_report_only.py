@@ -84,3 +84,34 @@ def test_it_needs_a_comparison_directory(tmp_path, capsys):
     assert "give it with --resume DIR" in capsys.readouterr().err
     assert main(["compare", "--resume", str(tmp_path), "--report-only"]) == 2
     assert f"no {compare.PLAN_FILE} there" in capsys.readouterr().err
+
+
+def test_check_report_renders_again_elsewhere_and_names_what_differs(partial, capsys):
+    """--check-report: the same report from the same runs (exit 0, nothing in DIR touched); a run whose result changed
+    after the report was written makes it differ (exit 1), and the log says where."""
+    assert main(["compare", "--resume", str(partial), "--check-report"]) == 2  # no report yet
+    assert "has no report.json to check" in capsys.readouterr().err
+    assert main(["compare", "--resume", str(partial), "--report-only"]) == 0
+    files = {p: p.stat().st_mtime_ns for p in partial.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert main(["compare", "--resume", str(partial), "--check-report"]) == 0
+    out = capsys.readouterr().out
+    assert "report.json the same" in out and "report.md the same" in out
+    assert {p: p.stat().st_mtime_ns for p in partial.rglob("*") if p.is_file()} == files  # DIR left as it was
+
+    result = run_path(partial, "none", 1) / RESULT_FILE
+    result.write_text(json.dumps({**json.loads(result.read_text()), "metrics": {PRIMARY: 0.90}}))
+    assert main(["compare", "--resume", str(partial), "--check-report"]) == 1
+    out = capsys.readouterr().out
+    assert "report.json differs in " in out and "metrics" in out.split("report.json differs in ")[1].splitlines()[0]
+    assert "report.md differs (" in out and "+| none | " in out  # the accuracy table's changed row
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--archive-each", "elsewhere"], "drop --archive-each"),
+    (["--report-only"], "drop --check-report"),
+    (["--jobs", "2"], "drop --jobs"),
+])
+def test_check_report_refuses_what_would_train_or_write(partial, capsys, extra, message):
+    assert main(["compare", "--resume", str(partial), "--check-report", *extra]) == 2
+    assert message in capsys.readouterr().err

@@ -47,6 +47,8 @@ archive: `grail compare --resume DIR --archive DEST` copies the comparison witho
         or carry to another machine. `grail compare --resume DEST` renders the same report from it, computing nothing,
         or trains the runs it lacks; archiving into the same DEST again adds the runs finished since.
         `--archive-each DEST` beside a comparison that trains does this as it goes: after each run finishes.
+check: `grail compare --resume DIR --check-report` renders the report again from the runs, elsewhere, and says whether
+        DIR's report.json and report.md are the same (exit 1 and the differences if not).
 report: `grail compare --resume DIR --report-only` writes the report from the runs finished so far and trains
         nothing, also while the comparison runs (to check its health: learning curves, clipping, wall time). A
         partial report says so first; deciding to stop or extend on its intervals is peeking.
@@ -60,7 +62,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
         usage="grail compare --arms A,B,... [--seeds S] [--jobs N] [--sweep FIELD=v1,v2] [--preset NAME | "
               "--config FILE] [--output_dir DIR] [--FIELD VALUE ...]\n       grail compare --resume DIR [--jobs N] "
               "[--seeds MORE] [--save_steps N] [--save_total_limit N] [--drop-checkpoints] [--archive-each DEST]\n"
-              "       grail compare --resume DIR --archive DEST\n       grail compare --resume DIR --report-only")
+              "       grail compare --resume DIR --archive DEST\n       grail compare --resume DIR --report-only\n"
+              "       grail compare --resume DIR --check-report")
     parser.add_argument("--arms",
                         help="comma-separated arms: METHOD[@field=value...] (the first arm is the reference of "
                              "the paired differences); required unless --resume")
@@ -79,6 +82,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     parser.add_argument("--report-only", action="store_true",
                         help="with --resume DIR: write the report from the runs finished so far and train nothing "
                              "(also while the comparison runs); a partial report says which runs it leaves out")
+    parser.add_argument("--check-report", action="store_true",
+                        help="with --resume DIR: render the report again from the runs into a temporary directory and "
+                             "say whether DIR's report.json and report.md are the same (exit 1 if not); trains and "
+                             "changes nothing")
     parser.add_argument("--seeds", type=int, default=None,
                         help="training seeds per arm: 0..S-1 (default 5); with --resume, more seeds for every arm")
     parser.add_argument("--first-seed", type=int, default=None,
@@ -149,10 +156,13 @@ def run(args, rest: list[str]) -> int:
 
     if args.jobs < 1:
         raise ValueError(f"--jobs {args.jobs}: give 1 or more runs at a time.")
-    if args.archive_each and (args.archive or args.report_only):
-        raise ValueError(f"--archive-each archives a comparison while it trains; drop "
-                         f"{'--archive' if args.archive else '--report-only'} (which train nothing), or drop "
-                         f"--archive-each.")
+    stops = [flag for flag, given in (("--archive", args.archive), ("--report-only", args.report_only),
+                                      ("--check-report", args.check_report)) if given]
+    if len(stops) > 1 or (stops and args.archive_each):
+        raise ValueError(f"{stops[0]} trains nothing; drop {(stops[1:] or ['--archive-each'])[0]} beside it (one of "
+                         f"--archive, --report-only, --check-report at a time; --archive-each goes with training).")
+    if args.check_report:
+        return _check_report(args, rest)
     if args.archive:
         return _archive(args, rest)
     if args.report_only:
@@ -198,6 +208,19 @@ def _report_only(args, rest: list[str]) -> int:
     plan, out_dir = _resumed_plan(args, rest)  # nothing to amend: the flags that would are refused above
     report_only(plan, out_dir, jobs=args.jobs)
     return 0
+
+
+def _check_report(args, rest: list[str]) -> int:
+    from grail.analysis.compare.check import check_report
+    from grail.analysis.compare.schedule import reported_jobs
+
+    if not args.resume:
+        raise ValueError("--check-report checks an existing comparison's report: give it with --resume DIR.")
+    extra = _plan_flags(args, rest) + (["--jobs"] if args.jobs != 1 else [])
+    if extra:
+        raise ValueError(f"--check-report renders the comparison as it is and trains nothing; drop {', '.join(extra)}.")
+    plan, out_dir = _resumed_plan(args, rest)
+    return 0 if check_report(plan, out_dir, reported_jobs(out_dir, 1)) else 1
 
 
 def _plan_flags(args, rest: list[str]) -> list[str]:

@@ -403,23 +403,25 @@ def _resolution_lines(s: dict) -> list[str]:
     return lines + _table(header, rows) + [""]
 
 
-def write_report(out_dir: str | Path, plan: dict, jobs: int = 1) -> dict:
-    """report.json, report.md and the PNGs in out_dir, from the runs' files; returns report.json's content. `jobs`:
-    how many runs trained at a time (the wall-time table says so; report.json keeps it for a later re-render)."""
+def write_report(out_dir: str | Path, plan: dict, jobs: int = 1, into: str | Path | None = None) -> dict:
+    """report.json, report.md and the PNGs in out_dir (or `into`), from the runs' files in out_dir; returns
+    report.json's content. `jobs`: how many runs trained at a time (the wall-time table says so; report.json keeps it
+    for a later re-render)."""
     from grail.analysis.compare.start import describe_setting
 
     out_dir = Path(out_dir)
+    into = out_dir if into is None else Path(into)
     start = load_start(out_dir, [a["label"] for a in plan["arms"]])
     runs = load_runs(out_dir, plan, start)
     summary = {"setting": describe_setting(plan, out_dir), **summarize(plan, runs, start)}
     try:
-        plots, note = write_plots(summary, [r for r in runs if r.result is not None], out_dir), ""
+        plots, note = write_plots(summary, [r for r in runs if r.result is not None], into), ""
     except ImportError:
         plots, note = [], "No plots: matplotlib is not installed (`pip install matplotlib`, then rerun the command)."
     summary["plots"], summary["jobs"] = plots, jobs
     for name, text in (("report.json", json.dumps(summary, indent=2) + "\n"),
                        ("report.md", render_markdown(summary, plots, note, jobs))):
-        temporary = out_dir / f".{name}.tmp"
+        temporary = into / f".{name}.tmp"
         temporary.write_text(text)
-        os.replace(temporary, out_dir / name)
+        os.replace(temporary, into / name)
     return summary

@@ -40,7 +40,7 @@ from grail.analysis.compare.summary import RESULT_FILE, WARMSTART_AUROC_FILE, pl
 from grail.options.fields import SYNTHETIC_DATASET
 from grail.training.overrides import build_config
 
-__all__ = ["report_only", "run_comparison", "run_worker"]
+__all__ = ["report_only", "reported_jobs", "run_comparison", "run_worker"]
 
 # ---- the comparison ------------------------------------------------------------------------------------------------
 
@@ -168,7 +168,7 @@ def _prepare(plan: dict, out_dir: Path, log: Log) -> None:
     evaluate_starts(plan, out_dir, paths, log)
 
 
-def _reported_jobs(out_dir: Path, jobs: int) -> int:
+def reported_jobs(out_dir: Path, jobs: int) -> int:
     """The runs at a time that the comparison's last report recorded (report.json), else `jobs`."""
     try:
         recorded = json.loads((out_dir / "report.json").read_text()).get("jobs")
@@ -187,7 +187,7 @@ def report_only(plan: dict, out_dir: str | Path, jobs: int = 1, log: Log = print
     if not finished:
         raise ValueError(f"--report-only: no run of {out_dir} has finished yet, so there is nothing to report; wait "
                          f"for one, or train with grail compare --resume {out_dir}.")
-    summary = write_report(out_dir, plan, _reported_jobs(out_dir, jobs))
+    summary = write_report(out_dir, plan, reported_jobs(out_dir, jobs))
     log(f"compare: report of {finished} of {len(keys)} finished run(s), nothing trained, in {out_dir / 'report.md'}")
     return summary
 
@@ -245,7 +245,7 @@ def run_comparison(plan: dict, out_dir: str | Path, jobs: int = 1, log: Log = pr
         log(f"compare: {len(keys)} runs ({len(plan['arms'])} arms × {plan['seeds']} seeds), {len(done)} finished "
             f"earlier; {jobs} at a time; directory {out_dir}")
         if not pending:  # only the report again: it says how many runs trained at a time, not this command's --jobs
-            jobs = _reported_jobs(out_dir, jobs)
+            jobs = reported_jobs(out_dir, jobs)
         progress = _Progress(plan, out_dir, len(keys), done, min(jobs, max(1, len(pending))), log, archive)
         failed = (_in_process if jobs == 1 else _in_workers)(plan, out_dir, pending, jobs, progress)
         if failed:

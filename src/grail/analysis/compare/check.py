@@ -1,0 +1,49 @@
+"""`grail compare --resume DIR --check-report`: is DIR's report the one its runs give? The report is rendered again
+from the runs' files (grail.analysis.compare.report.write_report) into a temporary directory, training and evaluating
+nothing and changing nothing in DIR, and compared with DIR's report.json (as JSON) and report.md (as text).
+
+A report is a pure function of the runs' files and of the grail-rl that renders it: a difference means a run's
+files changed after the report was written, or that another version of grail-rl renders it (the report's Code
+section names the commits that trained the runs; render with the same one to tell the two apart)."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import tempfile
+from pathlib import Path
+
+from grail.analysis.compare.report import write_report
+from grail.analysis.compare.run import Log
+
+__all__ = ["check_report"]
+
+SHOWN_LINES = 20  # of report.md's diff
+
+
+def check_report(plan: dict, out_dir: str | Path, jobs: int, log: Log = print) -> bool:
+    """Render the report of out_dir again elsewhere and compare (module docstring); log what differs; True when
+    report.json and report.md are both the same. `jobs`: the runs at a time the report records."""
+    out_dir = Path(out_dir)
+    missing = [name for name in ("report.json", "report.md") if not (out_dir / name).is_file()]
+    if missing:
+        raise ValueError(f"--check-report: {out_dir} has no {missing[0]} to check; render it first (grail compare "
+                         f"--resume {out_dir}, or --report-only while runs are missing).")
+    with tempfile.TemporaryDirectory(prefix="grail-check-report-") as scratch:
+        write_report(out_dir, plan, jobs, into=scratch)
+        fresh = json.loads((Path(scratch) / "report.json").read_text())
+        fresh_md = (Path(scratch) / "report.md").read_text()
+    stored = json.loads((out_dir / "report.json").read_text())
+    stored_md = (out_dir / "report.md").read_text()
+    def text(value) -> str:  # as JSON text, so that a NaN equals itself
+        return json.dumps(value, sort_keys=True)
+    keys = sorted(k for k in set(stored) | set(fresh) if text(stored.get(k)) != text(fresh.get(k)))
+    log(f"compare: report.json {'the same' if not keys else 'differs in ' + ', '.join(keys)}")
+    if stored_md == fresh_md:
+        log("compare: report.md the same")
+    else:
+        diff = list(difflib.unified_diff(stored_md.splitlines(), fresh_md.splitlines(), "report.md (stored)",
+                                         "report.md (from the runs)", lineterm="", n=0))
+        log(f"compare: report.md differs ({sum(line[:1] in '+-' for line in diff[2:])} lines):\n"
+            + "\n".join(diff[:SHOWN_LINES]) + ("\n..." if len(diff) > SHOWN_LINES else ""))
+    return not keys and stored_md == fresh_md
