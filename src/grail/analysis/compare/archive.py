@@ -40,33 +40,36 @@ def _skipped(name: str) -> bool:
     return name.endswith(WEIGHT_SUFFIXES) or name.endswith(".lock") or (name.startswith(".") and name.endswith(".tmp"))
 
 
-def _copy_tree(source: Path, dest: Path, skip_dirs: set[Path]) -> int:
-    """Copy source into dest without weights, locks, temporaries or skip_dirs; returns the bytes copied."""
-    copied = 0
-    dest.mkdir(parents=True, exist_ok=True)
+def _archived(source: Path, skip_dirs: set[Path], prefix: str = ""):
+    """(path relative to source, path) of every folder and file archived from source, a folder before its contents:
+    no weights, locks, temporaries, links or skip_dirs, in sorted order."""
     for item in sorted(source.iterdir()):
         if item in skip_dirs or item.is_symlink():
             continue
         if item.is_dir():
-            copied += _copy_tree(item, dest / item.name, skip_dirs)
+            yield f"{prefix}{item.name}", item
+            yield from _archived(item, skip_dirs, f"{prefix}{item.name}/")
         elif item.is_file() and not _skipped(item.name):
-            shutil.copy2(item, dest / item.name)
+            yield f"{prefix}{item.name}", item
+
+
+def _copy_tree(source: Path, dest: Path, skip_dirs: set[Path]) -> int:
+    """Copy what source archives (_archived) into dest; returns the bytes copied."""
+    copied = 0
+    dest.mkdir(parents=True, exist_ok=True)
+    for relative, item in _archived(source, skip_dirs):
+        if item.is_dir():
+            (dest / relative).mkdir(exist_ok=True)
+        else:
+            shutil.copy2(item, dest / relative)
             copied += item.stat().st_size
     return copied
 
 
 def _listing(source: Path, skip_dirs: set[Path]) -> list[tuple[str, int, int]]:
     """(relative path, size, mtime in ns) of every file _copy_tree would copy from source, sorted."""
-    out = []
-    for item in sorted(source.iterdir()):
-        if item in skip_dirs or item.is_symlink():
-            continue
-        if item.is_dir():
-            out += [(f"{item.name}/{name}", size, mtime) for name, size, mtime in _listing(item, skip_dirs)]
-        elif item.is_file() and not _skipped(item.name):
-            stat = item.stat()
-            out.append((item.name, stat.st_size, stat.st_mtime_ns))
-    return out
+    return [(relative, item.stat().st_size, item.stat().st_mtime_ns)
+            for relative, item in _archived(source, skip_dirs) if not item.is_dir()]
 
 
 def _check_same(plan: dict, stored: dict, dest: Path, flag: str) -> None:

@@ -197,14 +197,20 @@ def run(args, rest: list[str]) -> int:
     return _run(run_comparison, plan, out_dir, args.jobs, args.archive_each)
 
 
+def _as_it_is(args, rest: list[str], flag: str, verb: str, missing: str, refuse_jobs: bool) -> None:
+    """Refuse, for `flag` (which works on an existing comparison as it is and trains nothing), a missing --resume DIR
+    (`missing`: the message's middle) and the flags beside it that would train or change the plan."""
+    if not args.resume:
+        raise ValueError(f"{missing}: give it with --resume DIR.")
+    extra = _plan_flags(args, rest) + (["--jobs"] if refuse_jobs and args.jobs != 1 else [])
+    if extra:
+        raise ValueError(f"{flag} {verb} the comparison as it is and trains nothing; drop {', '.join(extra)}.")
+
+
 def _report_only(args, rest: list[str]) -> int:
     from grail.analysis.compare.schedule import report_only
 
-    if not args.resume:
-        raise ValueError("--report-only renders an existing comparison: give it with --resume DIR.")
-    extra = _plan_flags(args, rest)
-    if extra:
-        raise ValueError(f"--report-only reports the comparison as it is and trains nothing; drop {', '.join(extra)}.")
+    _as_it_is(args, rest, "--report-only", "reports", "--report-only renders an existing comparison", False)
     plan, out_dir = _resumed_plan(args, rest)  # nothing to amend: the flags that would are refused above
     report_only(plan, out_dir, jobs=args.jobs)
     return 0
@@ -214,18 +220,14 @@ def _check_report(args, rest: list[str]) -> int:
     from grail.analysis.compare.check import check_report
     from grail.analysis.compare.schedule import reported_jobs
 
-    if not args.resume:
-        raise ValueError("--check-report checks an existing comparison's report: give it with --resume DIR.")
-    extra = _plan_flags(args, rest) + (["--jobs"] if args.jobs != 1 else [])
-    if extra:
-        raise ValueError(f"--check-report renders the comparison as it is and trains nothing; drop {', '.join(extra)}.")
+    _as_it_is(args, rest, "--check-report", "renders", "--check-report checks an existing comparison's report", True)
     plan, out_dir = _resumed_plan(args, rest)
     return 0 if check_report(plan, out_dir, reported_jobs(out_dir, 1)) else 1
 
 
 def _plan_flags(args, rest: list[str]) -> list[str]:
-    """The flags given beside --resume DIR that would train or change the plan (refused by --archive and
-    --report-only; --jobs only by --archive)."""
+    """The flags given beside --resume DIR that would train or change the plan (refused by --archive, --report-only
+    and --check-report; --jobs only by --archive and --check-report)."""
     return [flag for flag, given in (("--arms", args.arms), ("--seeds", args.seeds is not None),
                                       ("--first-seed", args.first_seed is not None),
                                       ("--auroc-rows", args.auroc_rows is not None), ("--auroc-set", args.auroc_set),
@@ -238,13 +240,7 @@ def _plan_flags(args, rest: list[str]) -> list[str]:
 def _archive(args, rest: list[str]) -> int:
     from grail.analysis.compare.archive import archive_comparison
 
-    extra = _plan_flags(args, rest) + (["--jobs"] if args.jobs != 1 else [])
-    if args.report_only:
-        extra.append("--report-only")
-    if not args.resume:
-        raise ValueError("--archive DEST copies an existing comparison: give it with --resume DIR.")
-    if extra:
-        raise ValueError(f"--archive copies the comparison as it is and trains nothing; drop {', '.join(extra)}.")
+    _as_it_is(args, rest, "--archive", "copies", "--archive DEST copies an existing comparison", True)
     archive_comparison(args.resume, args.archive)
     return 0
 

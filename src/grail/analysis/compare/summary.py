@@ -199,15 +199,18 @@ def _per_arm(runs: list[RunData], arms: list[str], value_of) -> dict[str, dict[i
     return table
 
 
+def _per_arm_stats(table: dict[str, dict[int, float]], arms: list[str]) -> dict:
+    """Each arm's t-interval over its seeds, with the seeds, JSON-ready (no paired differences: the diagnostics)."""
+    return {arm: {**asdict(t_interval(list(table[arm].values()))), "seeds": sorted(table[arm])} for arm in arms}
+
+
 def _stats(table: dict[str, dict[int, float]], arms: list[str], lay: Layout) -> dict:
     """Per-arm intervals and paired differences against each arm's reference, JSON-ready."""
     paired = {arm: paired_stats(table[lay.baseline[arm]], table[arm], lay.baseline[arm]) for arm in lay.paired}
     tested = [arm for arm in paired if paired[arm]["sign_flip_p"] is not None]
     for arm, p in zip(tested, holm([paired[arm]["sign_flip_p"] for arm in tested]), strict=True):
         paired[arm]["holm_p"] = p  # over this metric's arms compared with their references (stats.holm)
-    return {"per_arm": {arm: {**asdict(t_interval(list(table[arm].values()))), "seeds": sorted(table[arm])}
-                        for arm in arms},
-            "paired": paired}
+    return {"per_arm": _per_arm_stats(table, arms), "paired": paired}
 
 
 def paired_stats(base: dict[int, float], other: dict[int, float], reference: str) -> dict:
@@ -294,20 +297,20 @@ def summarize(plan: dict, runs: list[RunData], start: StartData | None = None) -
                for m in metric_names}
     extra = {m: _stats(_per_arm(finished, arms, lambda r, m=m: r.extra.get(m)), arms, lay)
              for m in extra_names}
-    weights = {k: _stats(_per_arm(finished, arms, lambda r, k=k: _key_mean(r.log, k)), arms, lay)["per_arm"]
+    weights = {k: _per_arm_stats(_per_arm(finished, arms, lambda r, k=k: _key_mean(r.log, k)), arms)
                for k in (*WEIGHT_KEYS, *POSITION_KEYS)}
-    completions = {f"{k}{suffix}": _stats(_per_arm(finished, arms, lambda r, k=k, n=n: _key_mean(r.log, k, n)), arms,
-                                          lay)["per_arm"]
+    completions = {f"{k}{suffix}": _per_arm_stats(_per_arm(finished, arms,
+                                                           lambda r, k=k, n=n: _key_mean(r.log, k, n)), arms)
                    for k in COMPLETION_KEYS for suffix, n in (("", None), (f" (last {LAST_STEPS} steps)", LAST_STEPS))}
     untimed = [r for r in finished if not r.result.get("resumed")]  # a resumed run's clock covers its last part
-    timing = {k: _stats(_per_arm(untimed, arms, lambda r, k=k: r.result.get(k)), arms, lay)["per_arm"]
+    timing = {k: _per_arm_stats(_per_arm(untimed, arms, lambda r, k=k: r.result.get(k)), arms)
               for k in ("train_seconds", "seconds_per_step", "eval_seconds")}
     phases = list(dict.fromkeys(k for r in untimed for k in r.result.get("eval_phase_seconds") or {}))
     if phases:  # where the evaluation's time went (runs of grail-rl before 2026-11-27 do not say)
         timing["eval_phase_seconds"] = {
-            k: _stats(_per_arm(untimed, arms, lambda r, k=k: (r.result.get("eval_phase_seconds") or {}).get(k)),
-                      arms, lay)["per_arm"] for k in phases}
-    timing["step_seconds"] = _stats(_per_arm(finished, arms, lambda r: step_seconds(r.log)), arms, lay)["per_arm"]
+            k: _per_arm_stats(_per_arm(untimed, arms, lambda r, k=k: (r.result.get("eval_phase_seconds") or {}).get(k)),
+                              arms) for k in phases}
+    timing["step_seconds"] = _per_arm_stats(_per_arm(finished, arms, lambda r: step_seconds(r.log)), arms)
     timing["total"] = {
         "runs": len(finished), "resumed": sum(bool(r.result.get("resumed")) for r in finished),
         "step_seconds": sum(step_seconds(r.log) or 0.0 for r in finished),
