@@ -227,6 +227,9 @@ def test_a_resumed_comparison_redoes_only_what_is_missing(comparison, tmp_path, 
     assert probe["per_arm"]["grail@saliency_leaf=middle"]["mean"] == pytest.approx(0.5)
     assert probe["paired"]["grail@saliency_leaf=middle"]["values"] == [0.0, 0.0]
     assert report["timing"]["train_seconds"]["none"]["n"] == 1  # the resumed run's clock is left out
+    assert _result(out, "grail@saliency_leaf=middle", 0)["trained_earlier"] is True  # only evaluated here: left out
+    assert _result(out, "grail@saliency_leaf=middle", 1)["trained_earlier"] is False
+    assert report["timing"]["eval_seconds"]["grail@saliency_leaf=middle"]["n"] == 1
     # ... but its steps are counted: each step's time once, from metrics.jsonl as cut back on resume
     step_times = [json.loads(line)["step_time"] for line in (resumed / "metrics.jsonl").read_text().splitlines()
                   if "step_time" in json.loads(line)]
@@ -234,10 +237,10 @@ def test_a_resumed_comparison_redoes_only_what_is_missing(comparison, tmp_path, 
     assert report["timing"]["step_seconds"]["none"]["n"] == 2
     assert sum(step_times) in report["timing"]["step_seconds"]["none"]["values"]
     total = report["timing"]["total"]
-    assert total["runs"] == 4 and total["resumed"] == 1
+    assert total["runs"] == 4 and total["resumed"] == 2  # none/seed1 in training, grail's seed 0 in evaluation
     assert total["step_seconds"] == pytest.approx(sum(v for arm in report["timing"]["step_seconds"].values()
                                                       for v in arm["values"]))
-    assert "1 of them resumed" in (out / "report.md").read_text()
+    assert "2 of them resumed (in training or evaluation)" in (out / "report.md").read_text()
 
 
 @pytest.mark.parametrize("change, named", [

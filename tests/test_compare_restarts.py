@@ -79,7 +79,8 @@ def _workers_of(out) -> list[int]:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the workers through /proc")
 def test_jobs_run_in_worker_processes_that_end_with_their_comparison(tmp_path, warm_cache):
     """--jobs 2: two worker processes train at once; killing the comparison ends them (no orphan keeps training);
-    a rerun finishes every run with the workers again."""
+    a rerun finishes every run with the workers again, archiving each as it finishes (--archive-each: the parent's
+    loop calls the archive, not the workers)."""
     cache, _ = warm_cache
     out = tmp_path / "cmp"
     argv = compare_argv(cache, out, "none,grail", "2", "--jobs", "2")
@@ -97,13 +98,16 @@ def test_jobs_run_in_worker_processes_that_end_with_their_comparison(tmp_path, w
         assert time.monotonic() < deadline, "workers outlived their comparison by 30 s"
         time.sleep(0.2)
 
-    assert main(argv) == 0
+    each = tmp_path / "each"
+    assert main([*argv, "--archive-each", str(each)]) == 0
     for slug in ("none", "grail"):
         for seed in range(2):
             run = out / "runs" / slug / f"seed{seed}"
             assert (run / RESULT_FILE).is_file() and "step 2/2" in (run / "compare.log").read_text()
+            assert (each / "runs" / slug / f"seed{seed}" / RESULT_FILE).read_text() == (run / RESULT_FILE).read_text()
     report = json.loads((out / "report.json").read_text())
     assert report["metrics"]["sampled/synthetic/acc@4"]["per_arm"]["none"]["n"] == 2
+    assert (each / "report.md").read_text() == (out / "report.md").read_text()
 
 
 def test_the_status_line_ignores_a_restarted_runs_previous_steps(tmp_path):
@@ -119,3 +123,30 @@ def test_the_status_line_ignores_a_restarted_runs_previous_steps(tmp_path):
     time.sleep(0.05)  # file times come from a coarser clock than time.time()
     path.write_text("".join(json.dumps({"step": s}) + "\n" for s in range(1, 11)))  # cut back on resume
     assert _latest_step(tmp_path, since=started) == 10
+
+
+def test_a_clock_that_covers_part_of_a_run_is_told_apart_from_a_whole_one():
+    """A run resumed in training, or trained by an earlier process and only evaluated by the last one, has a clock
+    that covers its last part: it is left out of the wall-time table and the ETA. Results written before
+    `trained_earlier` existed show the second case as less time before the evaluation than the training took."""
+    from grail.analysis.compare.summary import clock_complete
+
+    whole = {"wall_seconds": 1200.0, "eval_seconds": 450.0, "train_seconds": 700.0, "resumed": False}
+    assert clock_complete(whole) and clock_complete({**whole, "trained_earlier": False})
+    assert not clock_complete({**whole, "resumed": True})
+    assert not clock_complete({**whole, "trained_earlier": True})
+    evaluated_only = {**whole, "wall_seconds": 460.0}  # an older file: 10 s before the evaluation, 700 s of training
+    assert not clock_complete(evaluated_only)
+    assert clock_complete({"wall_seconds": 10.0})  # nothing to tell by: counted, as before
+
+
+def test_the_eta_comes_from_whole_runs_and_says_when_it_is_a_lower_bound(tmp_path):
+    from grail.analysis.compare.schedule import _Progress
+
+    plan = {"arms": [{"slug": "none", "label": "none"}]}
+    lines = []
+    whole = _Progress(plan, tmp_path, 4, {"none/seed0": (1000.0, True), "none/seed1": (100.0, False)}, 1,
+                      lines.append)
+    assert whole._line().endswith("eta 0:33:20")  # 2 left × 1000 s: the evaluation-only 100 s is not averaged in
+    partial = _Progress(plan, tmp_path, 4, {"none/seed1": (100.0, False)}, 1, lines.append)
+    assert partial._line().endswith("eta ≥ 0:05:00")  # 3 left × 100 s, known to be short

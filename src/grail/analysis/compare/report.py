@@ -325,8 +325,8 @@ def render_markdown(s: dict, plots: list[str], plot_note: str, jobs: int) -> str
                         [[arm, *(_cell(c[k][arm], 1.0, 3) for k in c)] for arm in arms])
     t = s["timing"]
     lines += ["", "## Wall time", "",
-              f"Seconds per run, mean [min, max] over the runs that were not resumed (a resumed run's clock covers "
-              f"only its last part); {jobs} run(s) at a time"
+              f"Seconds per run, mean [min, max] over the runs that were not resumed (a run resumed in training "
+              f"or in evaluation has a clock that covers only its last part); {jobs} run(s) at a time"
               f"{'' if jobs == 1 else ', sharing the machine, so each ran slower than it would alone'}:", ""]
     step = t.get("step_seconds") or {arm: {"mean": None, "n": 0} for arm in arms}  # a report.json of earlier versions
     lines += _table(["arm", "runs timed", "training wall time (s)", "median s/step", "evaluation (s)",
@@ -345,7 +345,8 @@ def render_markdown(s: dict, plots: list[str], plot_note: str, jobs: int) -> str
     if total and total["runs"]:
         lines += ["", f"The last column sums TRL's per-step time (generation and loss) over each finished run's steps, "
                       f"resumed runs included (their steps count once; work lost to a kill does not), with the number "
-                      f"of runs. In total: {total['runs']} finished run(s), {total['resumed']} of them resumed; "
+                      f"of runs. In total: {total['runs']} finished run(s), {total['resumed']} of them resumed "
+                      f"(in training or evaluation); "
                       f"{total['step_seconds'] / 3600:.2f} h of training steps and "
                       f"{total['eval_seconds'] / 3600:.2f} h of evaluation (the start's included)."]
     lines += _code_lines(s.get("code"))

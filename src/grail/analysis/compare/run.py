@@ -156,7 +156,8 @@ def run_one(plan: dict, out_dir: str | Path, slug: str, seed: int, log: Log = pr
     start = time.perf_counter()
     with lock(run_dir / ".compare.lock", wait=True):  # a dying worker of a killed comparison may still hold it
         values = run_values(plan, arm, seed, out_dir)
-        if (run_dir / TRAINED_FILE).is_file():
+        trained_earlier = (run_dir / TRAINED_FILE).is_file()  # then this clock covers only the evaluation
+        if trained_earlier:
             trained = json.loads((run_dir / TRAINED_FILE).read_text())
             log(f"{arm['label']}/seed{seed}: trained earlier; evaluating")
         else:
@@ -187,7 +188,8 @@ def run_one(plan: dict, out_dir: str | Path, slug: str, seed: int, log: Log = pr
         if plan.get("auroc_rows"):
             checkpoint_auroc(plan, out_dir, slug, seed, log)
         end = time.perf_counter()
-        result = {"arm": arm["label"], "seed": seed, **trained, "eval_seconds": end - eval_start,
+        result = {"arm": arm["label"], "seed": seed, **trained, "trained_earlier": trained_earlier,
+                  "eval_seconds": end - eval_start,
                   "eval_phase_seconds": eval_phases(run_dir / "eval" / "final", extra_start - eval_start,
                                                     end - extra_start),
                   "wall_seconds": end - start, "metrics": metrics, "evaluations": per_problem}

@@ -36,7 +36,13 @@ from grail.analysis.compare.run import (
     run_values,
     write_json,
 )
-from grail.analysis.compare.summary import RESULT_FILE, WARMSTART_AUROC_FILE, plan_seeds, run_path
+from grail.analysis.compare.summary import (
+    RESULT_FILE,
+    WARMSTART_AUROC_FILE,
+    clock_complete,
+    plan_seeds,
+    run_path,
+)
 from grail.options.fields import SYNTHETIC_DATASET
 from grail.training.overrides import build_config
 
@@ -67,13 +73,14 @@ def _latest_step(run_dir: Path, since: float = 0.0) -> int | None:
 
 class _Progress:
     """One line per start and finish, and a status line every STATUS_EVERY_S: done / running / left, elapsed, ETA
-    from the finished runs' durations, and each running run's latest step."""
+    from the finished runs' durations (those whose clock covers the whole run: summary.clock_complete), and each
+    running run's latest step. `done`: run name → (seconds, whether they cover the whole run)."""
 
-    def __init__(self, plan: dict, out_dir: Path, total: int, done: dict[str, float], jobs: int, log: Log,
-                 on_finished=lambda: None):
+    def __init__(self, plan: dict, out_dir: Path, total: int, done: dict[str, tuple[float, bool]], jobs: int,
+                 log: Log, on_finished=lambda: None):
         self.plan, self.out_dir, self.total, self.jobs, self.log = plan, out_dir, total, jobs, log
         self.on_finished = on_finished  # called after each run that finished well (run_comparison: the archive)
-        self.durations = dict(done)  # run name → seconds
+        self.durations = dict(done)  # run name → (seconds, whether they cover the whole run)
         self.running: dict[str, float] = {}  # run name → start time
         self.wall_start: dict[str, float] = {}  # run name → its start, wall clock (file times)
         self.failed = 0
@@ -85,10 +92,12 @@ class _Progress:
         failed = f" ({self.failed} failed)" if self.failed else ""
         text = (f"{len(self.durations)}/{self.total} done, {len(self.running)} running, {left} left{failed} | "
                 f"elapsed {_duration(now - self.start)}")
-        if self.durations:
-            mean = sum(self.durations.values()) / len(self.durations)
+        whole = [seconds for seconds, complete in self.durations.values() if complete]
+        timed = whole or [seconds for seconds, _ in self.durations.values()]
+        if timed:  # from the runs whose clock covers all of them; else from resumed ones: then a lower bound
+            mean = sum(timed) / len(timed)
             remaining = left * mean + sum(max(0.0, mean - (now - t)) for t in self.running.values())
-            text += f" | eta {_duration(remaining / self.jobs)}"
+            text += f" | eta {'' if whole else '≥ '}{_duration(remaining / self.jobs)}"
         steps = []
         for name in self.running:
             slug, seed = name.rsplit("/seed", 1)
@@ -106,7 +115,8 @@ class _Progress:
     def finished(self, name: str, ok: bool = True) -> None:
         seconds = time.perf_counter() - self.running.pop(name)
         if ok:
-            self.durations[name] = seconds
+            slug, seed = name.rsplit("/seed", 1)
+            self.durations[name] = (seconds, _clock_complete(run_path(self.out_dir, slug, int(seed))))
         else:
             self.failed += 1
         self.log(f"compare: {'finished' if ok else 'FAILED'} {name} in {_duration(seconds)} | {self._line()}")
@@ -118,6 +128,13 @@ class _Progress:
         if time.perf_counter() - self.last >= STATUS_EVERY_S:
             self.last = time.perf_counter()
             self.log(f"compare: {self._line()}")
+
+
+def _clock_complete(run_dir: Path) -> bool:
+    try:
+        return clock_complete(json.loads((run_dir / RESULT_FILE).read_text()))
+    except (OSError, ValueError):
+        return False
 
 
 def _gpu_ids() -> list[str]:
@@ -240,7 +257,8 @@ def run_comparison(plan: dict, out_dir: str | Path, jobs: int = 1, log: Log = pr
         for slug, seed in keys:
             marker = run_path(out_dir, slug, seed) / RESULT_FILE
             if marker.is_file():
-                done[f"{slug}/seed{seed}"] = json.loads(marker.read_text()).get("wall_seconds", 0.0)
+                result = json.loads(marker.read_text())
+                done[f"{slug}/seed{seed}"] = (result.get("wall_seconds", 0.0), clock_complete(result))
         pending = [(slug, seed) for slug, seed in keys if f"{slug}/seed{seed}" not in done]
         log(f"compare: {len(keys)} runs ({len(plan['arms'])} arms × {plan['seeds']} seeds), {len(done)} finished "
             f"earlier; {jobs} at a time; directory {out_dir}")

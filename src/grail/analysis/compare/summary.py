@@ -49,7 +49,8 @@ from grail.analysis.compare.sweep import Layout, layout
 from grail.training.provenance import CODE_FILE, VERSION_KEYS
 
 __all__ = ["BEFORE_RL_FILE", "CHECKPOINT_AUROC_FILE", "EXTRA_METRICS_FILE", "RESULT_FILE", "WARMSTART_AUROC_FILE",
-           "RunData", "StartData", "load_runs", "load_start", "paired_stats", "problem_values", "run_path", "summarize"]
+           "RunData", "StartData", "clock_complete", "load_runs", "load_start", "paired_stats", "problem_values",
+           "run_path", "summarize"]
 
 RESULT_FILE = "compare_result.json"  # written last by a run: its presence means finished
 EXTRA_METRICS_FILE = "extra_metrics.json"
@@ -170,6 +171,20 @@ def _code(finished: list[RunData]) -> dict:
     return {"runs": len(finished), "runs_without_record": sum(not r.code for r in finished),
             "attempts": len(attempts), "commits": commits,
             "versions": {name: sorted({str(line.get(name)) for line in attempts}) for name in VERSION_KEYS}}
+
+
+def clock_complete(result: dict) -> bool:
+    """Whether a finished run's `wall_seconds` (and its training and evaluation seconds) cover all of it: not when its
+    training resumed from a checkpoint (`resumed`), nor when an earlier process trained it and this one only evaluated
+    it (`trained_earlier`: the evaluation resumed its samples). A result written before `trained_earlier` was recorded
+    shows the latter as less wall time before its evaluation than its training took, which cannot happen in one
+    process (the training's clock runs inside the run's)."""
+    if result.get("resumed"):
+        return False
+    if "trained_earlier" in result:
+        return not result["trained_earlier"]
+    wall, evaluation, train = (result.get(k) for k in ("wall_seconds", "eval_seconds", "train_seconds"))
+    return None in (wall, evaluation, train) or wall - evaluation >= train
 
 
 def step_seconds(log: list[dict]) -> float | None:
@@ -302,7 +317,7 @@ def summarize(plan: dict, runs: list[RunData], start: StartData | None = None) -
     completions = {f"{k}{suffix}": _per_arm_stats(_per_arm(finished, arms,
                                                            lambda r, k=k, n=n: _key_mean(r.log, k, n)), arms)
                    for k in COMPLETION_KEYS for suffix, n in (("", None), (f" (last {LAST_STEPS} steps)", LAST_STEPS))}
-    untimed = [r for r in finished if not r.result.get("resumed")]  # a resumed run's clock covers its last part
+    untimed = [r for r in finished if clock_complete(r.result)]  # a resumed run's clock covers its last part
     timing = {k: _per_arm_stats(_per_arm(untimed, arms, lambda r, k=k: r.result.get(k)), arms)
               for k in ("train_seconds", "seconds_per_step", "eval_seconds")}
     phases = list(dict.fromkeys(k for r in untimed for k in r.result.get("eval_phase_seconds") or {}))
@@ -312,7 +327,7 @@ def summarize(plan: dict, runs: list[RunData], start: StartData | None = None) -
                               arms) for k in phases}
     timing["step_seconds"] = _per_arm_stats(_per_arm(finished, arms, lambda r: step_seconds(r.log)), arms)
     timing["total"] = {
-        "runs": len(finished), "resumed": sum(bool(r.result.get("resumed")) for r in finished),
+        "runs": len(finished), "resumed": len(finished) - len(untimed),  # in training or in evaluation
         "step_seconds": sum(step_seconds(r.log) or 0.0 for r in finished),
         "eval_seconds": sum(r.result.get("eval_seconds") or 0.0 for r in finished)
         + sum(s.get("eval_seconds") or 0.0 for s in (start.starts.values() if start else ())),
