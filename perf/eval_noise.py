@@ -25,8 +25,8 @@ keeps the analysis to seeds already read (e.g. the first part of a comparison st
 Cost. More samples per problem cost sampling time in proportion: a run of R seconds whose sampled evaluation took E
 costs R + E · (m / n − 1) at m samples, and an arm seeds(m) times that. R and E are the medians over the finished
 runs of `wall_seconds` and of `eval_phase_seconds[<evaluation>]` in compare_result.json (runs of grail-rl since
-2026-11-27 record the split), or `--run-seconds` / `--sampled-seconds` where the runs do not say. The cheapest m for
-the target is marked.
+2026-11-27 record the split; clocks that cover only part of a resumed run are left out), or `--run-seconds` /
+`--sampled-seconds` where the runs do not say. The cheapest m for the target is marked.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from pathlib import Path
 
 from grail.analysis.compare.plan import PLAN_FILE
 from grail.analysis.compare.stats import seeds_needed
-from grail.analysis.compare.summary import load_runs
+from grail.analysis.compare.summary import clock_complete, load_runs
 
 Samples = dict[str, list[float]]  # problem id → correctness (0/1) of samples 0..n−1
 
@@ -125,17 +125,18 @@ def load_samples(out_dir: str | Path, metric: str, keep: set[int] | None = None)
 
 def run_costs(out_dir: str | Path, evaluation: str, keep: set[int] | None = None) -> tuple[float | None, float | None]:
     """(R, E): the medians over the finished runs of their wall seconds and of their `evaluation`'s sampling and
-    grading seconds (compare_result.json's `eval_phase_seconds`); None where no run records it. Resumed runs are left
-    out: their clock covers only their last part."""
+    grading seconds (compare_result.json's `eval_phase_seconds`); None where no run records it. A clock that covers
+    only part of the run is left out (summary.clock_complete): R leaves out runs resumed in training or in evaluation,
+    E only those resumed in evaluation (a run resumed in training was evaluated in one go)."""
     out_dir = Path(out_dir)
     walls, sampled = [], []
     for run in load_runs(out_dir, json.loads((out_dir / PLAN_FILE).read_text())):
-        if run.result is None or run.result.get("resumed") or (keep is not None and run.seed not in keep):
+        if run.result is None or (keep is not None and run.seed not in keep):
             continue
-        if isinstance(run.result.get("wall_seconds"), int | float):
+        if clock_complete(run.result) and isinstance(run.result.get("wall_seconds"), int | float):
             walls.append(run.result["wall_seconds"])
         phase = (run.result.get("eval_phase_seconds") or {}).get(evaluation)
-        if isinstance(phase, int | float):
+        if clock_complete({**run.result, "resumed": False}) and isinstance(phase, int | float):
             sampled.append(phase)
     return (statistics.median(walls) if walls else None, statistics.median(sampled) if sampled else None)
 

@@ -156,11 +156,12 @@ def test_the_costs_are_the_runs_medians_and_the_command_marks_the_cheapest(tmp_p
     def rows(arm, seed):
         return [("synthetic", str(i), j, rng.random() < q) for i, q in enumerate(P_TRUE) for j in range(N)]
 
-    def timing(arm, seed):  # seed 3 was resumed: its clock is partial and is left out
+    def timing(arm, seed):  # seed 3 resumed in training: its wall clock is partial, its evaluation whole; seed 4
+        # trained by an earlier command and evaluated by a later one: both partial
         return {"wall_seconds": 1000.0 + 10 * seed, "eval_phase_seconds": {"sampled": 100.0 + seed, "greedy": 5.0},
-                "resumed": seed == 3}
-    _comparison(tmp_path, 4, rows, timing)
-    assert noise.run_costs(tmp_path, "sampled") == (1010.0, 101.0)  # medians of seeds 0–2
+                "resumed": seed == 3, "trained_earlier": seed == 4}
+    _comparison(tmp_path, 5, rows, timing)
+    assert noise.run_costs(tmp_path, "sampled") == (1010.0, 101.5)  # walls of seeds 0–2, sampled of seeds 0–3
     assert noise.run_costs(tmp_path, "sampled", keep={0}) == (1000.0, 100.0)
     assert noise.run_costs(tmp_path, "benchmarks") == (1010.0, None)  # an evaluation the runs did not time
     monkeypatch.setattr("sys.argv", ["eval_noise.py", str(tmp_path), "--samples", "4,16", "--sampled-seconds", "50",
