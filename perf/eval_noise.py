@@ -39,7 +39,7 @@ from pathlib import Path
 
 from grail.analysis.compare.plan import PLAN_FILE
 from grail.analysis.compare.stats import seeds_needed
-from grail.analysis.compare.summary import clock_complete, load_runs
+from grail.analysis.compare.summary import clock_complete, load_runs, trained_here
 
 Samples = dict[str, list[float]]  # problem id → correctness (0/1) of samples 0..n−1
 
@@ -126,8 +126,8 @@ def load_samples(out_dir: str | Path, metric: str, keep: set[int] | None = None)
 def run_costs(out_dir: str | Path, evaluation: str, keep: set[int] | None = None) -> tuple[float | None, float | None]:
     """(R, E): the medians over the finished runs of their wall seconds and of their `evaluation`'s sampling and
     grading seconds (compare_result.json's `eval_phase_seconds`); None where no run records it. A clock that covers
-    only part of the run is left out (summary.clock_complete): R leaves out runs resumed in training or in evaluation,
-    E only those resumed in evaluation (a run resumed in training was evaluated in one go)."""
+    only part of the run is left out: R leaves out runs resumed in training or in evaluation (summary.clock_complete),
+    E only those resumed in evaluation (summary.trained_here: a run resumed in training was evaluated in one go)."""
     out_dir = Path(out_dir)
     walls, sampled = [], []
     for run in load_runs(out_dir, json.loads((out_dir / PLAN_FILE).read_text())):
@@ -136,7 +136,7 @@ def run_costs(out_dir: str | Path, evaluation: str, keep: set[int] | None = None
         if clock_complete(run.result) and isinstance(run.result.get("wall_seconds"), int | float):
             walls.append(run.result["wall_seconds"])
         phase = (run.result.get("eval_phase_seconds") or {}).get(evaluation)
-        if clock_complete({**run.result, "resumed": False}) and isinstance(phase, int | float):
+        if trained_here(run.result) and isinstance(phase, int | float):
             sampled.append(phase)
     return (statistics.median(walls) if walls else None, statistics.median(sampled) if sampled else None)
 

@@ -129,14 +129,15 @@ def test_a_clock_that_covers_part_of_a_run_is_told_apart_from_a_whole_one():
     """A run resumed in training, or trained by an earlier process and only evaluated by the last one, has a clock
     that covers its last part: it is left out of the wall-time table and the ETA. Results written before
     `trained_earlier` existed show the second case as less time before the evaluation than the training took."""
-    from grail.analysis.compare.summary import clock_complete
+    from grail.analysis.compare.summary import clock_complete, trained_here
 
     whole = {"wall_seconds": 1200.0, "eval_seconds": 450.0, "train_seconds": 700.0, "resumed": False}
     assert clock_complete(whole) and clock_complete({**whole, "trained_earlier": False})
     assert not clock_complete({**whole, "resumed": True})
+    assert trained_here({**whole, "resumed": True})  # resumed in training, then evaluated in one go
     assert not clock_complete({**whole, "trained_earlier": True})
     evaluated_only = {**whole, "wall_seconds": 460.0}  # an older file: 10 s before the evaluation, 700 s of training
-    assert not clock_complete(evaluated_only)
+    assert not clock_complete(evaluated_only) and not trained_here(evaluated_only)
     assert clock_complete({"wall_seconds": 10.0})  # nothing to tell by: counted, as before
 
 

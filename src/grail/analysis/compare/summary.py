@@ -50,7 +50,7 @@ from grail.training.provenance import CODE_FILE, VERSION_KEYS
 
 __all__ = ["BEFORE_RL_FILE", "CHECKPOINT_AUROC_FILE", "EXTRA_METRICS_FILE", "RESULT_FILE", "WARMSTART_AUROC_FILE",
            "RunData", "StartData", "clock_complete", "load_runs", "load_start", "paired_stats", "problem_values",
-           "run_path", "summarize"]
+           "run_path", "summarize", "trained_here"]
 
 RESULT_FILE = "compare_result.json"  # written last by a run: its presence means finished
 EXTRA_METRICS_FILE = "extra_metrics.json"
@@ -173,18 +173,23 @@ def _code(finished: list[RunData]) -> dict:
             "versions": {name: sorted({str(line.get(name)) for line in attempts}) for name in VERSION_KEYS}}
 
 
-def clock_complete(result: dict) -> bool:
-    """Whether a finished run's `wall_seconds` (and its training and evaluation seconds) cover all of it: not when its
-    training resumed from a checkpoint (`resumed`), nor when an earlier process trained it and this one only evaluated
-    it (`trained_earlier`: the evaluation resumed its samples). A result written before `trained_earlier` was recorded
-    shows the latter as less wall time before its evaluation than its training took, which cannot happen in one
+def trained_here(result: dict) -> bool:
+    """Whether the process that evaluated a finished run also trained it (in full, or from a checkpoint), so that its
+    evaluation ran in one go: not when an earlier process trained it and this one only evaluated it
+    (`trained_earlier`: the evaluation resumed its samples). A result written before `trained_earlier` was recorded
+    shows that case as less wall time before its evaluation than its training took, which cannot happen in one
     process (the training's clock runs inside the run's)."""
-    if result.get("resumed"):
-        return False
     if "trained_earlier" in result:
         return not result["trained_earlier"]
     wall, evaluation, train = (result.get(k) for k in ("wall_seconds", "eval_seconds", "train_seconds"))
     return None in (wall, evaluation, train) or wall - evaluation >= train
+
+
+def clock_complete(result: dict) -> bool:
+    """Whether a finished run's `wall_seconds` (and its training and evaluation seconds) cover all of it: not when its
+    training resumed from a checkpoint (`resumed`), nor when it was not trained by the process that evaluated it
+    (trained_here)."""
+    return not result.get("resumed") and trained_here(result)
 
 
 def step_seconds(log: list[dict]) -> float | None:
