@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-README_LIMIT = 10 * 1024
+README_LIMIT = 9 * 1024
 PAGE_LIMIT = 16 * 1024  # "about 15 KB" a page, measured on the Markdown after the generated parts are filled in
 # written by `grail compare`, not by hand: a report is one page however long its tables are
 MACHINE_WRITTEN = {"report.md"}
@@ -23,7 +23,7 @@ def _hook():
     return module
 
 
-def test_the_readme_is_at_most_10_kb():
+def test_the_readme_is_at_most_9_kb():
     size = (REPO / "README.md").stat().st_size
     assert size <= README_LIMIT, f"README.md is {size} bytes; move detail into docs/ (limit {README_LIMIT})"
 
