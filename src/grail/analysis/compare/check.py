@@ -4,7 +4,9 @@ nothing and changing nothing in DIR, and compared with DIR's report.json (as JSO
 
 A report is a pure function of the runs' files and of the grail-rl that renders it: a difference means a run's
 files changed after the report was written, or that another version of grail-rl renders it (the report's Code
-section names the commits that trained the runs; render with the same one to tell the two apart)."""
+section names the commits that trained the runs; render with the same one to tell the two apart). Where the
+comparison lies is not part of it: each run's `run_dir` in report.json is compared from its `runs/` folder on, so a
+copy, an unpacked archive or a moved folder checks the same."""
 
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ def check_report(plan: dict, out_dir: str | Path, jobs: int, log: Log = print) -
         write_report(out_dir, plan, jobs, into=scratch)
         fresh = json.loads((Path(scratch) / "report.json").read_text())
         fresh_md = (Path(scratch) / "report.md").read_text()
-    stored = json.loads((out_dir / "report.json").read_text())
+    stored, fresh = _placed(json.loads((out_dir / "report.json").read_text())), _placed(fresh)
     stored_md = (out_dir / "report.md").read_text()
     def text(value) -> str:  # as JSON text, so that a NaN equals itself
         return json.dumps(value, sort_keys=True)
@@ -47,3 +49,10 @@ def check_report(plan: dict, out_dir: str | Path, jobs: int, log: Log = print) -
         log(f"compare: report.md differs ({sum(line[:1] in '+-' for line in diff[2:])} lines):\n"
             + "\n".join(diff[:SHOWN_LINES]) + ("\n..." if len(diff) > SHOWN_LINES else ""))
     return not keys and stored_md == fresh_md
+
+
+def _placed(report: dict) -> dict:
+    """report.json with each run's run_dir cut to its part from the comparison's folder on (runs/ARM/seedS)."""
+    runs = [{**run, "run_dir": "/".join(Path(run["run_dir"]).parts[-3:])} if "run_dir" in run else run
+            for run in report.get("runs", [])]
+    return {**report, "runs": runs} if "runs" in report else report
