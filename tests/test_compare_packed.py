@@ -74,6 +74,14 @@ def test_archive_writes_the_tar_xz_and_check_report_reads_it(finished, tmp_path,
     assert "report.json differs in " in capsys.readouterr().out
 
 
+def test_check_report_of_an_archive_without_a_report_says_how_to_render_one(tmp_path, capsys):
+    out, dest = _comparison(tmp_path / "cmp"), tmp_path / "early.tar.xz"  # as --archive-each leaves it before a report
+    archive_comparison(out, dest, log=lambda line: None)
+    assert main(["compare", "--resume", str(dest), "--check-report"]) == 2
+    assert (f"{dest} has no report.json to check; unpack it (grail compare --resume {dest} --archive DIR) and render "
+            "it there") in capsys.readouterr().err
+
+
 def test_archive_into_a_folder_unpacks_it_to_resume_there(finished, tmp_path):
     packed_file, plain, unpacked = tmp_path / "a.tar.xz", tmp_path / "plain", tmp_path / "unpacked"
     assert main(["compare", "--resume", str(finished), "--archive", str(plain)]) == 0

@@ -23,11 +23,16 @@ __all__ = ["check_report"]
 SHOWN_LINES = 20  # of report.md's diff
 
 
-def check_report(plan: dict, out_dir: str | Path, jobs: int, log: Log = print) -> bool:
+def check_report(plan: dict, out_dir: str | Path, jobs: int, log: Log = print,
+                 packed: str | Path | None = None) -> bool:
     """Render the report of out_dir again elsewhere and compare (module docstring); log what differs; True when
-    report.json and report.md are both the same. `jobs`: the runs at a time the report records."""
+    report.json and report.md are both the same. `jobs`: the runs at a time the report records. `packed`: the
+    .tar.xz archive that out_dir was unpacked from, named in the messages."""
     out_dir = Path(out_dir)
     missing = [name for name in ("report.json", "report.md") if not (out_dir / name).is_file()]
+    if missing and packed is not None:
+        raise ValueError(f"--check-report: {packed} has no {missing[0]} to check; unpack it (grail compare --resume "
+                         f"{packed} --archive DIR) and render it there (grail compare --resume DIR --report-only).")
     if missing:
         raise ValueError(f"--check-report: {out_dir} has no {missing[0]} to check; render it first (grail compare "
                          f"--resume {out_dir}, or --report-only while runs are missing).")

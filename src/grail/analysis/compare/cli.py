@@ -235,7 +235,8 @@ def _check_report(args, rest: list[str]) -> int:
     _as_it_is(args, rest, "--check-report", "renders", "--check-report checks an existing comparison's report", True)
     with opened(args.resume) as folder:  # a .tar.xz archive: unpacked into a temporary folder for the check
         plan, out_dir = _resumed_plan(args, rest, folder)
-        return 0 if check_report(plan, out_dir, reported_jobs(out_dir, 1)) else 1
+        packed = None if out_dir == Path(args.resume) else args.resume
+        return 0 if check_report(plan, out_dir, reported_jobs(out_dir, 1), packed=packed) else 1
 
 
 def _plan_flags(args, rest: list[str]) -> list[str]:
