@@ -2,43 +2,23 @@ r"""Evaluation benchmarks as (id, problem, reference answer) triples: six math s
 
 The six sets of the evaluation protocol (docs/guides/evaluation.md) are read from a local copy laid out as
 ``<data_dir>/<name>/test.jsonl`` or, with no ``data_dir``, from the Hugging Face Hub
-(grail.evaluation.benchmark_sources.HUB_IDS).
-Their schemas differ; each row is normalised to a ``Problem`` as follows (field names of the local copies):
+(grail.evaluation.benchmark_sources.HUB_IDS). How each set's rows become problems (its schema, ids, skipped rows,
+answer normalisation): grail.evaluation.benchmark_rows, whose names this module exports too. Which problems are
+taken:
 
-| name | id | problem | reference answer |
-|---|---|---|---|
-| math500 | ``unique_id`` | ``problem`` | ``answer`` |
-| aime24 | ``id`` | ``problem`` | ``answer`` (kept as written: seven are zero-padded, e.g. "025") |
-| amc23 | ``id`` | ``problem`` | ``answer``, a float: integral ones lose the ".0" (27.0 → "27") |
-| minerva_math | ``idx`` | ``problem`` | content of the LAST complete ``\boxed{}`` of ``solution`` (grail.tasks.boxed) |
-| olympiadbench | ``id`` | ``question`` (after ``context`` if set) | ``final_answer``, see strip_math_delimiters |
-| college_math | ``data_source/question_number`` | ``question`` | ``answer``, see strip_math_delimiters |
-| synthetic | row index | the task's own prompt | the task's answer |
-
-1. A row whose id field is missing gets its 0-based line (Hub: row) index as id. CollegeMath's
-   ``question_number`` alone repeats across its nine source books (2091 distinct of 2818), hence the prefix.
-   Ids must be unique within a benchmark (ValueError otherwise): results are keyed by them.
-2. Rows with no usable problem or reference answer (missing, empty, a MinervaMath solution without a complete
-   box) are never dropped silently: they are listed in ``LoadedBenchmark.skipped`` with the reason.
-3. OlympiadBench's ``final_answer`` is a list; each element is stripped of its ``$`` wrappers and the elements
-   are joined with ", " (in the local copy every list has ONE element; multi-part answers such as
-   "$69$,$84$" sit inside that one string, and come out as "69, 84").
-   Its ``unit`` field (set on 8 rows) is not appended to the answer.
-4. ``size="release"`` takes the release's fixed 200-problem files for CollegeMath and OlympiadBench, in the
+1. ``size="release"`` takes the release's fixed 200-problem files for CollegeMath and OlympiadBench, in the
    release's order, and every usable row elsewhere. Their identities are read from the lists in
    RELEASE_SUBSET_FILES, ``<lists_dir>/<name>/<file>`` (a local copy keeps them next to test.jsonl): one
    OlympiadBench ``id`` per line; one JSON object per line with CollegeMath's ``data_source`` and
    ``question_number`` (the pair that makes its id) and ``row``, the 0-based line in the local test.jsonl,
    checked against a local copy. Problems are matched by id, so a Hub copy works too, given the lists'
    folder. A listed problem missing from the data is an error, never a smaller subset.
-5. ``size=N`` is a seeded subset: the usable problems sorted on sha256(f"{seed}:{id}"), the first N kept, in
+2. ``size=N`` is a seeded subset: the usable problems sorted on sha256(f"{seed}:{id}"), the first N kept, in
    file order: the same on every machine, and nested (a smaller size is a subset of a larger one for the same
    seed). It is not the release's subset.
-6. Hub copies are assumed to carry the local copies' fields; the split is "test", or the only split when
+3. Hub copies are assumed to carry the local copies' fields; the split is "test", or the only split when
    there is no "test" split. A Hub copy with other field names shows up as every row skipped: ValueError.
-7. Each Problem also carries ``release_answer``, the reference as the release's scoring reads the raw row
-   (`release_reference`), used only by ``grail eval --scoring release``.
-8. "synthetic" is the embedded task's held-out split (grail.tasks.synthetic.SyntheticSet), with the default task
+4. "synthetic" is the embedded task's held-out split (grail.tasks.synthetic.SyntheticSet), with the default task
    settings or a training run's own (``synthetic_set``). Its problem is the task's prompt ("Q: 7+5*3\nA:"),
    which already carries the task's format; ``data_dir`` and the Hub play no part. "synthetic_words" is its word
    style's held-out split (grail.tasks.word_problems: the run's when the run uses that style, else WORDS_SET), whose
@@ -49,14 +29,25 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from grail.evaluation.benchmark_rows import (
+    BENCHMARK_NAMES,
+    LOADABLE_NAMES,
+    RELEASE_ANSWER_FIELDS,
+    SYNTHETIC,
+    SYNTHETIC_NAMES,
+    SYNTHETIC_WORDS,
+    Problem,
+    normalise,
+    release_reference,
+    row_id,
+    strip_math_delimiters,
+)
 from grail.evaluation.benchmark_sources import hub_id, hub_rows, local_rows, synthetic_rows
-from grail.tasks.boxed import last_boxed_content, release_last_box
 from grail.tasks.synthetic import SyntheticSet
 
 __all__ = [
@@ -65,26 +56,8 @@ __all__ = [
     "release_subset_ids", "seeded_subset", "strip_math_delimiters", "SYNTHETIC", "SYNTHETIC_NAMES", "SYNTHETIC_WORDS"
 ]
 
-BENCHMARK_NAMES = ("math500", "aime24", "amc23", "minerva_math", "college_math", "olympiadbench")
-SYNTHETIC = "synthetic"
-SYNTHETIC_WORDS = "synthetic_words"  # the word-problem style of the synthetic task (grail.tasks.word_problems)
-SYNTHETIC_NAMES = (SYNTHETIC, SYNTHETIC_WORDS)
-LOADABLE_NAMES = (*BENCHMARK_NAMES, *SYNTHETIC_NAMES)
 # the identity lists of the release's fixed subsets, <lists_dir>/<name>/<file>; the other benchmarks: every row
 RELEASE_SUBSET_FILES = {"college_math": "release_subset.jsonl", "olympiadbench": "release_subset_ids.txt"}
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One evaluation problem. ``id`` is unique within ``source`` (the benchmark name) and stable across runs.
-    ``release_answer``: the reference as the release's scoring reads it (module docstring, 7); None when the
-    problem was not built by a loader."""
-
-    id: str
-    problem: str | list[dict]  # chat messages only for the synthetic task's words style
-    answer: str
-    source: str
-    release_answer: str | None = None
 
 
 @dataclass(frozen=True)
@@ -103,148 +76,6 @@ class LoadedBenchmark:
     skipped: tuple[tuple[str, str], ...]
     subset: str
     origin: str = ""
-
-
-# ---- answer normalisation -----------------------------------------------------------------------------------
-_MATH = r"(?:[^$\\]|\\.)+"  # non-empty text without an unescaped "$" (so "\$" stays inside)
-_DISPLAY_RE = re.compile(rf"\$\$({_MATH})\$\$\.?", re.S)
-_INLINE_LIST_RE = re.compile(rf"\$({_MATH})\$(?:\s*,\s*\${_MATH}\$)*\.?", re.S)
-_INLINE_RE = re.compile(rf"\$({_MATH})\$", re.S)
-
-
-def strip_math_delimiters(text: str) -> str:
-    r"""Remove the ``$`` wrappers around a whole answer; leave answers that mix math and prose as they are.
-
-    - "$10-4 n$" → "10-4 n"; "$\$ 3040$" → "\$ 3040" (an escaped dollar is content); "$h=4$." → "h=4"
-      (a period after the closing "$" is punctuation); "$$x$$" → "x".
-    - A comma-separated list of wrapped parts becomes the parts joined by ", ": "$69$,$84$" → "69, 84".
-    - Anything else keeps its dollars: "$4 \frac{4}{9}$ days", "$x=-1, x=0$ or $x=1$", and the malformed
-      "$221,$8$" (OlympiadBench id 2349, meant as 221, 8) are returned stripped of outer whitespace only.
-    Idempotent: applying it twice gives the same text.
-    """
-    text = text.strip()
-    if match := _DISPLAY_RE.fullmatch(text):
-        return match.group(1).strip()
-    if _INLINE_LIST_RE.fullmatch(text):
-        return ", ".join(part.strip() for part in _INLINE_RE.findall(text))
-    return text
-
-
-class _Unusable(Exception):
-    """A row with no usable problem or reference answer; the message is the reason recorded in ``skipped``."""
-
-
-def _text(row: dict, field: str) -> str:
-    value = row.get(field)
-    if value is None:
-        raise _Unusable(f"no {field!r} field")
-    if not isinstance(value, str):
-        raise _Unusable(f"{field!r} is a {type(value).__name__}, not a string")
-    if not value.strip():
-        raise _Unusable(f"empty {field!r}")
-    return value
-
-
-def _messages_or_text(row: dict, field: str) -> str | list[dict]:
-    """The synthetic task's prompt: a string, or chat messages (the words style: worked examples as earlier turns)."""
-    value = row.get(field)
-    if isinstance(value, list) and value and all(isinstance(m, dict) and isinstance(m.get("content"), str)
-                                                 and m.get("role") for m in value):
-        return value
-    return _text(row, field)
-
-
-def _scalar_answer(row: dict) -> str:
-    """``answer`` as text; a float that is integral loses its ".0" (AMC23 stores 27.0 for 27)."""
-    value = row.get("answer")
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return str(value)
-    return _text(row, "answer").strip()
-
-
-def _last_box_answer(row: dict) -> str:
-    content = last_boxed_content(_text(row, "solution"))
-    if content is None:
-        raise _Unusable("'solution' has no complete \\boxed{...}")
-    return content.strip()
-
-
-def _list_answer(row: dict) -> str:
-    value = row.get("final_answer")
-    if value is None:
-        raise _Unusable("no 'final_answer' field")
-    parts = [value] if isinstance(value, str) else list(value)
-    return ", ".join(p for p in (strip_math_delimiters(str(part)) for part in parts) if p)
-
-
-def _delimited_answer(row: dict) -> str:
-    return strip_math_delimiters(_text(row, "answer"))
-
-
-def _field_id(field: str) -> Callable[[dict, int], str]:
-    return lambda row, index: str(index) if row.get(field) is None else str(row[field])
-
-
-def _college_math_id(row: dict, index: int) -> str:
-    source, number = row.get("data_source"), row.get("question_number")
-    return str(index) if source is None or number is None else f"{source}/{number}"
-
-
-@dataclass(frozen=True)
-class _Schema:
-    problem_field: str
-    answer: Callable[[dict], str]
-    row_id: Callable[[dict, int], str]
-
-
-_SCHEMAS = {
-    "math500": _Schema("problem", _scalar_answer, _field_id("unique_id")),
-    "aime24": _Schema("problem", _scalar_answer, _field_id("id")),
-    "amc23": _Schema("problem", _scalar_answer, _field_id("id")),
-    "minerva_math": _Schema("problem", _last_box_answer, _field_id("idx")),
-    "college_math": _Schema("question", _delimited_answer, _college_math_id),
-    "olympiadbench": _Schema("question", _list_answer, _field_id("id")),
-    SYNTHETIC: _Schema("prompt", _scalar_answer, lambda row, index: str(index)),
-    SYNTHETIC_WORDS: _Schema("prompt", _scalar_answer, lambda row, index: str(index)),
-}
-
-
-def _normalise(name: str, rows: list[tuple[int, dict]]) -> tuple[list[Problem], list[tuple[str, str]]]:
-    """(usable problems, (id, reason) of the others), in row order; ValueError on a repeated id."""
-    schema, problems, skipped, seen = _SCHEMAS[name], [], [], {}
-    for index, row in rows:
-        row_id = schema.row_id(row, index)
-        if row_id in seen:
-            raise ValueError(f"{name}: rows {seen[row_id]} and {index} (0-based) share the id {row_id!r}; ids "
-                             f"must be unique within a benchmark. Fix or remove one of the rows.")
-        seen[row_id] = index
-        try:
-            problem = _messages_or_text(row, schema.problem_field) if name in SYNTHETIC_NAMES else _text(
-                row, schema.problem_field)
-            if row.get("context"):  # OlympiadBench: shared context of a multi-question problem
-                problem = f"{row['context']}\n{problem}"
-            answer = schema.answer(row)
-            if not answer:
-                raise _Unusable("empty reference answer after normalisation")
-        except _Unusable as why:
-            skipped.append((row_id, str(why)))
-            continue
-        problems.append(Problem(id=row_id, problem=problem, answer=answer, source=name,
-                                release_answer=release_reference(name, row)))
-    return problems, skipped
-
-
-# the field the release's evaluation reads the reference from (run_eval.py `ans_key`); elsewhere "answer"
-RELEASE_ANSWER_FIELDS = {"minerva_math": "solution", "olympiadbench": "final_answer"}  # elsewhere: "answer"
-
-
-def release_reference(benchmark: str, row: dict) -> str:
-    """The reference text the release grades `row` of `benchmark` against (grail.evaluation.release_scoring, rule 2):
-    `str()` of its answer field, "" if missing; MinervaMath's solution reduced to its last box (release_last_box)."""
-    text = str(row.get(RELEASE_ANSWER_FIELDS.get(benchmark, "answer"), ""))
-    return str(release_last_box(text)) if benchmark == "minerva_math" else text
 
 
 # ---- selection and the public loaders ------------------------------------------------------------------------
@@ -316,7 +147,7 @@ def _release_subset(name: str, problems: list[Problem], rows: list[tuple[int, di
                          f"usable rows of {origin} (first: {missing[:3]}); this is not the copy the list was made "
                          f"for. Use the matching copy, or size `all` or a number.")
     if local:
-        line_of = {_SCHEMAS[name].row_id(row, index): index for index, row in rows}
+        line_of = {row_id(name, row, index): index for index, row in rows}
         moved = [(i, line, line_of[i]) for i, line in entries if line is not None and line != line_of[i]]
         if moved:
             raise ValueError(f"{name}: {len(moved)} problems of {path} are not on the line it gives in {origin} "
@@ -334,7 +165,7 @@ def load_benchmark(
     release_subsets_dir: str | Path | None = None,
     synthetic_set: SyntheticSet | None = None,
 ) -> LoadedBenchmark:
-    """Load one benchmark (see the module docstring for the per-benchmark normalisation).
+    """Load one benchmark (the per-benchmark normalisation: grail.evaluation.benchmark_rows).
 
     data_dir: folder holding ``<name>/test.jsonl``; None loads its Hub copy
     (grail.evaluation.benchmark_sources.HUB_IDS).
@@ -364,7 +195,7 @@ def load_benchmark(
         rows, origin = hub_rows(name)
     else:
         rows, origin = local_rows(name, data_dir)
-    problems, skipped = _normalise(name, rows)
+    problems, skipped = normalise(name, rows)
     if not problems:
         raise ValueError(f"benchmark {name!r} ({origin}): none of its {len(rows)} rows has a usable problem and "
                          f"answer (first reasons: {skipped[:3]}); the file does not have the expected schema.")

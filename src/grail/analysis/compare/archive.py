@@ -16,14 +16,21 @@ each run finishes and with the final report (a failed copy is logged and the run
 
 DEST must be empty, new, or hold the same comparison (arms, seeds' fields, protocol, base config and AUROC plan);
 checkpointing fields and the number of seeds may differ (they change on resume). Copying goes both ways: archiving
-an archive into a fresh directory on a new machine and resuming there trains the missing runs."""
+an archive into a fresh directory on a new machine and resuming there trains the missing runs.
+
+DIR and DEST may each be a compressed archive, NAME.tar.xz (grail.analysis.compare.packed), instead of a folder: from
+one, the runs are read as from the folder it holds; into one, the folder it holds (if it exists) takes the copy as a
+folder DEST would, and the file is then written again whole, replacing the earlier one only once complete."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import tempfile
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+from grail.analysis.compare.packed import is_packed, opened, pack, read_plan, unpacked
 from grail.analysis.compare.plan import PLAN_FILE
 from grail.analysis.compare.run import Log
 from grail.analysis.compare.summary import RESULT_FILE, plan_seeds, run_path
@@ -83,28 +90,74 @@ def _check_same(plan: dict, stored: dict, dest: Path, flag: str) -> None:
 
 
 def check_destination(plan: dict, out_dir: str | Path, dest: str | Path, flag: str = "--archive") -> None:
-    """Refuse a DEST that cannot take the archive of the comparison in out_dir (see the module docstring), before any
-    copying; `flag` names the option in the message."""
+    """Refuse a DEST (a folder or a .tar.xz file) that cannot take the archive of the comparison in out_dir (see the
+    module docstring), before any copying; `flag` names the option in the message."""
     dest = Path(dest)
     if dest.resolve() == Path(out_dir).resolve():
         raise ValueError(f"{flag} {dest}: that is the comparison itself; give another directory.")
-    if dest.exists() and not dest.is_dir():
-        raise ValueError(f"{flag} {dest}: not a directory; give a directory (it is created if missing).")
-    if (dest / PLAN_FILE).is_file():
+    if is_packed(dest, flag):
+        if dest.exists():
+            _check_same(plan, read_plan(dest), dest, flag)
+    elif (dest / PLAN_FILE).is_file():
         _check_same(plan, json.loads((dest / PLAN_FILE).read_text()), dest, flag)
     elif dest.is_dir() and any(dest.iterdir()):
         raise ValueError(f"{flag} {dest}: it holds files but no {PLAN_FILE}; give an empty or new directory.")
 
 
+@contextmanager
+def _staged(dest: Path):
+    """A folder to copy into for the compressed archive dest: what dest holds already (nothing if it is new), in a
+    temporary folder."""
+    if dest.exists():
+        with unpacked(dest) as folder:
+            yield folder
+    else:
+        with tempfile.TemporaryDirectory(prefix="grail-archive-") as scratch:
+            yield Path(scratch)
+
+
 def archive_comparison(out_dir: str | Path, dest: str | Path, log: Log = print) -> dict:
-    """Copy the comparison in out_dir, less its weights and unfinished runs, into dest (see the module's docstring);
-    returns {"finished": [run names copied], "unfinished": [run names left out], "bytes": bytes copied}."""
+    """Copy the comparison in out_dir, less its weights and unfinished runs, into dest, either of them a folder or a
+    .tar.xz archive (see the module's docstring); returns {"finished": [run names copied], "unfinished": [run names
+    left out], "bytes": bytes copied, or the compressed archive's size}."""
     out_dir, dest = Path(out_dir), Path(dest)
-    path = out_dir / PLAN_FILE
-    if not path.is_file():
-        raise ValueError(f"--resume {out_dir}: no {PLAN_FILE} there; give the --output_dir of a grail compare.")
-    plan = json.loads(path.read_text())
-    check_destination(plan, out_dir, dest)
+    if dest.resolve() == out_dir.resolve():
+        raise ValueError(f"--archive {dest}: that is the comparison itself; give another directory.")
+    packed = is_packed(dest, "--archive")
+    with ExitStack() as stack:
+        source = stack.enter_context(opened(out_dir))
+        path = source / PLAN_FILE
+        if not path.is_file():
+            raise ValueError(f"--resume {out_dir}: no {PLAN_FILE} there; give the --output_dir of a grail compare.")
+        plan = json.loads(path.read_text())
+        check_destination(plan, out_dir, dest)
+        target = stack.enter_context(_staged(dest)) if packed else dest
+        done = _copy_comparison(plan, source, target)
+        if packed:
+            done["bytes"] = pack(target, dest)
+    log(f"compare: archived {len(done['finished'])} finished run(s) "
+        + (f"into {dest} ({done['bytes'] / 1e6:.1f} MB compressed, no weights)" if packed else
+           f"({done['bytes'] / 1e6:.1f} MB copied, no weights) to {dest}")
+        + _next_steps(dest, packed, len(done["unfinished"])))
+    return done
+
+
+def _next_steps(dest: Path, packed: bool, unfinished: int) -> str:
+    """What the log line after archiving suggests: how to read, re-render or go on from dest."""
+    if packed:
+        folder = f"DIR: grail compare --resume {dest} --archive DIR"
+        return ((f"; {unfinished} unfinished not archived (from there they train from the start)" if unfinished else
+                 "") + f". Check its report: grail compare --resume {dest} --check-report; to re-render or train, "
+                f"unpack it into a {folder}, then grail compare --resume DIR")
+    if unfinished:
+        return (f"; {unfinished} unfinished not archived (from there they train from the start). Its report so far, "
+                f"training nothing: grail compare --resume {dest} --report-only; continue there: grail compare "
+                f"--resume {dest}")
+    return f". Re-render: grail compare --resume {dest}"
+
+
+def _copy_comparison(plan: dict, out_dir: Path, dest: Path) -> dict:
+    """archive_comparison's copy from folder to folder, without the checks and the log line."""
     finished, unfinished = [], []
     for seed in plan_seeds(plan):
         for arm in plan["arms"]:
@@ -124,8 +177,4 @@ def archive_comparison(out_dir: str | Path, dest: str | Path, log: Log = print) 
         copied += _copy_tree(run_dir, staging, skip_dirs=weights)
         shutil.rmtree(target, ignore_errors=True)
         staging.rename(target)
-    log(f"compare: archived {len(finished)} finished run(s) ({copied / 1e6:.1f} MB copied, no weights) to {dest}"
-        + (f"; {len(unfinished)} unfinished not archived (from there they train from the start). Its report so "
-           f"far, training nothing: grail compare --resume {dest} --report-only; continue there: grail compare "
-           f"--resume {dest}" if unfinished else f". Re-render: grail compare --resume {dest}"))
     return {"finished": finished, "unfinished": unfinished, "bytes": copied}

@@ -4,7 +4,9 @@ nothing and changing nothing in DIR, and compared with DIR's report.json (as JSO
 
 A report is a pure function of the runs' files and of the grail-rl that renders it: a difference means a run's
 files changed after the report was written, or that another version of grail-rl renders it (the report's Code
-section names the commits that trained the runs; render with the same one to tell the two apart)."""
+section names the commits that trained the runs; render with the same one to tell the two apart). Where the
+comparison lies is not part of it: each run's `run_dir` in report.json is compared from its `runs/` folder on, so a
+copy, an unpacked archive or a moved folder checks the same."""
 
 from __future__ import annotations
 
@@ -21,11 +23,16 @@ __all__ = ["check_report"]
 SHOWN_LINES = 20  # of report.md's diff
 
 
-def check_report(plan: dict, out_dir: str | Path, jobs: int, log: Log = print) -> bool:
+def check_report(plan: dict, out_dir: str | Path, jobs: int, log: Log = print,
+                 packed: str | Path | None = None) -> bool:
     """Render the report of out_dir again elsewhere and compare (module docstring); log what differs; True when
-    report.json and report.md are both the same. `jobs`: the runs at a time the report records."""
+    report.json and report.md are both the same. `jobs`: the runs at a time the report records. `packed`: the
+    .tar.xz archive that out_dir was unpacked from, named in the messages."""
     out_dir = Path(out_dir)
     missing = [name for name in ("report.json", "report.md") if not (out_dir / name).is_file()]
+    if missing and packed is not None:
+        raise ValueError(f"--check-report: {packed} has no {missing[0]} to check; unpack it (grail compare --resume "
+                         f"{packed} --archive DIR) and render it there (grail compare --resume DIR --report-only).")
     if missing:
         raise ValueError(f"--check-report: {out_dir} has no {missing[0]} to check; render it first (grail compare "
                          f"--resume {out_dir}, or --report-only while runs are missing).")
@@ -33,7 +40,7 @@ def check_report(plan: dict, out_dir: str | Path, jobs: int, log: Log = print) -
         write_report(out_dir, plan, jobs, into=scratch)
         fresh = json.loads((Path(scratch) / "report.json").read_text())
         fresh_md = (Path(scratch) / "report.md").read_text()
-    stored = json.loads((out_dir / "report.json").read_text())
+    stored, fresh = _placed(json.loads((out_dir / "report.json").read_text())), _placed(fresh)
     stored_md = (out_dir / "report.md").read_text()
     def text(value) -> str:  # as JSON text, so that a NaN equals itself
         return json.dumps(value, sort_keys=True)
@@ -47,3 +54,10 @@ def check_report(plan: dict, out_dir: str | Path, jobs: int, log: Log = print) -
         log(f"compare: report.md differs ({sum(line[:1] in '+-' for line in diff[2:])} lines):\n"
             + "\n".join(diff[:SHOWN_LINES]) + ("\n..." if len(diff) > SHOWN_LINES else ""))
     return not keys and stored_md == fresh_md
+
+
+def _placed(report: dict) -> dict:
+    """report.json with each run's run_dir cut to its part from the comparison's folder on (runs/ARM/seedS)."""
+    runs = [{**run, "run_dir": "/".join(Path(run["run_dir"]).parts[-3:])} if "run_dir" in run else run
+            for run in report.get("runs", [])]
+    return {**report, "runs": runs} if "runs" in report else report

@@ -47,6 +47,9 @@ archive: `grail compare --resume DIR --archive DEST` copies the comparison witho
         or carry to another machine. `grail compare --resume DEST` renders the same report from it, computing nothing,
         or trains the runs it lacks; archiving into the same DEST again adds the runs finished since.
         `--archive-each DEST` beside a comparison that trains does this as it goes: after each run finishes.
+        DEST may be a compressed file, NAME.tar.xz (about a tenth of the folder), written whole each time. A .tar.xz
+        is read-only: `--resume NAME.tar.xz --check-report` reads it as it is; to re-render or train from it, unpack
+        it into a folder first with `--resume NAME.tar.xz --archive DIR`.
 check: `grail compare --resume DIR --check-report` renders the report again from the runs, elsewhere, and says whether
         DIR's report.json and report.md are the same (exit 1 and the differences if not).
 report: `grail compare --resume DIR --report-only` writes the report from the runs finished so far and trains
@@ -62,8 +65,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
         usage="grail compare --arms A,B,... [--seeds S] [--jobs N] [--sweep FIELD=v1,v2] [--preset NAME | "
               "--config FILE] [--output_dir DIR] [--FIELD VALUE ...]\n       grail compare --resume DIR [--jobs N] "
               "[--seeds MORE] [--save_steps N] [--save_total_limit N] [--drop-checkpoints] [--archive-each DEST]\n"
-              "       grail compare --resume DIR --archive DEST\n       grail compare --resume DIR --report-only\n"
-              "       grail compare --resume DIR --check-report")
+              "       grail compare --resume DIR|NAME.tar.xz --archive DEST|DEST.tar.xz\n"
+              "       grail compare --resume DIR --report-only\n"
+              "       grail compare --resume DIR|NAME.tar.xz --check-report")
     parser.add_argument("--arms",
                         help="comma-separated arms: METHOD[@field=value...] (the first arm is the reference of "
                              "the paired differences); required unless --resume")
@@ -74,7 +78,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                              "evaluated again")
     parser.add_argument("--archive", metavar="DEST",
                         help="with --resume DIR: copy its results without weights or unfinished runs into DEST (new, "
-                             "empty, or an earlier archive of it) and stop; `--resume DEST` re-renders the report")
+                             "empty, or an earlier archive of it) and stop; `--resume DEST` re-renders the report. "
+                             "DEST.tar.xz: the same, compressed; from --resume NAME.tar.xz into a folder: unpacks it")
     parser.add_argument("--archive-each", metavar="DEST",
                         help="while the comparison runs: archive it into DEST as --archive does, once its plan is "
                              "written, after each run finishes and with the report (for a machine that may not "
@@ -112,10 +117,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return parser
 
 
-def _resumed_plan(args, rest: list[str]) -> tuple[dict, Path]:
-    """The plan stored in `--resume DIR` (refusing plan arguments beside it: the stored plan decides)."""
+def _resumed_plan(args, rest: list[str], unpacked: Path | None = None) -> tuple[dict, Path]:
+    """The plan stored in `--resume DIR` (refusing plan arguments beside it: the stored plan decides); `unpacked`:
+    the folder that DIR, a .tar.xz archive, was unpacked into (--check-report), else DIR must be a folder."""
     import json
 
+    from grail.analysis.compare.packed import is_packed
     from grail.analysis.compare.plan import PLAN_FILE, amend_plan
     from grail.training.overrides import parse_flags
 
@@ -127,7 +134,11 @@ def _resumed_plan(args, rest: list[str]) -> tuple[dict, Path]:
     if given:
         raise ValueError(f"--resume takes the plan from its directory's {PLAN_FILE}; drop {', '.join(given)} (to "
                          f"change the plan, start a new comparison with another --output_dir).")
-    out_dir = Path(args.resume)
+    if unpacked is None and is_packed(args.resume, "--resume"):
+        raise ValueError(f"--resume {args.resume}: a compressed archive is read as it is only by --check-report; to "
+                         f"re-render, report or train, unpack it into a folder: grail compare --resume {args.resume} "
+                         f"--archive DIR, then grail compare --resume DIR.")
+    out_dir = Path(args.resume) if unpacked is None else unpacked
     path = out_dir / PLAN_FILE
     if not path.is_file():
         raise ValueError(f"--resume {args.resume}: no {PLAN_FILE} there; give the --output_dir of an earlier grail "
@@ -218,11 +229,14 @@ def _report_only(args, rest: list[str]) -> int:
 
 def _check_report(args, rest: list[str]) -> int:
     from grail.analysis.compare.check import check_report
+    from grail.analysis.compare.packed import opened
     from grail.analysis.compare.schedule import reported_jobs
 
     _as_it_is(args, rest, "--check-report", "renders", "--check-report checks an existing comparison's report", True)
-    plan, out_dir = _resumed_plan(args, rest)
-    return 0 if check_report(plan, out_dir, reported_jobs(out_dir, 1)) else 1
+    with opened(args.resume) as folder:  # a .tar.xz archive: unpacked into a temporary folder for the check
+        plan, out_dir = _resumed_plan(args, rest, folder)
+        packed = None if out_dir == Path(args.resume) else args.resume
+        return 0 if check_report(plan, out_dir, reported_jobs(out_dir, 1), packed=packed) else 1
 
 
 def _plan_flags(args, rest: list[str]) -> list[str]:
