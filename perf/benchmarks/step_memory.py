@@ -35,14 +35,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import platform
 import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # step_common, when loaded by path
-from step_common import (  # noqa: E402
+from harness import (
     MB,
     METHODS,
     RssPeakSampler,
@@ -246,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-_malloc_tuning: str | None = None  # set only when run as a script (step_overhead.py says why)
+_malloc_tuning: str | None = None  # set only when run as a script (harness's docstring says why)
 
 if __name__ == "__main__":
     _malloc_tuning = tune_glibc_malloc()
