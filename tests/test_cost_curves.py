@@ -1,5 +1,5 @@
-"""perf/cost_curves.py: step_overhead at each completion length in its own process, kept per T so that a rerun
-resumes; the growth exponent and the goals computed from the points."""
+"""perf/benchmarks/cost_curves.py: step_overhead at each completion length in its own process, kept per T so that a
+rerun resumes; the growth exponent and the goals computed from the points."""
 
 import json
 import math

@@ -1,5 +1,5 @@
-"""perf/credit_table.py: the "where the credit lands" table is assembled from saliency_auroc's JSON files, one file
-per cell, and refuses a duplicate or a file that is not such output."""
+"""perf/experiments/credit_table.py: the "where the credit lands" table is assembled from saliency_auroc's JSON files,
+one file per cell, and refuses a duplicate or a file that is not such output."""
 
 import json
 

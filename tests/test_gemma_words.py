@@ -1,5 +1,5 @@
 """The Gemma 3 270M words setting without the model: the `gemma-words` preset (SmolLM2's problems, read as SmolLM2's
-are), and perf/word_problems_accuracy.py measuring the prompt a run trains on."""
+are), and perf/experiments/word_problems_accuracy.py measuring the prompt a run trains on."""
 
 import word_problems_accuracy
 

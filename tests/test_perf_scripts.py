@@ -1,5 +1,5 @@
-"""perf/step_overhead.py runs end to end in --smoke mode, on a warm start that closes its boxes, and prints one
-JSON object with every field; the JSON shows that GRAIL's probe really ran. The other perf/ scripts run in their
+"""perf/benchmarks/step_overhead.py runs end to end in --smoke mode, on a warm start that closes its boxes, and prints
+one JSON object with every field; the JSON shows that GRAIL's probe really ran. The other perf/ scripts run in their
 smoke modes too."""
 
 import json
@@ -84,8 +84,8 @@ def test_step_overhead_reuse_and_checkpointing_rows(warm_cache, capsys):
 
 
 def test_gpu_check_smoke_runs_every_method_on_the_cpu(capsys):
-    """perf/gpu_check.py --smoke: the GPU script's code path on a tiny shape in fp32 (no GPU here): every method's
-    loss step runs, fused paths are fused, and fused equals separate in fp32."""
+    """perf/benchmarks/gpu_check.py --smoke: the GPU script's code path on a tiny shape in fp32 (no GPU here): every
+    method's loss step runs, fused paths are fused, and fused equals separate in fp32."""
     assert gpu_check.main(["--smoke", "--checkpointing", "non_reentrant"]) == 0
     result = json.loads(capsys.readouterr().out)
     (case,) = result["cases"]
@@ -96,8 +96,9 @@ def test_gpu_check_smoke_runs_every_method_on_the_cpu(capsys):
 
 
 def test_oar_p_memory_smoke_measures_each_chunk_size_in_its_own_process():
-    """perf/oar_p_memory.py on a short row: one table row and one JSON record per chunk size, with the copies per
-    chunk the bound allows and a measured peak (the figures themselves are the script's report, not checked here)."""
+    """perf/benchmarks/oar_p_memory.py on a short row: one table row and one JSON record per chunk size, with the copies
+    per chunk the bound allows and a measured peak (the figures themselves are the script's report, not checked
+    here)."""
     import subprocess
     import sys
 
@@ -111,7 +112,7 @@ def test_oar_p_memory_smoke_measures_each_chunk_size_in_its_own_process():
 
 
 def test_grader_fuzz_smoke_grades_the_fuzz_items_through_both_paths(tmp_path, monkeypatch, capsys):
-    """perf/grader_fuzz.py --smoke: 100 seeded fuzz items (the same on every run) through GradingPool and the
+    """perf/benchmarks/grader_fuzz.py --smoke: 100 seeded fuzz items (the same on every run) through GradingPool and the
     training reward, in a temporary directory; the JSON counts every item once per path, and nothing was written."""
     assert grader_fuzz.fuzz_items(30, seed=3) == grader_fuzz.fuzz_items(30, seed=3) != grader_fuzz.fuzz_items(30)
     monkeypatch.chdir(tmp_path)
@@ -131,8 +132,8 @@ def test_grader_fuzz_smoke_grades_the_fuzz_items_through_both_paths(tmp_path, mo
 
 
 def test_step_memory_tags_every_phase_of_a_step_and_finds_the_peak(warm_cache, capsys):
-    """perf/step_memory.py on one trainer: RSS samples fall in generation, the probe, the loss forward, the backward
-    and the optimiser; the step's peak is the highest sample and its phase is named."""
+    """perf/benchmarks/step_memory.py on one trainer: RSS samples fall in generation, the probe, the loss forward, the
+    backward and the optimiser; the step's peak is the highest sample and its phase is named."""
     cache, checkpoint = warm_cache
     steps = json.loads((checkpoint / "warmstart.json").read_text())["steps"]
     argv = ["--smoke", *CLOSES_BOXES, "--warmstart-steps", str(steps), "--cache-dir", str(cache), "--method", "grail"]
@@ -167,8 +168,9 @@ def _gpu_case(shape: str, length: int, seconds: dict[str, float], rows: int = 4)
 
 
 def test_gpu_curves_merges_files_by_case_and_fits_the_growth_of_the_extra_time(tmp_path):
-    """perf/gpu_curves.py: ratios stay inside their case (OAR-P's file brings its own GRPO), the extra seconds per
-    completion are (step - GRPO's) / rows, and an extra time made to grow as T^2 (OAR-P) or T (GRAIL) is fitted so."""
+    """perf/benchmarks/gpu_curves.py: ratios stay inside their case (OAR-P's file brings its own GRPO), the extra
+    seconds per completion are (step - GRPO's) / rows, and an extra time made to grow as T^2 (OAR-P) or T (GRAIL) is
+    fitted so."""
     main, slow = tmp_path / "main.jsonl", tmp_path / "oar_p.jsonl"
     main.write_text("\n".join(_gpu_case("m", t, {"none": 1.0, "grail_fused": 1.0 + 4e-4 * t}) for t in (256, 1024))
                     + "\n")
@@ -221,3 +223,21 @@ def test_shared_prefill_eval_times_both_ways_and_finds_the_same_samples(warm_cac
     assert result["same_samples"] is True and result["n"] == 4 and result["problems"] == 4
     assert all(len(times) == 2 and min(times) > 0 for times in result["seconds"].values())
     assert result["time_ratio_shared_to_plain"] == result["median_s"]["shared"] / result["median_s"]["plain"]
+
+
+def test_perf_loads_shared_code_one_way_and_never_the_tests():
+    """A script of perf/ imports the package or its own folder's modules (harness.py): no sys.path edits, no loading
+    by file path, nothing from tests/ and no hypothesis (whose internals grader_fuzz once patched)."""
+    import ast
+
+    found = []
+    for path in BENCHMARKS.parent.glob("*/*.py"):
+        source = path.read_text()
+        found += [(path.name, call) for call in ("sys.path.insert(", "sys.path.append(", "spec_from_file_location(")
+                  if call in source]
+        for node in ast.walk(ast.parse(source)):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [(path.name, name) for name in names if name.split(".")[0] in ("tests", "hypothesis", "conftest")
+                      or name.startswith("test_")]
+    assert not found, found

@@ -1,5 +1,5 @@
-"""perf/shared_prefix_check.py: computing a prompt once for its G completions (KV cache repeated over rows, gradient
-through it) gives the plain forward's completion log-probs and parameter gradients to float rounding, on Llama,
+"""perf/experiments/shared_prefix_check.py: computing a prompt once for its G completions (KV cache repeated over rows,
+gradient through it) gives the plain forward's completion log-probs and parameter gradients to float rounding, on Llama,
 Qwen3 and Gemma 3 (sliding window shorter than the prompt)."""
 
 import shared_prefix_check

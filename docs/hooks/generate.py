@@ -9,7 +9,7 @@ A page asks for generated content with a marker line, which `on_page_markdown` r
     <!-- grail:method-contract -->                                   MethodSpec's fields and the probe/pipeline contract
     <!-- grail:layers -->                                            LAYERS of tests/test_layers.py, the folders
     <!-- grail:modules [layers="L1,L2"] -->                          every module (of those layers), from its docstring
-    <!-- grail:scripts -->                                           the perf/ scripts, from their docstrings
+    <!-- grail:scripts -->                                           perf/README.md's index of the scripts, by folder
 
 Only light imports: `grail.options.fields` and `grail.cli` load neither torch nor TRL (tests/test_layers.py checks it),
 and the layer table is read from the test file with `ast`, never imported. `generated(name, **args)` is what
@@ -357,11 +357,29 @@ def modules(layers: str = "") -> str:
     return "\n".join(out)
 
 
+PERF_INDEX = ROOT / "perf" / "README.md"
+
+
 def scripts() -> str:
-    out = ["| script | what it measures |", "|---|---|"]
-    for path in sorted((ROOT / "perf").glob("*.py")):
-        out.append(f"| `perf/{path.name}` | {_escape(_first_sentence(_docstring(path)))} |")
-    return "\n".join(out)
+    """perf/README.md's tables (the index of perf/, one row per script: what it is for and the page with its figures),
+    each under its folder's heading, with the links made relative to a page of docs/reference/; a script that is on
+    disk but not in the index, or in the index but not on disk, is an error naming it."""
+    text = PERF_INDEX.read_text()
+    listed = re.findall(r"^\| `(\w+/\w+\.py)` \|", text, re.MULTILINE)
+    on_disk = sorted(str(p.relative_to(ROOT / "perf")) for p in (ROOT / "perf").glob("*/*.py"))
+    missing, stale = sorted(set(on_disk) - set(listed)), sorted(set(listed) - set(on_disk))
+    if missing or stale:
+        raise ValueError(f"perf/README.md: list every script of perf/ once (not listed: {missing}; listed but not "
+                         f"there: {stale}).")
+    out = []
+    for block in re.split(r"^## ", text, flags=re.MULTILINE)[1:]:
+        heading, _, body = block.partition("\n")
+        rows = [line for line in body.splitlines() if line.startswith("|")]
+        intro = body.split("\n|", 1)[0].strip()
+        out += [f"**perf/{heading.strip()}**", ""] + ([intro, ""] if intro else []) + rows + [""]
+    joined = "\n".join(out)
+    joined = re.sub(r"\]\(\.\./docs/", "](../", joined)  # from perf/ to docs/reference/
+    return re.sub(r"`(benchmarks|experiments)/", r"`perf/\1/", joined)
 
 
 # ----------------------------------------------------------------------------------------------- the hook

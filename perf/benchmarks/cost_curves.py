@@ -1,7 +1,7 @@
-"""What a step costs as the completion grows: perf/step_overhead.py at several completion lengths T, one fresh process
+"""What a step costs as the completion grows: step_overhead.py at several completion lengths T, one fresh process
 per T (so one T's memory does not sit under the next), and the curves assembled from its JSON.
 
-    python perf/cost_curves.py --model smollm2-135m --set task_style=words --out ~/curves/smollm2 \\
+    python perf/benchmarks/cost_curves.py --model smollm2-135m --set task_style=words --out ~/curves/smollm2 \\
         [--tokens 128,256,512,1024] [--rows 8,8,4,2] [--methods M1,M2,...] \\
         [--warmup 1] [--rounds 2] [--json curves.json] [--plot curves.png]
 
@@ -16,7 +16,7 @@ measured is refused: delete that file to measure it again; another --cache-dir i
 
 Per method and T: the step-time ratio to GRPO and, with `--malloc tuned` only, the per-step memory-increase ratio
 (both measured side by side in that T's process, medians over its rounds; with the default allocator freed pages
-stay resident from step to step, so the memory ratio is `null`: perf/step_memory.py measures a step's memory), and
+stay resident from step to step, so the memory ratio is `null`: step_memory.py measures a step's memory), and
 the extra time per completion, (median step - GRPO's median step) / rows. Its growth exponent in T is the
 least-squares slope of log(extra per completion) on log(T) over the T where the extra is positive (`null` with
 fewer than two). GRAIL's probe is also set against its floor (an

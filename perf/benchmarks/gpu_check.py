@@ -14,9 +14,9 @@ Printed (one JSON object on stdout; progress on stderr), per shape × length × 
   * fused = separate: the largest |w_fused − w_separate| of grail and entropy in bf16, and the fraction of
     reweighted tokens whose weights differ by more than 0.05 (bf16 rounding is ~1e-2 of a weight).
 
-Run on a CUDA machine: `python perf/gpu_check.py` (bf16). `--jsonl FILE` appends each case as it is measured, so a
-run cut short keeps its cases; perf/gpu_curves.py turns such files into curves over T. `--smoke` runs a tiny shape
-on the CPU in fp32 to test the script. First run: an H200 on 2026-11-26 (docs/results/step-cost.md#on-a-gpu).
+Run on a CUDA machine: `python perf/benchmarks/gpu_check.py` (bf16). `--jsonl FILE` appends each case as it is
+measured, so a run cut short keeps its cases; gpu_curves.py turns such files into curves over T. `--smoke` runs a tiny
+shape on the CPU in fp32 to test the script. First run: an H200 on 2026-11-26 (docs/results/step-cost.md#on-a-gpu).
 """
 
 from __future__ import annotations

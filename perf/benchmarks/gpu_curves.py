@@ -1,8 +1,8 @@
-"""Cost curves from perf/gpu_check.py's kept cases: each method's loss step against GRPO's as the completion grows.
+"""Cost curves from gpu_check.py's kept cases: each method's loss step against GRPO's as the completion grows.
 
-    python perf/gpu_check.py --shapes smollm2-135m,gemma3-270m --lengths 256,512,1024,2048,4096 \\
+    python perf/benchmarks/gpu_check.py --shapes smollm2-135m,gemma3-270m --lengths 256,512,1024,2048,4096 \\
         --checkpointing off --jsonl cases.jsonl          # on a CUDA machine; one JSON line per (shape, T)
-    python perf/gpu_curves.py cases.jsonl [more.jsonl ...] [--json curves.json] [--plot-dir DIR]
+    python perf/benchmarks/gpu_curves.py cases.jsonl [more.jsonl ...] [--json curves.json] [--plot-dir DIR]
 
 Each gpu_check case times every variant of a method (fused or separate where that applies) side by side on one
 synthetic micro-batch, GRPO (`none`) among them, so a ratio is only ever taken inside one case: a file that measures
@@ -38,7 +38,7 @@ def read_cases(paths: list[str]) -> list[dict]:
                 case["methods"]["none"], case["shape"], case["length"], case["rows"]  # noqa: B018 (the fields used)
             except (ValueError, KeyError, TypeError) as exc:
                 raise SystemExit(f"{path}:{number}: not a gpu_check case with a GRPO baseline ({exc}); "
-                                 "give the --jsonl files of perf/gpu_check.py.") from None
+                                 "give the --jsonl files of gpu_check.py.") from None
             case["methods"] = {RENAMED.get(name, name): result for name, result in case["methods"].items()}
             cases.append(case)
     if not cases:
@@ -102,7 +102,7 @@ def plot(key: str, variants: dict, devices: list[str], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpu_curves", description=__doc__.split("\n")[0])
-    parser.add_argument("jsonl", nargs="+", help="perf/gpu_check.py --jsonl files")
+    parser.add_argument("jsonl", nargs="+", help="gpu_check.py --jsonl files")
     parser.add_argument("--json", help="write the curves here too (they always go to stdout)")
     parser.add_argument("--plot-dir", help="one PNG per shape and checkpointing here")
     args = parser.parse_args(argv)

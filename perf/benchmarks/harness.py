@@ -13,7 +13,7 @@ glibc keeps freed memory by default, which hides a step's allocations behind the
 MALLOC_MMAP_THRESHOLD_=65536 and MALLOC_TRIM_THRESHOLD_=0 environment variables; process-wide, before any model is
 loaded) maps blocks of 64 KiB and more and returns them on free and trims the heap top on every free; small blocks
 that fragment the heap can still be reused unseen, so the figure is a lower bound on a step's extra memory. The tuning
-costs time, and not evenly (perf/benchmarks/malloc_cost.py: on SmolLM2, 2-core CPU, generation 1.67x slower, a forward
+costs time, and not evenly (malloc_cost.py: on SmolLM2, 2-core CPU, generation 1.67x slower, a forward
 + backward 1.16x), so it shrinks a probe's share of a step and pulls every time ratio towards 1: the benchmarks time
 with glibc as a user's run has it and tune it only when asked (`--malloc tuned`), for memory.
 

@@ -1,7 +1,7 @@
 """OAR-P's memory against its bound: peak memory of `oar_p_importance` on one long completion, per
 `perturbation_chunk_tokens`, next to the bound its docstring states.
 
-    python perf/oar_p_memory.py [--length 4096] [--chunks 4096,16384,65536] [--stride 16]
+    python perf/benchmarks/oar_p_memory.py [--length 4096] [--chunks 4096,16384,65536] [--stride 16]
 
 For each chunk size a fresh process (so that one measurement's freed pages do not hide the next one's) builds a tiny
 Qwen3 model (float32, --hidden/--layers; the embedded tokenizer's vocabulary), one prompt of 8 tokens and a
