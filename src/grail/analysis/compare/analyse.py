@@ -74,6 +74,8 @@ def _eval_noise(out_dir: Path, args, metric: str) -> tuple[list[dict], str]:
     from grail.analysis.compare import noise
     from grail.analysis.compare.pairs import parse_pairs
 
+    if not all(m.strip().isdigit() and int(m) >= 1 for m in args.samples.split(",")):
+        raise ValueError(f"--samples {args.samples!r}: give samples per problem as positive integers, e.g. 4,8,16.")
     samples = tuple(int(m) for m in args.samples.split(","))
     keep = noise.seed_set(args.only_seeds)
     table = noise.load_samples(out_dir, metric, keep)
