@@ -14,8 +14,9 @@ MALLOC_MMAP_THRESHOLD_=65536 and MALLOC_TRIM_THRESHOLD_=0 environment variables;
 loaded) maps blocks of 64 KiB and more and returns them on free and trims the heap top on every free; small blocks
 that fragment the heap can still be reused unseen, so the figure is a lower bound on a step's extra memory. The tuning
 costs time, and not evenly (malloc_cost.py: on SmolLM2, 2-core CPU, generation 1.67x slower, a forward
-+ backward 1.16x), so it shrinks a probe's share of a step and pulls every time ratio towards 1: the benchmarks time
-with glibc as a user's run has it and tune it only when asked (`--malloc tuned`), for memory.
++ backward 1.16x), so it shrinks a probe's share of a step and pulls every time ratio towards 1: step_overhead.py and
+cost_curves.py time with glibc as a user's run has it and tune it only when asked (`--malloc tuned`, for memory);
+step_memory.py and oar_p_memory.py, which measure memory alone, always tune it.
 
 GRAIL's probe floor (`input_only_backward`): the least its fused probe could cost. The fused path reads the saliency
 from the loss's own forward, so what it adds to a step is one backward from the answer NLL to the leaf (the
