@@ -321,9 +321,7 @@ def _modules(layer: str) -> list[tuple[str, Path]]:
                   if path.stem not in ("__init__", "__main__")]
 
 
-def _docstring(path: Path | None) -> str:
-    if path is None:
-        return ""
+def _docstring(path: Path) -> str:
     return ast.get_docstring(ast.parse(path.read_text())) or ""
 
 
@@ -357,29 +355,16 @@ def modules(layers: str = "") -> str:
     return "\n".join(out)
 
 
-PERF_INDEX = ROOT / "perf" / "README.md"
-
-
 def scripts() -> str:
-    """perf/README.md's tables (the index of perf/, one row per script: what it is for and the page with its figures),
-    each under its folder's heading, with the links made relative to a page of docs/reference/; a script that is on
-    disk but not in the index, or in the index but not on disk, is an error naming it."""
-    text = PERF_INDEX.read_text()
-    listed = re.findall(r"^\| `(\w+/\w+\.py)` \|", text, re.MULTILINE)
-    on_disk = sorted(str(p.relative_to(ROOT / "perf")) for p in (ROOT / "perf").glob("*/*.py"))
-    missing, stale = sorted(set(on_disk) - set(listed)), sorted(set(listed) - set(on_disk))
-    if missing or stale:
-        raise ValueError(f"perf/README.md: list every script of perf/ once (not listed: {missing}; listed but not "
-                         f"there: {stale}).")
-    out = []
-    for block in re.split(r"^## ", text, flags=re.MULTILINE)[1:]:
-        heading, _, body = block.partition("\n")
-        rows = [line for line in body.splitlines() if line.startswith("|")]
-        intro = body.split("\n|", 1)[0].strip()
-        out += [f"**perf/{heading.strip()}**", ""] + ([intro, ""] if intro else []) + rows + [""]
-    joined = "\n".join(out)
-    joined = re.sub(r"\]\(\.\./docs/", "](../", joined)  # from perf/ to docs/reference/
-    return re.sub(r"`(benchmarks|experiments)/", r"`perf/\1/", joined)
+    """perf/README.md (the index of perf/) from its first folder on, linked from docs/reference/; checked complete."""
+    text = (ROOT / "perf" / "README.md").read_text()
+    listed = set(re.findall(r"^\| `(\w+/\w+\.py)` \|", text, re.MULTILINE))
+    on_disk = {p.relative_to(ROOT / "perf").as_posix() for p in (ROOT / "perf").glob("*/*.py")}
+    if listed != on_disk:
+        raise ValueError(f"perf/README.md: list every script of perf/ (not listed: {sorted(on_disk - listed)}; listed "
+                         f"but not there: {sorted(listed - on_disk)}).")
+    body = re.sub(r"^## (.+)$", r"**perf/\1**", text[text.index("\n## ") + 1:], flags=re.MULTILINE)
+    return re.sub(r"`(benchmarks|experiments)/", r"`perf/\1/", body.replace("](../docs/", "](../"))
 
 
 # ----------------------------------------------------------------------------------------------- the hook

@@ -68,9 +68,8 @@ reweights. A step's cost depends on which rows have A != 0, not on what the rewa
 end, a real model's completions are mostly wrong and few groups are mixed (SmolLM2, 256 tokens, 8 rows: no row
 probed in a round). The mean reward and probed_rows_frac then describe the coin, not the model.
 
-Run: `python perf/benchmarks/step_overhead.py` (defaults above; several minutes on 2 CPU cores).
-A real model: `--model smollm2-135m --set task_style=words` (any config field with --set FIELD=VALUE); the
-model's own defaults then apply (its chat template, the prompt suffix), not the tiny model's warm start.
+Run: `python perf/benchmarks/step_overhead.py` (defaults above; several minutes on 2 CPU cores). A real model:
+`--model smollm2-135m --set task_style=words` (any field: --set FIELD=VALUE), with the model's own defaults.
 `--smoke`: 16 tokens, 4 rows, 1 warm-up, 1 round, methods none and grail, and a warm start of
 `--warmstart-steps` 2 (a barely trained model, built in seconds: its completions (almost) never close a box, so
 GRAIL skips its probe; for testing the script only; tests/test_perf_scripts.py runs one whose boxes close).
