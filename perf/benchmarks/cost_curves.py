@@ -34,16 +34,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness import GOALS, goal_entry, growth_exponent, plot_curves
+from harness import GOALS, builtin_methods, goal_entry, growth_exponent, plot_curves
 
 STEP_OVERHEAD = Path(__file__).resolve().parent / "step_overhead.py"
 SMOKE = {"tokens": "16,32", "rows": "4", "methods": "none,grail", "warmup": 0, "rounds": 1}
-
-
-def builtin_methods() -> str:
-    from grail.methods.builtin import BUILTIN
-
-    return ",".join(spec.name for spec in BUILTIN)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -67,7 +61,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--smoke", action="store_true", help="tiny settings to test the script (module docstring)")
     args = parser.parse_args(argv)
     defaults = SMOKE if args.smoke else {"tokens": "128,256,512,1024", "rows": "8,8,4,2",
-                                         "methods": builtin_methods(), "warmup": 1, "rounds": 2}
+                                         "methods": ",".join(builtin_methods()), "warmup": 1, "rounds": 2}
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)

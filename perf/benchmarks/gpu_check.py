@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 
-from harness import METHODS, log, make_trainer
+from harness import METHODS, builtin_methods, log, make_trainer
 
 SHAPES = {  # name → (transformers model_type, the configuration fields that set the cost; the rest default)
     "0.6b": ("qwen3", dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
@@ -47,7 +47,7 @@ SHAPES = {  # name → (transformers model_type, the configuration fields that s
     "smoke": ("qwen3", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                             intermediate_size=128, head_dim=16, tie_word_embeddings=False)),  # the tiny vocabulary
 }
-DEFAULT_METHODS = ("none", "grail", "grail_separate", "oar_g", "oar_p", "random", "entropy", "entropy_separate")
+DEFAULT_METHODS = (*builtin_methods(), "grail_separate", "entropy_separate")  # grail and entropy fused by default
 PAIRS = (("grail", "grail_separate"), ("entropy", "entropy_separate"))  # fused (the default path), separate
 # every method weights rows of both signs (the batch's advantages run from -1 to 1), and OAR-P perturbs a whole
 # completion per chunk: each does its full work on every row

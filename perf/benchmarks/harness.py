@@ -59,6 +59,13 @@ def _benchmarks() -> dict[str, dict]:
 
 
 METHODS = _benchmarks()
+
+
+def builtin_methods() -> list[str]:
+    """The built-in methods (grail.methods.builtin.BUILTIN), GRPO's `none` first: what the benchmarks run by default."""
+    from grail.methods.builtin import BUILTIN
+
+    return [spec.name for spec in BUILTIN]
 CHECKPOINTING = {"off": {"activation_checkpointing": False},
                  "non_reentrant": {"activation_checkpointing": True,
                                    "activation_checkpointing_kwargs": {"use_reentrant": False}},
