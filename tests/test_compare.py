@@ -3,14 +3,12 @@ numbers are recomputed here from the runs' own files; a resume redoes only what 
 and dropped checkpoints: tests/test_compare_restarts.py).
 
 One 2-arm × 2-seed comparison (2 steps per run, 8 held-out problems) is shared by the module; tests that change a
-comparison's files work on a copy. Bad arguments are refused before any training."""
+comparison's files work on a copy. Bad arguments: tests/test_compare_arguments.py."""
 
 import json
 import math
 import shutil
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -330,43 +328,6 @@ def test_run_auroc_on_a_label_set_is_the_saliency_auroc_of_its_rows_pooled_and_p
             run_auroc(warm_dir, cfg, bad)
 
 
-@pytest.mark.parametrize("arms, extra, named", [
-    ("none,,grail", [], "none empty"),
-    ("gral", [], "not a method"),
-    ("grail@saliency_leaf", [], "field=value"),
-    ("grail@learning_rat=1e-4", [], "learning_rate"),  # the unknown key, and the closest field
-    ("grail@saliency_leaf=bogus", [], "saliency_leaf"),
-    ("grail@seed=3", [], "sets seed"),
-    ("none,none", [], "two arms"),
-    ("grail@learning_rate=1e-4", ["--sweep", "learning_rate=1e-4,2e-4"], "sweep it or set it"),
-    ("none", ["--sweep", "learning_rate"], "FIELD=v1,v2"),
-    ("none", ["--seed", "3"], "--seeds"),
-    ("none", ["--dataset", "data.jsonl"], "--eval_benchmarks"),
-    ("none", ["--dataset", "missing.jsonl", "--eval_benchmarks", "synthetic"], "missing.jsonl"),
-])
-def test_bad_arms_and_fields_exit_2_before_any_work(tmp_path, capsys, arms, extra, named):
-    out = tmp_path / "cmp"
-    assert main(["compare", "--arms", arms, "--seeds", "2", "--output_dir", str(out), *extra]) == 2
-    assert named in capsys.readouterr().err
-    assert not (out / "compare.json").exists() and not (out / "runs").exists()  # nothing to refuse a fixed rerun
-
-
-def test_a_sweep_crosses_every_arm_with_every_value():
-    arms = compare.parse_arms("none,grail@saliency_leaf=middle", ["learning_rate=2.5e-5,1e-4", "beta=0,0.1"])
-    assert [a.label for a in arms] == [
-        f"{arm}@learning_rate={lr}@beta={beta}" for arm in ("none", "grail@saliency_leaf=middle")
-        for lr in ("2.5e-5", "1e-4") for beta in ("0", "0.1")]
-    assert arms[-1].fields == {"saliency_leaf": "middle", "learning_rate": 1e-4, "beta": 0.1}  # typed
-    assert arms[-1].method == "grail" and "/" not in arms[-1].slug
-
-
-def test_compare_help_imports_neither_torch_nor_trl():
-    code = ("from grail.cli import main\ntry:\n    main(['compare', '--help'])\nexcept SystemExit:\n    pass\n"
-            "import sys\nprint(' '.join(sorted(sys.modules)))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert "--arms" in out and not {name.split(".")[0] for name in out.split()} & {"torch", "trl"}
-
-
 def test_the_report_gives_the_paired_checks_without_normality(comparison):
     out, _ = comparison
     report = json.loads((out / "report.json").read_text())
@@ -401,11 +362,3 @@ def test_the_report_names_the_code_that_trained_the_runs(comparison, tmp_path):
     again = write_report(older, json.loads((older / "compare.json").read_text()))
     assert again["code"]["runs_without_record"] == 1 and again["code"]["attempts"] == 3
     assert "1 finished run(s) trained before grail-rl wrote it" in (older / "report.md").read_text()
-
-
-def test_the_learning_curves_are_a_trailing_moving_average():
-    from grail.analysis.compare.plots import smoothed
-
-    values = {1: 1.0, 2: 0.0, 3: 1.0, 5: 0.0}  # step 4 not logged: the window counts logged steps
-    assert smoothed(values, 2) == {1: 1.0, 2: 0.5, 3: 0.5, 5: 0.5}
-    assert smoothed(values, 1) == values

@@ -1,16 +1,15 @@
-"""perf/cost_curves.py: step_overhead at each completion length in its own process, kept per T so that a rerun
-resumes; the growth exponent and the goals computed from the points."""
+"""perf/benchmarks/cost_curves.py: step_overhead at each completion length in its own process, kept per T so that a
+rerun resumes; the growth exponent and the goals computed from the points."""
 
 import json
 import math
 
+import cost_curves
 import pytest
-
-from perf_loading import load_perf_script
 
 
 def test_growth_exponent_recovers_a_power_law_and_skips_non_positive_extras():
-    curves = load_perf_script("cost_curves")
+    curves = cost_curves
     tokens = [128, 256, 512, 1024]
     assert curves.growth_exponent(tokens, [3e-6 * t**2 for t in tokens]) == pytest.approx(2.0)
     assert curves.growth_exponent(tokens, [0.01 * t for t in tokens]) == pytest.approx(1.0)
@@ -32,7 +31,7 @@ def _point(tokens, rows, ratios, floor=None):
 
 
 def test_goals_are_read_at_every_length_and_oar_p_at_1024_only():
-    curves = load_perf_script("cost_curves")
+    curves = cost_curves
     args = curves.parse_args(["--out", "unused"])
     points = {128: _point(128, 8, {"grail": 1.10, "oar_p": 3.5}, floor=1.0),
               1024: _point(1024, 2, {"grail": 1.20, "oar_p": 2.9}, floor=0.5)}
@@ -51,7 +50,7 @@ def test_goals_are_read_at_every_length_and_oar_p_at_1024_only():
 
 def test_smoke_measures_each_length_in_its_own_process_and_resumes(warm_cache, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    curves = load_perf_script("cost_curves")
+    curves = cost_curves
     cache, checkpoint = warm_cache
     steps = json.loads((checkpoint / "warmstart.json").read_text())["steps"]
     out = tmp_path / "curves"

@@ -1,13 +1,13 @@
-"""perf/credit_table.py: the "where the credit lands" table is assembled from saliency_auroc's JSON files, one file
-per cell, and refuses a duplicate or a file that is not such output."""
+"""perf/experiments/credit_table.py: the "where the credit lands" table is assembled from saliency_auroc's JSON files,
+one file per cell, and refuses a duplicate or a file that is not such output."""
 
 import json
 
-from perf_loading import load_perf_script
+import credit_table
 
 
 def _script():
-    return load_perf_script("credit_table")
+    return credit_table
 
 
 def _result(auroc, matched):

@@ -82,3 +82,12 @@ def test_no_project_file_points_at_the_shared_folder():
                   and "__pycache__" not in p.parts and not any(s.endswith(".egg-info") for s in p.parts)]
     found = [p.relative_to(REPO).as_posix() for p in files if SHARED in p.read_bytes()]
     assert not found, f"files that point at the folder beside the repository (state it in the docs instead): {found}"
+
+
+def test_the_perf_index_lists_every_script_once_with_the_page_of_its_figures():
+    """perf/README.md is the index the docs render (grail:scripts): every script on disk, nothing that is gone, and
+    each row names a page of the docs."""
+    text = _hook().generated("scripts")
+    for path in sorted((REPO / "perf").glob("*/*.py")):
+        (row,) = [line for line in text.splitlines() if f"`perf/{path.parent.name}/{path.name}`" in line]
+        assert "](../" in row, f"{path.name}: no page with its figures in perf/README.md"

@@ -1,11 +1,12 @@
 """The Gemma 3 270M words setting without the model: the `gemma-words` preset (SmolLM2's problems, read as SmolLM2's
-are), and perf/word_problems_accuracy.py measuring the prompt a run trains on."""
+are), and perf/experiments/word_problems_accuracy.py measuring the prompt a run trains on."""
+
+import word_problems_accuracy
 
 from grail.options.fields import GRAILFields
 from grail.options.presets import PRESETS
 from grail.options.prompts import PromptFormat, render_plain
 from grail.tasks.synthetic import WORDS_SET, generate
-from perf_loading import load_perf_script
 
 
 def _synthetic_set(preset: str):
@@ -23,7 +24,7 @@ def test_the_gemma_preset_asks_smollms_problems_and_reads_the_last_box():
 
 
 def _script():
-    return load_perf_script("word_problems_accuracy")
+    return word_problems_accuracy
 
 
 def test_the_accuracy_script_measures_the_plain_prompt_training_uses():

@@ -3,13 +3,15 @@ or grade a perturbed correct answer as correct, through the evaluation path (Gra
 
 The default suite runs 120 generated items (the mix is built to hit the timeouts; its power towers, huge factorials
 and deep nesting are graded too_long from their text, grail.evaluation.oversize); `-m slow` runs 10,000 and prints
-the throughput (`python perf/grader_fuzz.py` grades the same mix, seeded, through both paths).
+the throughput (`python perf/benchmarks/grader_fuzz.py` grades items of the same fragments, seeded, through both
+paths).
 """
 
 import os
 import time
 
 import pytest
+from grader_fuzz import NASTY, REFERENCES  # perf/benchmarks/grader_fuzz.py: the fragments and references
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -17,18 +19,6 @@ from grail.evaluation.grader import GradeResult, GradingPool
 from grail.evaluation.rewards import math_verify_reward
 
 REASONS = {"ok", "no_box", "empty_box", "too_long", "parse_error", "timeout", "bad_reference", "worker_died"}
-NASTY = [
-    "9^{9^{9^{9}}}", "1000000!", "10^{10^{10^{10}}}", "(10^{100})!", "\\frac{1}{0}", "0^0", "\\infty-\\infty",
-    "{" * 200 + "1" + "}" * 200, "{" * 50, "}" * 50, "\\boxed{", "\\boxed{1", "\\boxed{}", "\\boxed{\\boxed{2}}",
-    "\x08oxed{3}", "\x00", "\x1b[2J", "\u202e1", "１２３", "х", "ⅹ", "∞", "𝟙", "1\u200b0",
-    "\\def\\a{\\a\\a}\\a", "\\newcommand{\\x}{\\x}\\x", "\\input{/etc/passwd}", "\\include{x}",
-    "\\write18{touch pwned}",
-    "__import__('os').system('touch pwned')", "eval('1+1')", "lambda: 0", "$$1$$", "\\begin{pmatrix}1&2\\end{pmatrix}",
-    "x=y=z=1", "1,000,000", "1,5", "\\sqrt[3]{-8}", "e^{i\\pi}", "\\sum_{n=1}^{\\infty} n", "\\int_0^1 x\\,dx",
-    "a" * 5000, "\\left(", "\\right)", "^^^^", "\\\\\\\\", "%comment", "#", "&", "~",
-]
-REFERENCES = ["3", "\\frac{1}{2}", "x=2", "1 - \\frac{1}{e}", "(1, 2)", "\\sqrt{2}", "12", "-7"]
-
 fragment = st.one_of(st.sampled_from(NASTY), st.text(max_size=30), st.integers(-10**6, 10**6).map(str))
 answer = st.lists(fragment, min_size=1, max_size=4).map("".join)
 completion = st.one_of(answer.map(lambda a: f"so the answer is \\boxed{{{a}}}."), answer,

@@ -3,6 +3,7 @@
 import itertools
 import json
 import math
+import random
 
 import pytest
 import torch
@@ -268,25 +269,20 @@ def test_paired_difference_of_a_constant_shift_is_that_shift():
 
 
 def test_paired_difference_matches_a_loop_reference():
-    # Loop reference: the same (R, P) draw as bootstrap_ci (a generator seeded with `seed`), each resample's
-    # mean of b_p − a_p summed problem by problem, then the linear-interpolation percentile by hand.
+    # Loop reference: the same draw as bootstrap_ci (R resamples of P indices from random.Random(seed), resample
+    # after resample), each resample's mean of b_p − a_p summed problem by problem, then grail.evaluation.bootstrap's
+    # rule by hand: the sorted means' entries at ⌊0.05 · (R − 1)⌋ and ⌈0.95 · (R − 1)⌉ for level 0.9.
     g = torch.Generator().manual_seed(11)
     P, n, R, seed, level = 9, 3, 500, 4, 0.9
     a = _score_of("toy", torch.randint(n + 1, (P,), generator=g).tolist(), n)
     b = _score_of("toy", torch.randint(n + 1, (P,), generator=g).tolist(), n)
-    index_RP = torch.randint(P, (R, P), generator=torch.Generator().manual_seed(seed)).tolist()
+    rng = random.Random(seed)
+    index_RP = [[rng.randrange(P) for _ in range(P)] for _ in range(R)]
     means = sorted(sum(b.per_problem_acc[i] - a.per_problem_acc[i] for i in row) / P for row in index_RP)
-
-    def percentile(q):
-        position = q * (R - 1)
-        low = math.floor(position)
-        high = min(low + 1, R - 1)
-        return means[low] + (position - low) * (means[high] - means[low])
-
     got = paired_difference(a, b, resamples=R, level=level, seed=seed)
     assert got.value == pytest.approx(b.acc_at_n.value - a.acc_at_n.value, abs=1e-12)
-    assert got.low == pytest.approx(percentile(0.05), abs=1e-12)
-    assert got.high == pytest.approx(percentile(0.95), abs=1e-12)
+    assert got.low == pytest.approx(means[24], abs=1e-12)  # ⌊0.05 · 499⌋ = ⌊24.95⌋ = 24
+    assert got.high == pytest.approx(means[475], abs=1e-12)  # ⌈0.95 · 499⌉ = ⌈474.05⌉ = 475
     assert got.low < got.value < got.high
 
 

@@ -1,14 +1,21 @@
-"""perf/step_overhead.py runs end to end in --smoke mode, on a warm start that closes its boxes, and prints one
-JSON object with every field; the JSON shows that GRAIL's probe really ran. The other perf/ scripts run in their
+"""perf/benchmarks/step_overhead.py runs end to end in --smoke mode, on a warm start that closes its boxes, and prints
+one JSON object with every field; the JSON shows that GRAIL's probe really ran. The other perf/ scripts run in their
 smoke modes too."""
 
 import json
 import os
+from pathlib import Path
 
+import gpu_check
+import gpu_curves
+import grader_fuzz
+import position_claim
 import pytest
+import shared_prefill_eval
+import step_memory
+import step_overhead
 
-from perf_loading import PERF, load_perf_script
-
+BENCHMARKS = Path(__file__).resolve().parents[1] / "perf" / "benchmarks"
 PER_METHOD_KEYS = {"median_step_s", "step_s", "time_ratio_to_grpo", "peak_mem_increase_mb_median",
                    "peak_mem_increase_mb", "process_peak_mem_mb_max", "mem_ratio_to_grpo", "weights_seconds_median",
                    "probe_floor_s_median", "probe_floor_rows_mean", "probe_to_floor",
@@ -24,7 +31,6 @@ def test_step_overhead_smoke_prints_one_json_object(warm_cache, capsys):
     mixed rewards and GRAIL probes them)."""
     cache, checkpoint = warm_cache
     steps = json.loads((checkpoint / "warmstart.json").read_text())["steps"]
-    step_overhead = load_perf_script("step_overhead")
     argv = ["--smoke", *CLOSES_BOXES, "--warmstart-steps", str(steps), "--cache-dir", str(cache)]
     assert step_overhead.main(argv) == 0
     captured = capsys.readouterr()
@@ -58,7 +64,8 @@ def test_step_overhead_smoke_prints_one_json_object(warm_cache, capsys):
     assert [(t["method"], t["ratio"]) for t in result["targets"]] == [
         ("grail", "time_ratio_to_grpo"), ("grail", "probe_to_floor"), ("oar_g", "time_ratio_to_grpo"),
         ("oar_p", "time_ratio_to_grpo"), ("grail", "mem_ratio_to_grpo")]
-    assert [t["met"] is None for t in result["targets"]] == [False, False, True, True, False]  # oar: not run
+    assert [t["met"] is None for t in result["targets"]] == [False, False, True, True, True]  # oar: not run;
+    # memory: not judged with glibc as a user's run has it (freed pages hide a step's own memory)
 
 
 def test_step_overhead_reuse_and_checkpointing_rows(warm_cache, capsys):
@@ -68,7 +75,7 @@ def test_step_overhead_reuse_and_checkpointing_rows(warm_cache, capsys):
     steps = json.loads((checkpoint / "warmstart.json").read_text())["steps"]
     argv = ["--smoke", *CLOSES_BOXES, "--warmstart-steps", str(steps), "--cache-dir", str(cache),
             "--num-iterations", "2", "--checkpointing", "non_reentrant", "--methods", "none,grail,grail_rollout"]
-    assert load_perf_script("step_overhead").main(argv) == 0
+    assert step_overhead.main(argv) == 0
     result = json.loads(capsys.readouterr().out)
     assert (result["config"]["num_iterations"], result["config"]["checkpointing"]) == (2, "non_reentrant")
     grail, rollout = result["methods"]["grail"], result["methods"]["grail_rollout"]
@@ -77,25 +84,25 @@ def test_step_overhead_reuse_and_checkpointing_rows(warm_cache, capsys):
 
 
 def test_gpu_check_smoke_runs_every_method_on_the_cpu(capsys):
-    """perf/gpu_check.py --smoke: the GPU script's code path on a tiny shape in fp32 (no GPU here): every method's
-    loss step runs, fused paths are fused, and fused equals separate in fp32."""
-    gpu_check = load_perf_script("gpu_check")
+    """perf/benchmarks/gpu_check.py --smoke: the GPU script's code path on a tiny shape in fp32 (no GPU here): every
+    method's loss step runs, fused paths are fused, and fused equals separate in fp32."""
     assert gpu_check.main(["--smoke", "--checkpointing", "non_reentrant"]) == 0
     result = json.loads(capsys.readouterr().out)
     (case,) = result["cases"]
-    assert set(case["methods"]) == set(gpu_check.VARIANTS)
-    assert case["methods"]["grail_fused"]["fused"] and not case["methods"]["grail_separate"]["fused"]
+    assert set(case["methods"]) == set(gpu_check.DEFAULT_METHODS)
+    assert case["methods"]["grail"]["fused"] and not case["methods"]["grail_separate"]["fused"]
     assert all(row["median_step_s"] > 0 and row["tokens_per_s"] > 0 for row in case["methods"].values())
     assert case["fused_vs_separate"]["grail"]["max_abs_diff"] < 1e-4
 
 
 def test_oar_p_memory_smoke_measures_each_chunk_size_in_its_own_process():
-    """perf/oar_p_memory.py on a short row: one table row and one JSON record per chunk size, with the copies per
-    chunk the bound allows and a measured peak (the figures themselves are the script's report, not checked here)."""
+    """perf/benchmarks/oar_p_memory.py on a short row: one table row and one JSON record per chunk size, with the copies
+    per chunk the bound allows and a measured peak (the figures themselves are the script's report, not checked
+    here)."""
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, str(PERF / "oar_p_memory.py"), "--length", "64", "--chunks",
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "oar_p_memory.py"), "--length", "64", "--chunks",
                           "80,400", "--stride", "8", "--hidden", "32", "--intermediate", "64"],
                          check=True, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}).stdout
     rows = json.loads(out.strip().splitlines()[-1])
@@ -105,9 +112,8 @@ def test_oar_p_memory_smoke_measures_each_chunk_size_in_its_own_process():
 
 
 def test_grader_fuzz_smoke_grades_the_fuzz_items_through_both_paths(tmp_path, monkeypatch, capsys):
-    """perf/grader_fuzz.py --smoke: 100 seeded fuzz items (the same on every run) through GradingPool and the
+    """perf/benchmarks/grader_fuzz.py --smoke: 100 seeded fuzz items (the same on every run) through GradingPool and the
     training reward, in a temporary directory; the JSON counts every item once per path, and nothing was written."""
-    grader_fuzz = load_perf_script("grader_fuzz")
     assert grader_fuzz.fuzz_items(30, seed=3) == grader_fuzz.fuzz_items(30, seed=3) != grader_fuzz.fuzz_items(30)
     monkeypatch.chdir(tmp_path)
     assert grader_fuzz.main(["--smoke"]) == 0
@@ -117,17 +123,17 @@ def test_grader_fuzz_smoke_grades_the_fuzz_items_through_both_paths(tmp_path, mo
     for path in ("eval", "reward"):
         row = result[path]
         assert sum(row["reasons"].values()) == 100 and row["items_per_s"] > 0, path
-        assert row["slowest"]["seconds"] > 0 and row["slowest"]["reason"] in row["reasons"], path
         assert row["reasons"].get("too_long", 0) > 0, path  # the power towers and factorials of the mix
     for reason in ("no_box", "empty_box", "too_long"):  # decided before any alarm: the same on both paths
         assert result["eval"]["reasons"].get(reason) == result["reward"]["reasons"].get(reason), reason
-    assert result["eval"]["worker_starts"] >= 2 and result["target"]["eval_items_per_s"] == 50
+    slowest = result["reward"]["slowest"]
+    assert slowest["seconds"] > 0 and slowest["reason"] in result["reward"]["reasons"]
+    assert result["eval"]["workers"] == 2 and result["target"]["eval_items_per_s"] == 50
 
 
 def test_step_memory_tags_every_phase_of_a_step_and_finds_the_peak(warm_cache, capsys):
-    """perf/step_memory.py on one trainer: RSS samples fall in generation, the probe, the loss forward, the backward
-    and the optimiser; the step's peak is the highest sample and its phase is named."""
-    step_memory = load_perf_script("step_memory")
+    """perf/benchmarks/step_memory.py on one trainer: RSS samples fall in generation, the probe, the loss forward, the
+    backward and the optimiser; the step's peak is the highest sample and its phase is named."""
     cache, checkpoint = warm_cache
     steps = json.loads((checkpoint / "warmstart.json").read_text())["steps"]
     argv = ["--smoke", *CLOSES_BOXES, "--warmstart-steps", str(steps), "--cache-dir", str(cache), "--method", "grail"]
@@ -144,7 +150,7 @@ def test_step_memory_tags_every_phase_of_a_step_and_finds_the_peak(warm_cache, c
 
 
 def test_position_claim_reads_a_u_and_its_depth_and_refuses_an_empty_bin():
-    claim = load_perf_script("position_claim")
+    claim = position_claim
     counts = [5] * 10
     u = claim.u_shape([1.6, 1.0, 0.9, 0.8, 0.8, 0.8, 0.8, 1.0, 1.1, 1.4], counts)
     assert u["u_shape"] is True and abs(u["depth"] - 0.6) < 1e-9
@@ -162,9 +168,9 @@ def _gpu_case(shape: str, length: int, seconds: dict[str, float], rows: int = 4)
 
 
 def test_gpu_curves_merges_files_by_case_and_fits_the_growth_of_the_extra_time(tmp_path):
-    """perf/gpu_curves.py: ratios stay inside their case (OAR-P's file brings its own GRPO), the extra seconds per
-    completion are (step - GRPO's) / rows, and an extra time made to grow as T^2 (OAR-P) or T (GRAIL) is fitted so."""
-    gpu_curves = load_perf_script("gpu_curves")
+    """perf/benchmarks/gpu_curves.py: ratios stay inside their case (OAR-P's file brings its own GRPO), the extra
+    seconds per completion are (step - GRPO's) / rows, and an extra time made to grow as T^2 (OAR-P) or T (GRAIL) is
+    fitted so."""
     main, slow = tmp_path / "main.jsonl", tmp_path / "oar_p.jsonl"
     main.write_text("\n".join(_gpu_case("m", t, {"none": 1.0, "grail_fused": 1.0 + 4e-4 * t}) for t in (256, 1024))
                     + "\n")
@@ -173,9 +179,9 @@ def test_gpu_curves_merges_files_by_case_and_fits_the_growth_of_the_extra_time(t
     curves = result["curves"]["m checkpointing off"]
     assert [p["tokens"] for p in curves["oar_p"]["points"]] == [256, 512, 1024]
     assert curves["oar_p"]["points"][2]["time_ratio_to_grpo"] == pytest.approx((2.0 + 4e-6 * 1024**2) / 2.0)
-    assert curves["grail_fused"]["points"][1]["extra_s_per_completion"] == pytest.approx(4e-4 * 1024 / 4)
+    assert curves["grail"]["points"][1]["extra_s_per_completion"] == pytest.approx(4e-4 * 1024 / 4)
     assert curves["oar_p"]["growth_exponent"] == pytest.approx(2.0)
-    assert curves["grail_fused"]["growth_exponent"] == pytest.approx(1.0)
+    assert curves["grail"]["growth_exponent"] == pytest.approx(1.0)  # read as gpu_check names it now
     goals = {g["goal"]: g for g in result["goals"]["m checkpointing off"]}
     assert goals["oar_p loss step / GRPO's at T = 1024"]["met"] is False  # 3.1x
     assert goals["grail (fused) loss step / GRPO's, every T"]["measured"] == {256: pytest.approx(1.1024),
@@ -183,7 +189,6 @@ def test_gpu_curves_merges_files_by_case_and_fits_the_growth_of_the_extra_time(t
 
 
 def test_gpu_curves_refuses_a_case_twice_and_a_file_that_is_not_gpu_check_s(tmp_path):
-    gpu_curves = load_perf_script("gpu_curves")
     twice = tmp_path / "twice.jsonl"
     twice.write_text(_gpu_case("m", 256, {"none": 1.0, "oar_p": 3.0}) + "\n" + _gpu_case("m", 256, {"none": 1.0,
                                                                                                     "oar_p": 4.0}))
@@ -197,25 +202,42 @@ def test_gpu_curves_refuses_a_case_twice_and_a_file_that_is_not_gpu_check_s(tmp_
 
 def test_gpu_check_keeps_each_case_for_gpu_curves(tmp_path, capsys):
     """gpu_check --jsonl writes each case as it is measured; gpu_curves reads it and draws the shape's plot."""
-    gpu_check, gpu_curves = load_perf_script("gpu_check"), load_perf_script("gpu_curves")
     kept = tmp_path / "cases.jsonl"
-    assert gpu_check.main(["--smoke", "--checkpointing", "off", "--methods", "grail_fused", "--jsonl",
+    assert gpu_check.main(["--smoke", "--checkpointing", "off", "--methods", "grail", "--jsonl",
                            str(kept)]) == 0
     capsys.readouterr()
     assert gpu_curves.main([str(kept), "--plot-dir", str(tmp_path / "plots")]) == 0
     result = json.loads(capsys.readouterr().out)
     (curves,) = result["curves"].values()
-    assert set(curves) == {"none", "grail_fused"} and curves["grail_fused"]["growth_exponent"] is None  # one T
+    assert set(curves) == {"none", "grail"} and curves["grail"]["growth_exponent"] is None  # one T
     assert (tmp_path / "plots" / "smoke-checkpointing-off.png").stat().st_size > 0
 
 
 def test_shared_prefill_eval_times_both_ways_and_finds_the_same_samples(warm_cache, capsys):
     cache, checkpoint = warm_cache
     steps = json.loads((checkpoint / "warmstart.json").read_text())["steps"]
-    script = load_perf_script("shared_prefill_eval")
+    script = shared_prefill_eval
     result = script.main(["--preset", "tiny-cpu", "--problems", "4", "--rounds", "2", "--set", f"cache_dir={cache}",
                           "--set", f"warmstart_steps={steps}"])
     assert json.loads(capsys.readouterr().out) == result  # stdout holds the JSON object
     assert result["same_samples"] is True and result["n"] == 4 and result["problems"] == 4
     assert all(len(times) == 2 and min(times) > 0 for times in result["seconds"].values())
     assert result["time_ratio_shared_to_plain"] == result["median_s"]["shared"] / result["median_s"]["plain"]
+
+
+def test_perf_loads_shared_code_one_way_and_never_the_tests():
+    """A script of perf/ imports the package or its own folder's modules (harness.py): no sys.path edits, no loading
+    by file path, nothing from tests/ and no hypothesis (whose internals grader_fuzz once patched)."""
+    import ast
+
+    found = []
+    for path in BENCHMARKS.parent.glob("*/*.py"):
+        source = path.read_text()
+        found += [(path.name, call) for call in ("sys.path.insert(", "sys.path.append(", "spec_from_file_location(")
+                  if call in source]
+        for node in ast.walk(ast.parse(source)):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [(path.name, name) for name in names if name.split(".")[0] in ("tests", "hypothesis", "conftest")
+                      or name.startswith("test_")]
+    assert not found, found

@@ -9,7 +9,7 @@ A page asks for generated content with a marker line, which `on_page_markdown` r
     <!-- grail:method-contract -->                                   MethodSpec's fields and the probe/pipeline contract
     <!-- grail:layers -->                                            LAYERS of tests/test_layers.py, the folders
     <!-- grail:modules [layers="L1,L2"] -->                          every module (of those layers), from its docstring
-    <!-- grail:scripts -->                                           the perf/ scripts, from their docstrings
+    <!-- grail:scripts -->                                           perf/README.md's index of the scripts, by folder
 
 Only light imports: `grail.options.fields` and `grail.cli` load neither torch nor TRL (tests/test_layers.py checks it),
 and the layer table is read from the test file with `ast`, never imported. `generated(name, **args)` is what
@@ -321,9 +321,7 @@ def _modules(layer: str) -> list[tuple[str, Path]]:
                   if path.stem not in ("__init__", "__main__")]
 
 
-def _docstring(path: Path | None) -> str:
-    if path is None:
-        return ""
+def _docstring(path: Path) -> str:
     return ast.get_docstring(ast.parse(path.read_text())) or ""
 
 
@@ -358,10 +356,15 @@ def modules(layers: str = "") -> str:
 
 
 def scripts() -> str:
-    out = ["| script | what it measures |", "|---|---|"]
-    for path in sorted((ROOT / "perf").glob("*.py")):
-        out.append(f"| `perf/{path.name}` | {_escape(_first_sentence(_docstring(path)))} |")
-    return "\n".join(out)
+    """perf/README.md (the index of perf/) from its first folder on, linked from docs/reference/; checked complete."""
+    text = (ROOT / "perf" / "README.md").read_text()
+    listed = set(re.findall(r"^\| `(\w+/\w+\.py)` \|", text, re.MULTILINE))
+    on_disk = {p.relative_to(ROOT / "perf").as_posix() for p in (ROOT / "perf").glob("*/*.py")}
+    if listed != on_disk:
+        raise ValueError(f"perf/README.md: list every script of perf/ (not listed: {sorted(on_disk - listed)}; listed "
+                         f"but not there: {sorted(listed - on_disk)}).")
+    body = re.sub(r"^## (.+)$", r"**perf/\1**", text[text.index("\n## ") + 1:], flags=re.MULTILINE)
+    return re.sub(r"`(benchmarks|experiments)/", r"`perf/\1/", body.replace("](../docs/", "](../"))
 
 
 # ----------------------------------------------------------------------------------------------- the hook

@@ -295,7 +295,7 @@ def grade_many(completions: Sequence[str], references: Sequence[Any], *, workers
     workers=1 (or a single item) grades one item after another: in this process on the main thread, in the
     shared worker process off it. With more workers, a pool of spawned processes is started for the call
     (about 0.6 s on 2 cores, in parallel) and shut down at the end: for a few thousand cheap items in a warm
-    process, workers=1 can be as fast (perf/grader_throughput.py). timeout_s bounds each math-verify
+    process, workers=1 can be as fast (perf/benchmarks/grader_throughput.py). timeout_s bounds each math-verify
     call; item_deadline_s (default 4 * timeout_s) bounds each item's wall time in a worker process (module
     docstring). scoring: what is extracted and how it is graded (default GRAIL_SCORING, this module's grader).
     """

@@ -1,7 +1,7 @@
 """Evaluation scores: acc@n, unbiased pass@k, bootstrap CIs over problems, averages over benchmarks,
 paired differences.
 
-Pure functions on per-sample correctness (no model, no I/O; stdlib + torch). docs/guides/evaluation.md:
+Pure functions on per-sample correctness (no model, no I/O; standard library only). docs/guides/evaluation.md:
 
     acc@n   = (1/P) Σ_p c_p / n                                  (c_p correct samples out of n for problem p)
     pass@k  = (1/P) Σ_p [1 − C(n − c_p, k) / C(n, k)]           (Chen et al. 2021, "Evaluating LLMs trained on code")
@@ -9,8 +9,9 @@ Pure functions on per-sample correctness (no model, no I/O; stdlib + torch). doc
     size-weighted average = Σ_b P_b · metric_b / Σ_b P_b          (= total over all problems / total problems)
 
 Departures from / additions to the paper (which reports no uncertainty):
-    1. Every number carries a percentile bootstrap CI over problems (95% by default). Within one benchmark,
-       acc@n and every pass@k share the same resampled problem indices, so their CIs are mutually consistent.
+    1. Every number carries a percentile bootstrap CI over problems (95% by default; the draw and the quantile
+       rule are grail.evaluation.bootstrap's). Within one benchmark, acc@n and every pass@k share the same
+       resampled problem indices, so their CIs are mutually consistent.
     2. The averages' CIs come from a stratified bootstrap: problems are resampled within each benchmark
        (keeping its size) and both averages are recomputed per resample, so the CI reflects every benchmark's
        sampling noise with the right weight.
@@ -27,11 +28,12 @@ together, K values of k.
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-import torch
+from grail.evaluation.bootstrap import bootstrap_intervals, percentile_interval, resampled_means
 
 __all__ = [
     "AVERAGE_LABELS", "Average", "AverageKind", "average_scores", "BenchmarkScore", "bootstrap_ci", "Estimate",
@@ -113,30 +115,19 @@ def _check_bootstrap_args(resamples: int, level: float) -> None:
         raise ValueError(f"bootstrap: level must be in (0, 1), e.g. 0.95; got {level}.")
 
 
-def _percentiles_M2(means_MR: torch.Tensor, level: float) -> torch.Tensor:
-    """(M, R) resampled means -> (M, 2) percentile interval [tail, 1 − tail] (linear interpolation)."""
-    tail = (1.0 - level) / 2.0
-    q_2 = torch.tensor([tail, 1.0 - tail], dtype=torch.float64)
-    return torch.quantile(means_MR, q_2, dim=1).T  # (M, 2)
-
-
-def _estimates(values_MP: torch.Tensor, resamples: int, level: float, generator: torch.Generator) -> list[Estimate]:
-    """Mean of each row of (M, P) with a percentile bootstrap CI; all rows share one (R, P) index draw."""
-    num_problems = values_MP.shape[1]
-    index_RP = torch.randint(num_problems, (resamples, num_problems), generator=generator)
-    means_MR = values_MP[:, index_RP].mean(dim=2)  # (M, R, P) -> (M, R)
-    bounds_M2 = _percentiles_M2(means_MR, level)
-    point_M = values_MP.mean(dim=1)
-    return [Estimate(float(v), float(lo), float(hi)) for v, (lo, hi) in zip(point_M, bounds_M2.tolist(), strict=True)]
+def _estimates(values_MP: Sequence[Sequence[float]], resamples: int, level: float, seed: int) -> list[Estimate]:
+    """Mean of each row of (M, P) with a percentile bootstrap CI; all rows share one draw of R resamples."""
+    bounds_M2 = bootstrap_intervals(values_MP, resamples=resamples, level=level, seed=seed)
+    return [Estimate(sum(row) / len(row), lo, hi) for row, (lo, hi) in zip(values_MP, bounds_M2, strict=True)]
 
 
 def bootstrap_ci(per_problem: Sequence[float], *, resamples: int = 2000, level: float = 0.95,
                  seed: int = 0) -> Estimate:
     """Mean over problems with a percentile bootstrap CI.
 
-    Draws one (R, P) matrix of problem indices with replacement (R = resamples), takes each row's mean, and
-    returns the (1 − level)/2 and (1 + level)/2 quantiles of those R means. Deterministic for a seed (a private
-    torch.Generator; the global RNG is untouched). A constant vector gives low == value == high.
+    Draws R = resamples resamples of the P problems with replacement and returns the percentile interval of their
+    means (grail.evaluation.bootstrap: the draw from random.Random(seed), so the global RNG is untouched, and the
+    quantile rule). A constant vector gives an interval of width 0 at its value.
 
     Args:
         per_problem: (P,) per-problem values, P ≥ 1 (e.g. c_p / n).
@@ -144,9 +135,7 @@ def bootstrap_ci(per_problem: Sequence[float], *, resamples: int = 2000, level: 
     _check_bootstrap_args(resamples, level)
     if len(per_problem) == 0:
         raise ValueError("bootstrap_ci: per_problem is empty; need at least one problem.")
-    values_1P = torch.as_tensor(per_problem, dtype=torch.float64).reshape(1, -1)
-    generator = torch.Generator().manual_seed(seed)
-    return _estimates(values_1P, resamples, level, generator)[0]
+    return _estimates([[float(v) for v in per_problem]], resamples, level, seed)[0]
 
 
 def paired_difference(a: BenchmarkScore, b: BenchmarkScore, *, resamples: int = 2000, level: float = 0.95,
@@ -158,7 +147,7 @@ def paired_difference(a: BenchmarkScore, b: BenchmarkScore, *, resamples: int = 
     Each resample draws P problems with replacement and averages their d_p, so both results are resampled
     together (the pairing is kept): what both models find easy or hard cancels, and the CI is that of the
     difference, narrower than two separate CIs suggest when the models agree on most problems. The draw is
-    `bootstrap_ci`'s (one (R, P) index matrix from a generator seeded with `seed`), so with `a` all zeros the
+    `bootstrap_ci`'s (the same R resamples of problem indices for the same `seed`), so with `a` all zeros the
     result equals `bootstrap_ci(b.per_problem_acc)`. Identical inputs give exactly 0 with CI [0, 0]. n may
     differ between a and b (each c_p/n is an unbiased estimate of the problem's per-sample accuracy).
 
@@ -178,10 +167,8 @@ def paired_difference(a: BenchmarkScore, b: BenchmarkScore, *, resamples: int = 
         if s.num_problems < 1 or len(s.per_problem_acc) != s.num_problems:
             raise ValueError(f"paired_difference: the {which} result of {s.name!r} lacks per-problem accuracies for "
                              f"its {s.num_problems} problems; build it with score_benchmark.")
-    diff_1P = (torch.tensor(b.per_problem_acc, dtype=torch.float64)
-               - torch.tensor(a.per_problem_acc, dtype=torch.float64)).reshape(1, -1)
-    generator = torch.Generator().manual_seed(seed)
-    return _estimates(diff_1P, resamples, level, generator)[0]
+    diff_1P = [[y - x for x, y in zip(a.per_problem_acc, b.per_problem_acc, strict=True)]]
+    return _estimates(diff_1P, resamples, level, seed)[0]
 
 
 def score_benchmark(name: str, correct_PN: Sequence[Sequence[bool]], tokens_PN: Sequence[Sequence[int]], *,
@@ -216,9 +203,8 @@ def score_benchmark(name: str, correct_PN: Sequence[Sequence[bool]], tokens_PN: 
     acc_P = tuple(c / n for c in correct_P)
     pass_KP = {k: tuple(pass_at_k(n, c, k) for c in correct_P) for k in range(1, n + 1)}
     tokens_P = tuple(sum(tokens_N) / n for tokens_N in tokens_PN)
-    values_MP = torch.tensor([acc_P, *pass_KP.values()], dtype=torch.float64)  # (1 + n, P)
-    generator = torch.Generator().manual_seed(seed)
-    acc, *passes = _estimates(values_MP, resamples, level, generator)
+    values_MP = [acc_P, *pass_KP.values()]  # (1 + n, P)
+    acc, *passes = _estimates(values_MP, resamples, level, seed)
     return BenchmarkScore(
         name=name,
         num_problems=len(correct_PN),
@@ -240,7 +226,7 @@ def average_scores(scores: Sequence[BenchmarkScore], *, resamples: int = 2000, l
         size_weighted = Σ_b Σ_p x_{b,p} / Σ_b P_b               (total over all problems / total problems)
 
     CI: per resample, problems are drawn with replacement WITHIN each benchmark (P_b draws for benchmark b, one
-    (R, P_b) draw per benchmark, in the given order, from one seeded generator), both averages are recomputed,
+    draw of R resamples per benchmark, in the given order, from one random.Random(seed)), both averages are recomputed,
     and the percentile interval is taken. acc@n and every pass@k share the draws. pass@k is averaged only for
     k ≤ min_b n_b (the k every benchmark has); acc@n is averaged even when n differs.
 
@@ -261,31 +247,30 @@ def average_scores(scores: Sequence[BenchmarkScore], *, resamples: int = 2000, l
                 any(len(s.per_problem_pass[k]) != s.num_problems for k in common_k):
             raise ValueError(f"average_scores: benchmark {s.name!r} lacks per-problem values for its "
                              f"{s.num_problems} problems; build it with score_benchmark.")
-    generator = torch.Generator().manual_seed(seed)
-    sums_BM, resampled_sums_BMR = [], []
+    rng = random.Random(seed)  # one draw per benchmark, in the given order, from one generator
+    sizes_B = [s.num_problems for s in scores]
+    points_BM, means_BMR = [], []
     for s in scores:
-        values_MP = torch.tensor([s.per_problem_acc, *(s.per_problem_pass[k] for k in common_k)],
-                                 dtype=torch.float64)  # (M, P_b), M = 1 + len(common_k)
-        index_RP = torch.randint(s.num_problems, (resamples, s.num_problems), generator=generator)
-        sums_BM.append(values_MP.sum(dim=1))  # (M,)
-        resampled_sums_BMR.append(values_MP[:, index_RP].sum(dim=2))  # (M, R, P_b) -> (M, R)
-    sizes_B = torch.tensor([s.num_problems for s in scores], dtype=torch.float64)
-    sums_BM_t = torch.stack(sums_BM)  # (B, M)
-    sums_BMR = torch.stack(resampled_sums_BMR)  # (B, M, R)
-    unweighted_M = (sums_BM_t / sizes_B[:, None]).mean(dim=0)
-    unweighted_MR = (sums_BMR / sizes_B[:, None, None]).mean(dim=0)
-    weighted_M = sums_BM_t.sum(dim=0) / sizes_B.sum()
-    weighted_MR = sums_BMR.sum(dim=0) / sizes_B.sum()
+        values_MP = [s.per_problem_acc, *(s.per_problem_pass[k] for k in common_k)]  # (M, P_b), M = 1 + len(common_k)
+        points_BM.append([sum(row) / len(row) for row in values_MP])
+        means_BMR.append(resampled_means(values_MP, resamples, rng))
+    num_metrics, total = len(points_BM[0]), sum(sizes_B)
+    unweighted_M = [sum(p[m] for p in points_BM) / len(scores) for m in range(num_metrics)]
+    weighted_M = [sum(size * p[m] for size, p in zip(sizes_B, points_BM, strict=True)) / total
+                  for m in range(num_metrics)]
+    unweighted_MR = [[sum(means[m][r] for means in means_BMR) / len(scores) for r in range(resamples)]
+                     for m in range(num_metrics)]
+    weighted_MR = [[sum(size * means[m][r] for size, means in zip(sizes_B, means_BMR, strict=True)) / total
+                    for r in range(resamples)] for m in range(num_metrics)]
     tokens_B = [s.mean_completion_tokens for s in scores]
     tokens = {
         "unweighted": sum(tokens_B) / len(tokens_B),
-        "size_weighted": sum(t * s.num_problems for t, s in zip(tokens_B, scores, strict=True)) / float(sizes_B.sum()),
+        "size_weighted": sum(t * s.num_problems for t, s in zip(tokens_B, scores, strict=True)) / total,
     }
     out = []
     for kind, point_M, means_MR in (("unweighted", unweighted_M, unweighted_MR),
                                     ("size_weighted", weighted_M, weighted_MR)):
-        bounds = _percentiles_M2(means_MR, level).tolist()
-        est = [Estimate(float(v), lo, hi) for v, (lo, hi) in zip(point_M, bounds, strict=True)]
+        est = [Estimate(v, *percentile_interval(means_R, level)) for v, means_R in zip(point_M, means_MR, strict=True)]
         out.append(Average(kind=kind, acc_at_n=est[0], pass_at_k=dict(zip(common_k, est[1:], strict=True)),
                            benchmarks=names, mean_completion_tokens=tokens[kind]))
     return out[0], out[1]

@@ -345,9 +345,9 @@ def oar_p_importance(model: nn.Module, input_ids_BL: torch.Tensor, attention_mas
     Memory per chunk, roughly: the chunk's KV cache, chunk_tokens × num_layers × 2 × num_kv_heads × head_dim entries
     (Qwen3-4B in bf16: ~147 KB per token, ~4.8 GB at chunk_tokens = 32768; transiently up to twice one layer's share
     while it is extended), plus one layer's activations for the positions run (at most chunk_tokens) and C × V
-    logits. That is an estimate: `perf/oar_p_memory.py` measures 1.2-1.7x it on a CPU in float32 (T = 4096, 256
-    copies; allocator overhead and transient copies), while the peak grows in proportion to chunk_tokens and does not
-    depend on the number of copies. Where the cache cannot be shared (see module docstring, 6) the plain
+    logits. That is an estimate: `perf/benchmarks/oar_p_memory.py` measures 1.2-1.7x it on a CPU in float32 (T = 4096,
+    256 copies; allocator overhead and transient copies), while the peak grows in proportion to chunk_tokens and does
+    not depend on the number of copies. Where the cache cannot be shared (see module docstring, 6) the plain
     batched path runs instead: no cache, copies of any rows right-padded to the chunk's longest, copies × longest
     ≤ chunk_tokens, so only one layer's activations for chunk_tokens positions.
 

@@ -33,8 +33,8 @@ no held-out expression appears in any prompt, not even as an example. The task's
 renders them with the model's chat template whatever `conversational` says, and needs no prompt suffix (the
 instruction is in every user turn; prompt_suffix `auto` is "" on the synthetic task).
 
-Measured difficulty (perf/word_problems_accuracy.py: the model's chat template, T=1.0, top-p 1, top-k 0, the held-out
-split, grail.evaluation.rewards.exact_int_reward on the last box), SmolLM2-135M-Instruct (the de-quantised Q4_1
+Measured difficulty (perf/experiments/word_problems_accuracy.py: the model's chat template, T=1.0, top-p 1, top-k 0, the
+held-out split, grail.evaluation.rewards.exact_int_reward on the last box), SmolLM2-135M-Instruct (the de-quantised Q4_1
 conversion, `grail models fetch smollm2-135m`). Screening runs (24 problems x 4 samples, 64 new tokens; the prompt
 variants differ in the worked examples only; "long" = the earlier narrative solution "Mia starts with 7 apples. After
 buying 5 more, she has 7 + 5 = 12. ..."; "compact" = the equations only, "7 + 5 = 12. \boxed{12}"; "short" = the format
@@ -57,16 +57,16 @@ above):
 Chosen default (WORDS_TASK / WORDS_SET, the `smollm-words` preset): 1 step, operands 1..20, every value <= 40 (so ``*``
 is "2 to 20 times as many" with a product <= 40), 4 worked examples, the short solution. 708 distinct expressions:
 642 train, 66 held-out, hence WORDS_SET's 600 / 64. Confirmation on 64 held-out problems x 4 samples, 128 new
-tokens (python perf/word_problems_accuracy.py --threads 1; the defaults are WORDS_SET's):
+tokens (python perf/experiments/word_problems_accuracy.py --threads 1; the defaults are WORDS_SET's):
 sampled 19.1% [95% CI 13.3%, 25.4%], greedy 32.8%, 42% of problems with mixed rewards, 5.9% with no box, 94.9%
 stopped before the limit, completions 30 tokens and prompts 324 tokens on average. Just under the 20% aimed at: GRPO
 still gets a mixed group on 4 problems in 10 at 4 generations, more at 8.
 
 Gemma 3 270M (the base model, `grail models fetch gemma3-270m --accept_gemma_terms`; no chat template, so the turns
 are rendered by grail.options.prompts.render_plain, after its BOS token), 4 worked examples, measured under load
-(python perf/word_problems_accuracy.py --model gemma3-270m --threads 1 ..., the options in the table; --answer-end
-none is the prompt a run trains on, PromptFormat.training_prompt; "first box": the share whose first box holds the
-answer, a diagnostic):
+(python perf/experiments/word_problems_accuracy.py --model gemma3-270m --threads 1 ..., the options in the table;
+--answer-end none is the prompt a run trains on, PromptFormat.training_prompt; "first box": the share whose first box
+holds the answer, a diagnostic):
 
   operands, max   split     problems x samples   tokens   T     answer end   sampled [95% CI]      greedy   first box
   1..20, 40       heldout   16 x 4               64       1.0   eos           4.7% [0%, 9.4%]       -        -

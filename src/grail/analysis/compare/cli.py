@@ -17,6 +17,7 @@ import threading
 import time
 from pathlib import Path
 
+from grail.analysis.compare import analyse
 from grail.options.presets import PRESETS, TINY_CPU
 
 __all__ = ["add_parser", "run"]
@@ -55,6 +56,8 @@ check: `grail compare --resume DIR --check-report` renders the report again from
 report: `grail compare --resume DIR --report-only` writes the report from the runs finished so far and trains
         nothing, also while the comparison runs (to check its health: learning curves, clipping, wall time). A
         partial report says so first; deciding to stop or extend on its intervals is peeking.
+analysis: `grail compare --resume DIR --pairs grail:random` (and --eval-noise, --pilot-seeds, --phase-times) prints
+        what the runs say beyond the report (see "analysis of a comparison" below); trains nothing.
 """
 
 
@@ -114,6 +117,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                              "and sweep.png of the headline metric against the last swept field")
     parser.add_argument("--config", help="YAML file of field: value (a `preset: NAME` key is allowed)")
     parser.add_argument("--preset", choices=sorted(PRESETS), help="base values (default tiny-cpu; file and flags win)")
+    analyse.add_arguments(parser)
     return parser
 
 
@@ -167,6 +171,8 @@ def run(args, rest: list[str]) -> int:
 
     if args.jobs < 1:
         raise ValueError(f"--jobs {args.jobs}: give 1 or more runs at a time.")
+    if analyse.requested(args):
+        return _analyse(args, rest)
     stops = [flag for flag, given in (("--archive", args.archive), ("--report-only", args.report_only),
                                       ("--check-report", args.check_report)) if given]
     if len(stops) > 1 or (stops and args.archive_each):
@@ -237,6 +243,16 @@ def _check_report(args, rest: list[str]) -> int:
         plan, out_dir = _resumed_plan(args, rest, folder)
         packed = None if out_dir == Path(args.resume) else args.resume
         return 0 if check_report(plan, out_dir, reported_jobs(out_dir, 1), packed=packed) else 1
+
+
+def _analyse(args, rest: list[str]) -> int:
+    flag = analyse.requested(args)[0]
+    _as_it_is(args, rest, flag, "reads", f"{flag} analyses an existing comparison", True)
+    others = [f for f, given in (("--archive", args.archive), ("--archive-each", args.archive_each),
+                                 ("--report-only", args.report_only), ("--check-report", args.check_report)) if given]
+    if others:
+        raise ValueError(f"{flag} reads the comparison as it is; drop {others[0]} beside it (run it on its own).")
+    return analyse.run_analysis(args.resume, args)
 
 
 def _plan_flags(args, rest: list[str]) -> list[str]:

@@ -7,7 +7,7 @@
     no normal  two checks of the paired differences that do not assume the d_s normal: the sign-flip permutation
                test (under H0 each d_s is as likely −d_s: the two-sided p is the share of the 2^S sign assignments
                whose |mean| reaches the observed one; exact, so with S seeds p ≥ 2 / 2^S: S ≥ 6 to reach 0.05), and
-               a percentile bootstrap interval of the mean over seeds (resampled with replacement, a fixed seed)
+               a percentile bootstrap interval of the mean over seeds (grail.evaluation.bootstrap)
     several    Holm's step-down adjustment of m p-values tested together: sorted p₍₁₎ ≤ … ≤ p₍ₘ₎, adjusted
                p₍ᵢ₎ = max over j ≤ i of min(1, (m − j + 1) · p₍ⱼ₎); rejecting where it is below α keeps the chance of
                any false rejection among the m below α, without assuming them independent
@@ -19,6 +19,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from grail.evaluation.bootstrap import bootstrap_intervals
 
 __all__ = ["Interval", "LEVEL", "POWER", "bootstrap_interval", "holm", "paired_interval", "seeds_needed",
            "sign_flip_p", "t_cdf", "t_interval", "t_quantile"]
@@ -171,18 +173,11 @@ def sign_flip_p(differences: Sequence[float], exact_up_to: int = 30, draws: int 
 
 def bootstrap_interval(values: Sequence[float], level: float = LEVEL, resamples: int = 20_000,
                        seed: int = 0) -> tuple[float, float] | None:
-    """Percentile bootstrap interval of the mean of `values` (resampled with replacement, random.Random(seed));
-    None for fewer than 2 values."""
-    import random
-
-    v = [float(x) for x in values]
-    n = len(v)
-    if n < 2:
+    """Percentile bootstrap interval of the mean of `values` (grail.evaluation.bootstrap: its draw from
+    random.Random(seed) and its quantile rule); None for fewer than 2 values."""
+    if len(values) < 2:
         return None
-    rng = random.Random(seed)
-    means = sorted(sum(rng.choice(v) for _ in range(n)) / n for _ in range(resamples))
-    tail = (1.0 - level) / 2.0
-    return means[int(math.floor(tail * (resamples - 1)))], means[int(math.ceil((1.0 - tail) * (resamples - 1)))]
+    return bootstrap_intervals([values], resamples=resamples, level=level, seed=seed)[0]
 
 
 def holm(p_values: Sequence[float]) -> list[float]:

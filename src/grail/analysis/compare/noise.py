@@ -16,11 +16,11 @@ beside it (larger when the coupling helps). Over seeds,
 problem E becomes E · n / m, the sd of the differences √(T + E · n / m), and the seeds a ±w half-width needs follow
 (grail.analysis.compare.stats.seeds_needed). Greedy acc@1 has no sampling: E = 0.
 
-    python perf/eval_noise.py ~/runs/cmp --pairs grail:none,random:none [--metric sampled/synthetic/acc@4] \
-        [--seeds 0-5] [--samples 4,8,16,32] [--half-width 2.5] [--run-seconds R --sampled-seconds E] [--json out.json]
+    grail compare --resume ~/runs/cmp --eval-noise grail:none,random:none [--metrics sampled/synthetic/acc@4] \
+        [--only-seeds 0-5] [--samples 4,8,16,32] [--half-width 2.5] [--run-seconds R --sampled-seconds E]
 
-Reads the finished runs' eval/final/<evaluation>/samples.jsonl (grail compare; an archive keeps them); `--seeds`
-keeps the analysis to seeds already read (e.g. the first part of a comparison still running).
+Reads the finished runs' eval/final/<evaluation>/samples.jsonl (an archive keeps them); `--only-seeds` keeps the
+analysis to seeds already read (e.g. the first part of a comparison still running).
 
 Cost. More samples per problem cost sampling time in proportion: a run of R seconds whose sampled evaluation took E
 costs R + E · (m / n − 1) at m samples, and an arm seeds(m) times that. R and E are the medians over the finished
@@ -31,7 +31,6 @@ runs of `wall_seconds` and of `eval_phase_seconds[<evaluation>]` in compare_resu
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import statistics
@@ -40,6 +39,9 @@ from pathlib import Path
 from grail.analysis.compare.plan import PLAN_FILE
 from grail.analysis.compare.stats import seeds_needed
 from grail.analysis.compare.summary import clock_complete, load_runs, trained_here
+
+__all__ = ["add_costs", "decompose", "independent_sampling_variance", "load_samples", "noise_markdown",
+           "paired_sampling_variance", "run_costs", "seed_set"]
 
 Samples = dict[str, list[float]]  # problem id → correctness (0/1) of samples 0..n−1
 
@@ -103,7 +105,7 @@ def load_samples(out_dir: str | Path, metric: str, keep: set[int] | None = None)
         raise ValueError(f"{out_dir}: no {PLAN_FILE}; give the --output_dir of a grail compare (or its archive).")
     evaluation, benchmark, stat = (metric.split("/") + ["", ""])[:3]
     if not stat.startswith("acc@") or not benchmark:
-        raise ValueError(f"--metric {metric}: give a sampled accuracy, <evaluation>/<benchmark>/acc@n.")
+        raise ValueError(f"--metrics {metric}: give a sampled accuracy, <evaluation>/<benchmark>/acc@n.")
     table: dict[str, dict[int, Samples]] = {}
     for run in load_runs(out_dir, json.loads(plan_path.read_text())):
         if run.result is None or (keep is not None and run.seed not in keep):
@@ -154,17 +156,20 @@ def add_costs(row: dict, run_seconds: float, sampled_seconds: float) -> dict:
     return out
 
 
-def _seed_set(text: str | None) -> set[int] | None:
+def seed_set(text: str | None) -> set[int] | None:
+    """"0-5" or "0,2,4" (or both, comma-separated) → those seeds; None for no text (every seed)."""
     if not text:
         return None
     out: set[int] = set()
     for part in text.split(","):
         low, _, high = part.partition("-")
+        if not low.isdigit() or not (high or low).isdigit():
+            raise ValueError(f"--only-seeds {text!r}: give seeds as 0-5 or 0,2,4 (non-negative integers).")
         out.update(range(int(low), int(high or low) + 1))
     return out
 
 
-def markdown(rows: list[dict], samples: tuple[int, ...], half_width: float) -> str:
+def noise_markdown(rows: list[dict], samples: tuple[int, ...], half_width: float) -> str:
     cost = ", hours per arm" if rows and "seconds_per_arm" in rows[0]["projected"][samples[0]] else ""
     head = ("| pair | seeds | sd of differences | evaluation share | evaluation share, were arms independent | "
             + " | ".join(f"sd, seeds for ±{100 * half_width:g}{cost} at n={m}" for m in samples) + " |")
@@ -180,52 +185,3 @@ def markdown(rows: list[dict], samples: tuple[int, ...], half_width: float) -> s
         lines.append(f"| {r['pair']} | {len(r['seeds'])} | {100 * r['sd']:.2f} | {share} | {independent} | "
                      + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("comparison", help="a grail compare --output_dir (or its archive)")
-    parser.add_argument("--pairs", default="grail:none", help="comma-separated a:b (a − b), arm labels")
-    parser.add_argument("--metric", default="sampled/synthetic/acc@4")
-    parser.add_argument("--seeds", help="only these seeds, e.g. 0-5 or 0,2,4 (default: every finished one)")
-    parser.add_argument("--samples", default="4,8,16,32", help="samples per problem to project to")
-    parser.add_argument("--half-width", type=float, default=2.5, help="target 95%% half-width, points")
-    parser.add_argument("--run-seconds", type=float, help="a run's wall seconds (default: the runs' median)")
-    parser.add_argument("--sampled-seconds", type=float,
-                        help="its sampled evaluation's seconds (default: the runs' median, where they record it)")
-    parser.add_argument("--json")
-    args = parser.parse_args()
-    samples = tuple(int(m) for m in args.samples.split(","))
-    try:
-        keep = _seed_set(args.seeds)
-        table = load_samples(args.comparison, args.metric, keep)
-        recorded = run_costs(args.comparison, args.metric.split("/")[0], keep)
-        run_s = args.run_seconds if args.run_seconds is not None else recorded[0]
-        sampled_s = args.sampled_seconds if args.sampled_seconds is not None else recorded[1]
-        rows = []
-        for pair in args.pairs.split(","):
-            a, _, b = pair.partition(":")
-            missing = [arm for arm in (a, b) if arm not in table]
-            if missing:
-                raise ValueError(f"--pairs {pair}: no finished run of {missing[0]!r} (arms: {', '.join(table)}).")
-            row = {"pair": f"{a} − {b}", **decompose(table[a], table[b], samples, args.half_width / 100)}
-            rows.append(row if run_s is None or sampled_s is None else add_costs(row, run_s, sampled_s))
-    except ValueError as err:
-        raise SystemExit(f"eval_noise: {err}") from None
-    print(f"{args.metric}; points:\n")
-    print(markdown(rows, samples, args.half_width / 100))
-    if run_s is None or sampled_s is None:
-        print("\nNo cost column: the runs do not record their sampled evaluation's time (grail-rl before "
-              "2026-11-27); give --run-seconds and --sampled-seconds.")
-    else:
-        def source(given):
-            return "given" if given is not None else "the runs' median"
-        print(f"\nCost per arm at m samples: seeds × (R + E · (m / n − 1)), R = {run_s:.0f} s a run "
-              f"({source(args.run_seconds)}), E = {sampled_s:.0f} s of sampled evaluation "
-              f"({source(args.sampled_seconds)}).")
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,8 +1,9 @@
-"""One table of where the credit lands, from the JSON files `perf/saliency_auroc.py --label-set ... --json` wrote:
+"""One table of where the credit lands, from the JSON files `saliency_auroc.py --label-set ... --json` wrote:
 one section per label set, one row per method, columns (model) x (pooled, position-matched), each cell the AUROC of
 critical over filler (or format) tokens with its 95% bootstrap CI over examples.
 
-    python perf/credit_table.py A.json B.json ... [--part signal|weights] [--methods grail,oar_g,...] [--json out.json]
+    python perf/experiments/credit_table.py A.json B.json ... [--part signal|weights] [--methods grail,oar_g,...]
+        [--json out.json]
 
 A cell comes from exactly one file: two files holding the same (model, label set, method) are refused, naming both,
 so a table never mixes two runs silently. A cell no file holds prints as "not run".
@@ -19,7 +20,7 @@ SET_TITLES = {"multi_step_filler": "multi-step stories, critical vs inserted fil
 
 
 class TableInputError(ValueError):
-    """A JSON file that is not `perf/saliency_auroc.py --label-set` output, or two files for one cell."""
+    """A JSON file that is not `saliency_auroc.py --label-set` output, or two files for one cell."""
 
 
 def read_cells(paths: list[str], part: str) -> tuple[dict, dict]:
@@ -30,11 +31,11 @@ def read_cells(paths: list[str], part: str) -> tuple[dict, dict]:
             data = json.loads(Path(path).read_text())
             model, rows, results = Path(data["model"]).name, data["rows"], data["results"]
         except (OSError, ValueError, KeyError, TypeError) as err:
-            raise TableInputError(f"{path}: not a `perf/saliency_auroc.py --json` file ({err!r}); pass the files "
+            raise TableInputError(f"{path}: not a `saliency_auroc.py --json` file ({err!r}); pass the files "
                                   f"that script wrote with --label-set") from err
         found = re.search(r"label set (\w+)", rows)
         if found is None:
-            raise TableInputError(f"{path}: rows {rows!r} name no label set; run perf/saliency_auroc.py with "
+            raise TableInputError(f"{path}: rows {rows!r} name no label set; run saliency_auroc.py with "
                                   f"--label-set multi_step_filler or natural_contrast")
         for method, parts in results.items():
             key = (model, found.group(1), method)

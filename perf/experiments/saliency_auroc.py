@@ -2,10 +2,10 @@
 problems with filler words at rate 0.6, teacher-forced (grail.analysis.saliency.quality), on the warm-started tiny
 model or a real model.
 
-    python perf/saliency_auroc.py [--warm-start-filler-rate 0.6] [--rows 64] [--pairs within_trace|all]
-    python perf/saliency_auroc.py --model smollm2-135m --task-style words [--rows 64]
-    python perf/saliency_auroc.py --model smollm2-135m --label-set multi_step_filler|natural_contrast [--rows 32]
-        [--json out.json] [--plot profile.png]
+    python perf/experiments/saliency_auroc.py [--warm-start-filler-rate 0.6] [--rows 64] [--pairs within_trace|all]
+    python perf/experiments/saliency_auroc.py --model smollm2-135m --task-style words [--rows 64]
+    python perf/experiments/saliency_auroc.py --model smollm2-135m --label-set multi_step_filler|natural_contrast
+        [--rows 32] [--json out.json] [--plot profile.png]
 
 --warm-start-filler-rate: the filler rate of the tiny model's warm start's own training traces (default 0, the
 embedded default: the model has never seen a filler word; 0.6 warm-starts, or reuses from the cache, a model trained

@@ -15,7 +15,7 @@ cache and sympy's cache are cleared, so the in-process calls do not profit from 
 start-up alone is measured separately (grading `workers` trivial items), so the steady-state rate can be told
 apart.
 
-Run: `python perf/grader_throughput.py [--data-dir DIR --mix math500_solutions]`.
+Run: `python perf/benchmarks/grader_throughput.py [--data-dir DIR --mix math500_solutions]`.
 Prints one JSON object on stdout.
 """
 

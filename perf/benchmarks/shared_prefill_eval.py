@@ -8,8 +8,8 @@ examples of a chat model). No grading. Rounds alternate the two ways,
 starting with the other one each round, after one untimed call of each. Both ways draw from the same seed, so they
 must give the same samples (checked, and printed as `same_samples`).
 
-    python perf/shared_prefill_eval.py --preset smollm-words --set task_num_steps=2 --set task_operand_max=6 \\
-        --set task_max_value=12 --problems 16 --rounds 2
+    python perf/benchmarks/shared_prefill_eval.py --preset smollm-words --set task_num_steps=2 \\
+        --set task_operand_max=6 --set task_max_value=12 --problems 16 --rounds 2
 Prints one JSON object on stdout.
 """
 

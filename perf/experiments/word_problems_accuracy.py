@@ -4,12 +4,12 @@ r"""Sampled and greedy accuracy of a chat model on the word-problem style of the
 Renders held-out problems (chat messages: worked examples as earlier turns, then the problem) through the model's
 chat template (add_generation_prompt), samples at --temperature (default 1.0; top-p 1, top-k 0: as TRL's GRPO samples by
 default), grades the last \boxed{} as an integer (grail.evaluation.rewards.exact_int_reward, the reward `auto` picks for
-the synthetic task) and prints: sampled accuracy with a 95% CI (a percentile bootstrap over problems, the samples of a
-problem staying together), greedy accuracy, the share of completions with no complete \boxed{}, the share that
-stopped (end-of-sequence before --max-new-tokens) and the mean completion length in tokens. Used to choose the word
+the synthetic task) and prints: sampled accuracy with a 95% CI (grail.evaluation.bootstrap over problems, the
+samples of a problem staying together), greedy accuracy, the share of completions with no complete \boxed{}, the share
+that stopped (end-of-sequence before --max-new-tokens) and the mean completion length in tokens. Used to choose the word
 style's defaults so that sampled accuracy before RL is 20-60% (GRPO groups with mixed rewards):
 
-    python perf/word_problems_accuracy.py [--model smollm2-135m] [--n-problems 64] [--samples 4] \
+    python perf/experiments/word_problems_accuracy.py [--model smollm2-135m] [--n-problems 64] [--samples 4] \
         [--max-new-tokens 128] [--num-steps 1] [--operand-max 20] [--max-value 40] [--shots 4] \
         [--instruction default|none|TEXT] [--suffix TEXT|paper] [--format auto|chat|plain] \
         [--answer-end none|eos|TEXT] [--split heldout|train] [--threads 2] [--json PATH] [--dump PATH]
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 import sys
 import time
@@ -36,6 +35,7 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from grail.evaluation.bootstrap import bootstrap_intervals
 from grail.evaluation.rewards import exact_int_reward
 from grail.models.warmstart import resolve_model
 from grail.options.prompts import PLAIN_USER, has_chat_template, plain_prefix, render_plain, resolve_suffix
@@ -122,12 +122,6 @@ def _with_suffix(messages: list[dict], suffix: str) -> list[dict]:
     return messages
 
 
-def _bootstrap_ci(per_problem: list[float], resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
-    rng = random.Random(seed)
-    means = sorted(statistics.fmean(rng.choices(per_problem, k=len(per_problem))) for _ in range(resamples))
-    return means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1]
-
-
 def run(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     instruction = {"default": INSTRUCTION, "none": ""}.get(args.instruction, args.instruction)
@@ -169,7 +163,7 @@ def run(args: argparse.Namespace) -> dict:
                 example = examples[i // args.samples]
                 f.write(json.dumps({"expression": example.expression, "answer": example.answer,
                                     "completion": completion, "reward": reward}) + "\n")
-    low, high = _bootstrap_ci(per_problem)
+    low, high = bootstrap_intervals([per_problem], resamples=2000, level=0.95, seed=0)[0]
     result = {
         "model": args.model, "task": {k: getattr(task, k) for k in ("num_steps", "operand_min", "operand_max",
                                                                     "max_value", "filler_rate", "style")},

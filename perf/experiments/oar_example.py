@@ -5,7 +5,7 @@ After: P_final = softmax of the mean logits over the positions predicting the an
 default now), KL formed in float64. Each is run with a float32 and a float64 model: an importance that changes
 with the model's precision is rounding, not signal.
 
-    python perf/oar_example.py        # uses (or trains, ~1 min) the cached warm start of `grail demo`
+    python perf/experiments/oar_example.py        # uses (or trains, ~1 min) the cached warm start of `grail demo`
 """
 
 from __future__ import annotations

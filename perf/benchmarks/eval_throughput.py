@@ -6,7 +6,7 @@ synthetic task's held-out problems, after one untimed warm-up evaluation; sample
 Also the same figure with grading excluded (sampling only), so the two costs can be told apart. Each timed run
 writes into a fresh temporary directory (nothing resumed).
 
-Run: `python perf/eval_throughput.py [--problems 200 --n 4 --max-new-tokens 40 --batch-size 16]`.
+Run: `python perf/benchmarks/eval_throughput.py [--problems 200 --n 4 --max-new-tokens 40 --batch-size 16]`.
 Prints one JSON object on stdout.
 """
 

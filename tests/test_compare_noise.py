@@ -1,18 +1,22 @@
-"""perf/eval_noise.py: the share of a comparison's seed-to-seed variance that is its evaluation's own sampling.
-Checked on simulated evaluations whose truth is known (Bernoulli samples from fixed per-problem accuracies, drawn
-independently or with the two arms sharing their random numbers, with and without a training effect per seed), and
-on a hand-written comparison directory."""
+"""`grail compare --resume DIR --eval-noise a:b` (grail.analysis.compare.noise): the share of a comparison's
+seed-to-seed variance that is its evaluation's own sampling. Checked on simulated evaluations whose truth is known
+(Bernoulli samples from fixed per-problem accuracies, drawn independently or with the two arms sharing their random
+numbers, with and without a training effect per seed), and on a hand-written comparison directory. And `--phase-times`
+(grail.analysis.compare.planning): the time per phase from the runs' file times, on a hand-written comparison whose
+file times are set, with a run resumed in training and one evaluated after a restart."""
 
 import json
+import os
 import random
 
 import pytest
 
+from grail.analysis.compare import noise
 from grail.analysis.compare import plan as compare
+from grail.analysis.compare.planning import phase_times
 from grail.analysis.compare.summary import RESULT_FILE, run_path
-from perf_loading import load_perf_script
+from grail.cli import main
 
-noise = load_perf_script("eval_noise")
 N = 4
 P_TRUE = [0.05 * (i % 12) for i in range(64)]  # 0 .. 0.55: problems of every difficulty, as on the real task
 
@@ -117,19 +121,20 @@ def test_it_reads_a_comparison_directory_and_keeps_the_seeds_asked_for(tmp_path)
         noise.load_samples(tmp_path, "greedy/synthetic/acc@1")
     with pytest.raises(ValueError, match="no samples of benchmark 'gsm8k'"):
         noise.load_samples(tmp_path, "sampled/gsm8k/acc@4")
-    assert noise._seed_set("0-2,5") == {0, 1, 2, 5} and noise._seed_set(None) is None
+    assert noise.seed_set("0-2,5") == {0, 1, 2, 5} and noise.seed_set(None) is None
+    with pytest.raises(ValueError, match="give seeds as 0-5 or 0,2,4"):
+        noise.seed_set("first")
 
 
-def test_the_command_prints_the_table(tmp_path, monkeypatch, capsys):
+def test_the_command_prints_the_table(tmp_path, capsys):
     rng = random.Random(2)
 
     def rows(arm, seed):
         return [("synthetic", str(i), j, rng.random() < q) for i, q in enumerate(P_TRUE) for j in range(N)]
     _comparison(tmp_path, 4, rows)
-    monkeypatch.setattr("sys.argv", ["eval_noise.py", str(tmp_path), "--pairs", "grail:none", "--samples", "4,16",
-                                     "--json", str(tmp_path / "out.json")])
-    noise.main()
-    row = json.loads((tmp_path / "out.json").read_text())[0]
+    assert main(["compare", "--resume", str(tmp_path), "--eval-noise", "grail:none", "--samples", "4,16",
+                 "--analysis-json", str(tmp_path / "out.json")]) == 0
+    row = json.loads((tmp_path / "out.json").read_text())["eval_noise"][0]
     assert row["pair"] == "grail − none" and row["seeds"] == [0, 1, 2, 3] and row["n"] == N
     text = capsys.readouterr().out
     line = next(ln for ln in text.splitlines() if ln.startswith("| grail − none"))
@@ -150,7 +155,7 @@ def test_the_cost_of_more_samples_is_the_sampled_part_scaled_times_the_seeds():
         noise.add_costs(row, run_seconds=100.0, sampled_seconds=200.0)
 
 
-def test_the_costs_are_the_runs_medians_and_the_command_marks_the_cheapest(tmp_path, monkeypatch, capsys):
+def test_the_costs_are_the_runs_medians_and_the_command_marks_the_cheapest(tmp_path, capsys):
     rng = random.Random(3)
 
     def rows(arm, seed):
@@ -164,12 +169,64 @@ def test_the_costs_are_the_runs_medians_and_the_command_marks_the_cheapest(tmp_p
     assert noise.run_costs(tmp_path, "sampled") == (1010.0, 101.5)  # walls of seeds 0–2, sampled of seeds 0–3
     assert noise.run_costs(tmp_path, "sampled", keep={0}) == (1000.0, 100.0)
     assert noise.run_costs(tmp_path, "benchmarks") == (1010.0, None)  # an evaluation the runs did not time
-    monkeypatch.setattr("sys.argv", ["eval_noise.py", str(tmp_path), "--samples", "4,16", "--sampled-seconds", "50",
-                                     "--json", str(tmp_path / "out.json")])
-    noise.main()
+    assert main(["compare", "--resume", str(tmp_path), "--eval-noise", "grail:none", "--samples", "4,16",
+                 "--sampled-seconds", "50", "--analysis-json", str(tmp_path / "out.json")]) == 0
     text = capsys.readouterr().out
-    row = json.loads((tmp_path / "out.json").read_text())[0]
+    row = json.loads((tmp_path / "out.json").read_text())["eval_noise"][0]
     at16 = row["projected"]["16"]
     assert at16["seconds_per_run"] == 1010.0 + 50.0 * 3 and at16["seconds_per_arm"] == at16["seeds"] * 1160.0
     assert "R = 1010 s a run (the runs' median), E = 50 s of sampled evaluation (given)" in text
     assert text.count("(cheapest)") == 1 and "hours per arm" in text
+
+
+# ---- phase times
+
+FILES = ("compare_trained.json", "eval/final/greedy/results.json", "eval/final/sampled/results.json", RESULT_FILE)
+
+
+def _timed_comparison(tmp_path, runs: dict[int, tuple[tuple[float, ...], dict]]) -> None:
+    """runs: seed → (the times FILES were last written, compare_result.json's timing keys), one arm."""
+    arms = compare.parse_arms("none", [])
+    plan = {"seeds": len(runs), "seed_fields": ["seed"], "base": {},
+            "protocol": {"kind": "synthetic held-out", "primary": "m", "description": "hand-written"},
+            "arms": [{"label": a.label, "slug": a.slug, "method": a.method, "fields": a.fields} for a in arms]}
+    (tmp_path / compare.PLAN_FILE).write_text(json.dumps(plan))
+    for seed, (times, timing) in runs.items():
+        run = run_path(tmp_path, "none", seed)
+        for name, when in zip(FILES, times, strict=True):
+            (run / name).parent.mkdir(parents=True, exist_ok=True)
+            (run / name).write_text(json.dumps({"metrics": {"m": 0.1}, **timing}) if name == RESULT_FILE else "{}")
+            os.utime(run / name, (when, when))
+
+
+def test_the_gaps_between_file_times_leave_out_what_an_interruption_could_hold(tmp_path, capsys):
+    whole = {"wall_seconds": 1000.0, "eval_seconds": 400.0, "train_seconds": 550.0}
+    _timed_comparison(tmp_path, {
+        0: ((100.0, 190.0, 430.0, 590.0), whole),
+        1: ((100.0, 200.0, 440.0, 600.0), {**whole, "wall_seconds": 1200.0, "train_seconds": 700.0}),
+        # resumed from a checkpoint: its clock (the last 200 s of training, then the evaluation) is partial, its
+        # evaluation (one process) counts
+        2: ((100.0, 210.0, 450.0, 610.0), {**whole, "resumed": True, "wall_seconds": 650.0, "train_seconds": 200.0}),
+        # trained before a restart, evaluated after it: neither its clock nor its gaps count (the first holds the cut)
+        3: ((100.0, 5000.0, 5100.0, 5200.0), {**whole, "trained_earlier": True, "wall_seconds": 450.0}),
+        # an older result without trained_earlier: 20 s before its evaluation, 550 s of training, so the same case
+        4: ((100.0, 6000.0, 6100.0, 6200.0), {**whole, "wall_seconds": 420.0}),
+    })
+    summary = phase_times(tmp_path)
+    assert summary["greedy"] == {"n": 3, "median": 100.0, "min": 90.0, "max": 110.0}
+    assert summary["sampled"]["median"] == 240.0 and summary["auroc and extra"]["max"] == 160.0
+    assert summary["run"] == {"n": 2, "median": 1100.0, "min": 1000.0, "max": 1200.0}
+    assert summary["training"]["median"] == 625.0
+
+    assert main(["compare", "--resume", str(tmp_path), "--phase-times", "--analysis-json",
+                 str(tmp_path / "out.json")]) == 0
+    assert "greedy: median 100 s [90, 110] over 3 runs" in capsys.readouterr().out
+    assert json.loads((tmp_path / "out.json").read_text())["phase_times"] == summary
+
+
+def test_a_directory_without_a_comparison_or_a_finished_run_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="give the --output_dir of a grail compare"):
+        phase_times(tmp_path)
+    _timed_comparison(tmp_path, {})
+    with pytest.raises(ValueError, match="no run has finished"):
+        phase_times(tmp_path)

@@ -7,7 +7,8 @@ families (Llama, which SmolLM2 is; Qwen3, the embedded model's; Gemma 3 with a s
 prompt). Why it matters: with a 411-token prompt and ~45-token completions (docs/results/does-it-pay.md), about 90%
 of a GRPO step's tokens are the same prompt, computed once per completion.
 
-    python perf/shared_prefix_check.py [--prompt 20] [--completion 7] [--rows 4] [--json out.json] [--real MODEL]
+    python perf/experiments/shared_prefix_check.py [--prompt 20] [--completion 7] [--rows 4] [--json out.json]
+        [--real MODEL]
 
 `--real smollm2-135m` adds the check of grail.training.shared_prompt (what `shared_prompt=true` runs) on the real
 model and the word problems' real prompt, against TRL's own log-prob forward.

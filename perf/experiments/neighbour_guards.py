@@ -2,7 +2,7 @@
 twice, once with `grail.evaluation.grader.accepted` replaced by "accept every pair math-verify accepts" (math-verify
 alone).
 
-    python perf/neighbour_guards.py --data-dir DIR  # DIR/<name>/test.jsonl, docs/guides/evaluation.md
+    python perf/experiments/neighbour_guards.py --data-dir DIR  # DIR/<name>/test.jsonl, docs/guides/evaluation.md
 
 Grades in this process (one worker: the replacement must be seen where the grading runs); about 25 minutes per pass
 on 2 cores. Prints, per benchmark, the neighbour pairs accepted, and each accepted pair.

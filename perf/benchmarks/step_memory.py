@@ -2,7 +2,7 @@
 resident set size (RSS) sampled about every millisecond through whole optimiser steps, each sample tagged with the
 phase the step was in.
 
-    python perf/step_memory.py --model smollm2-135m --set task_style=words --method grail \\
+    python perf/benchmarks/step_memory.py --model smollm2-135m --set task_style=words --method grail \\
         --rows 8 --generations 4 --completion-tokens 256 [--warmup 1] [--steps 2] [--json out.json]
 
 Phases, innermost first (a sample belongs to the innermost phase running when it was taken):
@@ -18,10 +18,10 @@ Phases, innermost first (a sample belongs to the innermost phase running when it
   optimizer      the optimiser's step (AdamW)
   step other     the rest (gradient clipping, zero_grad, TRL's `training_step` glue)
 Per phase: seconds (exclusive), the highest RSS sampled in it, and that peak above the RSS at the step's start.
-The step's peak is the highest sample of all; its phase is the one that sets the peak. As in perf/step_overhead.py
+The step's peak is the highest sample of all; its phase is the one that sets the peak. As in step_overhead.py
 (its docstring, 4), glibc is told to return freed memory, so a phase's peak is its own and not an earlier phase's
 freed pages; what glibc keeps for small blocks still counts, so the figures are a lower bound on a phase's need.
-The trainer is built as perf/step_overhead.py builds it (the `tiny-cpu` preset's loss, completions forced to
+The trainer is built as step_overhead.py builds it (the `tiny-cpu` preset's loss, completions forced to
 --completion-tokens with min_new_tokens, one micro-batch of --rows unless `--set per_device_train_batch_size=M
 --set gradient_accumulation_steps=K` with M x K = --rows split the loss into K micro-batches of M), each completion's
 reward a fair coin flip (as step_overhead's `--reward coin`: groups are mixed, so the probe runs on the rows it would
@@ -35,14 +35,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import platform
 import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # step_common, when loaded by path
-from step_common import (  # noqa: E402
+from harness import (
     MB,
     METHODS,
     RssPeakSampler,
@@ -246,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-_malloc_tuning: str | None = None  # set only when run as a script (step_overhead.py says why)
+_malloc_tuning: str | None = None  # set only when run as a script (harness's docstring says why)
 
 if __name__ == "__main__":
     _malloc_tuning = tune_glibc_malloc()

@@ -1,24 +1,25 @@
-"""Paired differences between two arms of a finished `grail compare` that are not each other's reference: GRAIL
-against its nulls (random, position, the rescaled arm), from the same runs. The report pairs every arm with GRPO;
-this pairs any two, with the report's own statistics (grail.analysis.compare.summary.paired_stats): per seed s
-both arms finished, d_s = a_s − b_s; the 95% t-interval over seeds, the exact sign-flip p and the percentile
-bootstrap interval. With several pairs, each metric's sign-flip p-values also get Holm's adjustment over its pairs
-(grail.analysis.compare.stats.holm): the p to read when the pairs are a family of secondary comparisons.
-
-    python perf/paired_arms.py ~/runs/does-it-pay --pairs grail:random,grail:position \
-        [--metrics sampled/synthetic/acc@4,greedy/synthetic/acc@1] [--json out.json]
-
-Reads the comparison's report.json (its per-arm values and their seeds). Accuracies are printed in points; a
-markdown table on stdout."""
+"""Paired differences between any two arms of a finished comparison (`grail compare --resume DIR --pairs a:b,...`):
+GRAIL against its nulls (random, position, the rescaled arm), from the same runs. The report pairs every arm with its
+reference; this pairs any two, with the report's own statistics (summary.paired_stats): per seed s both arms
+finished, d_s = a_s − b_s; the 95% t-interval over seeds, the exact sign-flip p and the percentile bootstrap interval.
+With several pairs, each metric's sign-flip p-values also get Holm's adjustment over its pairs (stats.holm): the p to
+read when the pairs are a family of secondary comparisons. Read from the comparison's report.json (its per-arm values
+and their seeds)."""
 
 from __future__ import annotations
 
-import argparse
-import json
-from pathlib import Path
-
 from grail.analysis.compare.stats import holm
 from grail.analysis.compare.summary import paired_stats
+
+__all__ = ["pairs_markdown", "paired_arms", "parse_pairs", "with_holm"]
+
+
+def parse_pairs(text: str, flag: str) -> list[tuple[str, str]]:
+    """"a:b,c:d" → [(a, b), (c, d)] (arm labels as the report writes them)."""
+    pairs = [tuple(p.split(":")) for p in text.split(",") if p]
+    if not pairs or any(len(p) != 2 or not all(p) for p in pairs):
+        raise ValueError(f"{flag} {text!r}: give each pair as a:b, comma-separated (e.g. grail:random,grail:none).")
+    return pairs
 
 
 def _per_seed(report: dict, metric: str, arm: str) -> dict[int, float]:
@@ -33,7 +34,7 @@ def _per_seed(report: dict, metric: str, arm: str) -> dict[int, float]:
     stat = per_arm[arm]
     if len(stat["seeds"]) != len(stat["values"]):
         raise ValueError(f"{metric} of {arm}: {len(stat['seeds'])} seeds but {len(stat['values'])} values; the "
-                         f"report.json is damaged: render it again (grail compare --resume DIR).")
+                         f"report.json is damaged: render it again (grail compare --resume DIR --report-only).")
     return dict(zip(stat["seeds"], stat["values"], strict=True))
 
 
@@ -58,7 +59,7 @@ def with_holm(rows: list[dict]) -> list[dict]:
     return out
 
 
-def markdown(rows: list[dict], scale: float = 100.0) -> str:
+def pairs_markdown(rows: list[dict], scale: float = 100.0) -> str:
     lines = ["| pair | metric | seeds | mean ± half-width [95% t] | sign-flip p | Holm p | bootstrap 95% |",
              "|---|---|---:|---:|---:|---:|---:|"]
     for r in rows:
@@ -67,31 +68,3 @@ def markdown(rows: list[dict], scale: float = 100.0) -> str:
                      f"{scale * r['half_width']:.1f} [{scale * r['low']:+.1f}, {scale * r['high']:+.1f}] | "
                      f"{r['sign_flip_p']:.3f} | {r['holm_p']:.3f} | [{scale * boot[0]:+.1f}, {scale * boot[1]:+.1f}] |")
     return "\n".join(lines)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("compare_dir", help="a finished grail compare --output_dir (its report.json)")
-    parser.add_argument("--pairs", required=True, help="comma-separated a:b, each printed as a − b")
-    parser.add_argument("--metrics", help="comma-separated report metrics (default: the primary metric)")
-    parser.add_argument("--json")
-    args = parser.parse_args()
-    path = Path(args.compare_dir) / "report.json"
-    if not path.is_file():
-        raise SystemExit(f"{path} does not exist: give the --output_dir of a finished grail compare.")
-    report = json.loads(path.read_text())
-    pairs = [p.split(":") for p in args.pairs.split(",")]
-    if any(len(p) != 2 for p in pairs):
-        raise SystemExit(f"--pairs {args.pairs!r}: give each pair as a:b (e.g. grail:random).")
-    metrics = args.metrics.split(",") if args.metrics else [report["primary_metric"]]
-    try:
-        rows = with_holm([paired_arms(report, a, b, m) for m in metrics for a, b in pairs])
-    except ValueError as err:
-        raise SystemExit(str(err)) from None
-    print(markdown(rows))
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
-
-
-if __name__ == "__main__":
-    main()

@@ -1,9 +1,9 @@
-"""What perf/step_overhead.py's glibc tuning costs in time: generation and a forward + backward of a real model, with
+"""What step_overhead.py's glibc tuning costs in time: generation and a forward + backward of a real model, with
 glibc as a user's run has it (`default`) or tuned as the memory benchmarks tune it (`tuned`: freed blocks of 64 KiB
-and more go back to the OS at once, step_common.tune_glibc_malloc). The setting is process-wide and must precede
-torch's import, so each setting runs in its own process; run them one after the other on an idle machine:
+and more go back to the OS at once, harness.tune_glibc_malloc). The setting is process-wide and must precede the
+model's loading, so each setting runs in its own process; run them one after the other on an idle machine:
 
-    for m in default tuned default tuned; do python perf/malloc_cost.py $m; done
+    for m in default tuned default tuned; do python perf/benchmarks/malloc_cost.py $m; done
 
 Each process loads the model (`--model`, a cached real model's name or a checkpoint directory), then `--reps` times:
 samples `--rows` completions of exactly `--tokens` new tokens after random prompts of `--prompt-tokens` tokens, and
@@ -12,11 +12,9 @@ runs a forward and backward of the same rows at prompt + `--tokens` length. It p
 
 import argparse
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from step_common import tune_glibc_malloc  # noqa: E402
+from harness import tune_glibc_malloc
 
 
 def main() -> None:
@@ -28,7 +26,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--reps", type=int, default=2)
     args = parser.parse_args()
-    tuning = tune_glibc_malloc() if args.malloc == "tuned" else None  # before torch is imported
+    tuning = tune_glibc_malloc() if args.malloc == "tuned" else None  # before the model is loaded
     import torch
     from transformers import AutoModelForCausalLM
 

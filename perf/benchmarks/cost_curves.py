@@ -1,7 +1,7 @@
-"""What a step costs as the completion grows: perf/step_overhead.py at several completion lengths T, one fresh process
+"""What a step costs as the completion grows: step_overhead.py at several completion lengths T, one fresh process
 per T (so one T's memory does not sit under the next), and the curves assembled from its JSON.
 
-    python perf/cost_curves.py --model smollm2-135m --set task_style=words --out ~/curves/smollm2 \\
+    python perf/benchmarks/cost_curves.py --model smollm2-135m --set task_style=words --out ~/curves/smollm2 \\
         [--tokens 128,256,512,1024] [--rows 8,8,4,2] [--methods M1,M2,...] \\
         [--warmup 1] [--rounds 2] [--json curves.json] [--plot curves.png]
 
@@ -16,11 +16,11 @@ measured is refused: delete that file to measure it again; another --cache-dir i
 
 Per method and T: the step-time ratio to GRPO and, with `--malloc tuned` only, the per-step memory-increase ratio
 (both measured side by side in that T's process, medians over its rounds; with the default allocator freed pages
-stay resident from step to step, so the memory ratio is `null`: perf/step_memory.py measures a step's memory), and
+stay resident from step to step, so the memory ratio is `null`: step_memory.py measures a step's memory), and
 the extra time per completion, (median step - GRPO's median step) / rows. Its growth exponent in T is the
 least-squares slope of log(extra per completion) on log(T) over the T where the extra is positive (`null` with
 fewer than two). GRAIL's probe is also set against its floor (an
-input-only backward of the probed rows: perf/probe_floor.py). The goals, printed with whether each is met (not
+input-only backward of the probed rows: harness.input_only_backward). The goals, printed with whether each is met (not
 timed tests): GRAIL's step at most 1.15x GRPO's and its probe at most 1.1x its floor at every T, OAR-P at most 3x
 at T = 1024, every method's memory at most 1.05x GRPO's at every T (measured with `--malloc tuned` only).
 `--smoke`: the tiny model, T in {16, 32}, 4 rows, none and grail, 0 warm-up steps, 1 round.
@@ -30,20 +30,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import subprocess
 import sys
 from pathlib import Path
 
+from harness import GOALS, builtin_methods, goal_entry, growth_exponent, plot_curves
+
 STEP_OVERHEAD = Path(__file__).resolve().parent / "step_overhead.py"
-GOALS = {"grail_time": 1.15, "grail_probe_to_floor": 1.10, "oar_p_time_at_1024": 3.0, "memory": 1.05}
 SMOKE = {"tokens": "16,32", "rows": "4", "methods": "none,grail", "warmup": 0, "rounds": 1}
-
-
-def builtin_methods() -> str:
-    from grail.methods.builtin import BUILTIN
-
-    return ",".join(spec.name for spec in BUILTIN)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -67,7 +61,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--smoke", action="store_true", help="tiny settings to test the script (module docstring)")
     args = parser.parse_args(argv)
     defaults = SMOKE if args.smoke else {"tokens": "128,256,512,1024", "rows": "8,8,4,2",
-                                         "methods": builtin_methods(), "warmup": 1, "rounds": 2}
+                                         "methods": ",".join(builtin_methods()), "warmup": 1, "rounds": 2}
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -142,17 +136,6 @@ def measure(args: argparse.Namespace, tokens: int) -> dict:
     return result
 
 
-def growth_exponent(tokens: list[int], extra: list[float | None]) -> float | None:
-    """Least-squares slope of log(extra) on log(T) over the positive extras; None with fewer than two."""
-    points = [(math.log(t), math.log(e)) for t, e in zip(tokens, extra, strict=True) if e is not None and e > 0]
-    if len(points) < 2:
-        return None
-    mean_x = sum(x for x, _ in points) / len(points)
-    mean_y = sum(y for _, y in points) / len(points)
-    sxx = sum((x - mean_x) ** 2 for x, _ in points)
-    return sum((x - mean_x) * (y - mean_y) for x, y in points) / sxx if sxx > 0 else None
-
-
 def assemble(args: argparse.Namespace, points: dict[int, dict]) -> dict:
     tokens = sorted(points)
     methods = points[tokens[0]]["config"]["methods"]
@@ -181,13 +164,6 @@ def assemble(args: argparse.Namespace, points: dict[int, dict]) -> dict:
             "curves": curves, "goals": goals(curves)}
 
 
-def goal_entry(name: str, limit: float, measured: list[tuple[int, float | None]]) -> dict:
-    """One goal's record: the values measured (by T; None where none was) and whether every one is within limit."""
-    values = [(t, v) for t, v in measured if v is not None]
-    return {"goal": name, "at_most": limit, "measured": dict(values) if values else None,
-            "met": all(v <= limit for _, v in values) if values else None}
-
-
 def goals(curves: dict) -> list[dict]:
     out = []
 
@@ -201,55 +177,13 @@ def goals(curves: dict) -> list[dict]:
         goal("grail probe / its floor, every T", GOALS["grail_probe_to_floor"],
              [(p["tokens"], p["probe_to_floor"]) for p in points])
     if "oar_p" in curves:
-        goal("oar_p step / GRPO step at T = 1024", GOALS["oar_p_time_at_1024"],
+        goal("oar_p step / GRPO step at T = 1024", GOALS["oar_p_time"],
              [(p["tokens"], p["time_ratio_to_grpo"]) for p in curves["oar_p"]["points"] if p["tokens"] == 1024])
     for method, curve in curves.items():
         if method != "none":
             goal(f"{method} memory / GRPO memory, every T", GOALS["memory"],
                  [(p["tokens"], p["mem_ratio_to_grpo"]) for p in curve["points"]])
     return out
-
-
-def plot_curves(curves: dict, path, title: str, memory_title: str, log_time: bool = False) -> None:
-    """Three panels of {method: {"points": [...], "growth_exponent": x}}: the time ratio to GRPO, the extra seconds per
-    completion (log-log, with the fitted exponent) and the memory ratio, one colour per method in every panel."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax_time, ax_extra, ax_mem) = plt.subplots(1, 3, figsize=(15, 4.2))
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for number, (method, curve) in enumerate(curves.items()):
-        style = {"marker": "o", "color": colours[number % len(colours)]}
-        tokens = [p["tokens"] for p in curve["points"]]
-        ax_time.plot(tokens, [p["time_ratio_to_grpo"] for p in curve["points"]], label=method, **style)
-        memory = [(t, p["mem_ratio_to_grpo"]) for t, p in zip(tokens, curve["points"], strict=True)
-                  if p["mem_ratio_to_grpo"] is not None]
-        if memory:
-            ax_mem.plot([t for t, _ in memory], [m for _, m in memory], label=method, **style)
-        extra = [(t, p["extra_s_per_completion"]) for t, p in zip(tokens, curve["points"], strict=True)
-                 if p["extra_s_per_completion"] > 0]
-        if method != "none" and extra:
-            exponent = curve["growth_exponent"]
-            label = f"{method} (T^{exponent:.2f})" if exponent is not None else method
-            ax_extra.plot([t for t, _ in extra], [e for _, e in extra], label=label, **style)
-    ax_time.axhline(GOALS["grail_time"], color="grey", ls=":", lw=1)
-    ax_mem.axhline(GOALS["memory"], color="grey", ls=":", lw=1)
-    for ax, name in ((ax_time, "step time / GRPO's"), (ax_extra, "extra seconds per completion (log-log)"),
-                     (ax_mem, memory_title)):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("completion tokens T")
-        ax.set_title(name, fontsize=10)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    if log_time:
-        ax_time.set_yscale("log")
-    ax_extra.set_yscale("log")
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def plot(result: dict, path: str) -> None:

@@ -1,9 +1,9 @@
 """The random control's saliency AUROC under its own shuffle: how far one draw lands from 0.5, and how often its
 bootstrap CI holds 0.5.
 
-    python perf/random_control_null.py [--model smollm2-135m] [--rows 64] [--draws 1000] [--coverage 300]
+    python perf/experiments/random_control_null.py [--model smollm2-135m] [--rows 64] [--draws 1000] [--coverage 300]
 
-Rows: perf/saliency_auroc.py's word-problem rows (held-out, filler rate 0.6, seed 0, the model's prompt format).
+Rows: saliency_auroc.py's word-problem rows (held-out, filler rate 0.6, seed 0, the model's prompt format).
 GRAIL's weights are computed once on the corrupted traces, the rows the random control reweights under
 rollout_symmetry="wrong" (its weights are GRAIL's, shuffled over each row's reasoning tokens). Then they are
 shuffled --draws times with the control's own function (grail.methods.core.permuted_weights). Each shuffle is scored

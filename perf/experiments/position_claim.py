@@ -9,7 +9,7 @@ too), for two kinds of rollout:
   sampled: completions sampled from the model on the preset's own training prompts, `--samples` per prompt, graded,
       with GRPO's group advantages.
 
-    python perf/position_claim.py --model smollm2-135m --preset smollm-words [--rows 16] [--samples 8]
+    python perf/experiments/position_claim.py --model smollm2-135m --preset smollm-words [--rows 16] [--samples 8]
         [--methods grail,position] [--json out.json] [--plot out.png]
 
 "U-shape" is read as: both end bins (first and last tenth) above the mean of the four middle bins (3-6); the script

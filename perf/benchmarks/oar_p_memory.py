@@ -1,7 +1,7 @@
 """OAR-P's memory against its bound: peak memory of `oar_p_importance` on one long completion, per
 `perturbation_chunk_tokens`, next to the bound its docstring states.
 
-    python perf/oar_p_memory.py [--length 4096] [--chunks 4096,16384,65536] [--stride 16]
+    python perf/benchmarks/oar_p_memory.py [--length 4096] [--chunks 4096,16384,65536] [--stride 16]
 
 For each chunk size a fresh process (so that one measurement's freed pages do not hide the next one's) builds a tiny
 Qwen3 model (float32, --hidden/--layers; the embedded tokenizer's vocabulary), one prompt of 8 tokens and a
@@ -9,7 +9,7 @@ completion of --length tokens ending in a 4-token answer span, and runs OAR-P wi
 distribution on every --stride-th completion token (256 copies at the defaults, spread over the whole completion,
 so the early copies run nearly every position: the worst case for activations; scoring all 4096 tokens gives the
 same chunks and takes 16 times longer). Measured: the increase of the process's peak resident memory during the
-call over before it (sampled every 1 ms, glibc told to return freed memory: perf/step_overhead.py's RssPeakSampler),
+call over before it (sampled every 1 ms, glibc told to return freed memory: harness.RssPeakSampler),
 a lower bound on what the call allocated. Bound (oar_probes.oar_p_importance's docstring), in float32 bytes:
     KV cache   chunk_tokens × layers × 2 × kv_heads × head_dim × 4, twice one layer's share while it is extended,
     activations one layer's for chunk_tokens positions: chunk_tokens × (q + 2 kv + attention out + 3 × intermediate
@@ -27,9 +27,6 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def _bound_bytes(args, n: int, chunk_tokens: int, vocab: int) -> dict[str, int]:
@@ -50,7 +47,7 @@ def _bound_bytes(args, n: int, chunk_tokens: int, vocab: int) -> dict[str, int]:
 
 def measure_one(args) -> dict:
     import torch
-    from step_overhead import RssPeakSampler, tune_glibc_malloc
+    from harness import RssPeakSampler, tune_glibc_malloc
 
     from grail.methods.oar_probes import oar_p_importance
     from grail.models.tiny import build_tiny_model, build_tokenizer

@@ -14,9 +14,9 @@ Printed (one JSON object on stdout; progress on stderr), per shape × length × 
   * fused = separate: the largest |w_fused − w_separate| of grail and entropy in bf16, and the fraction of
     reweighted tokens whose weights differ by more than 0.05 (bf16 rounding is ~1e-2 of a weight).
 
-Run on a CUDA machine: `python perf/gpu_check.py` (bf16). `--jsonl FILE` appends each case as it is measured, so a
-run cut short keeps its cases; perf/gpu_curves.py turns such files into curves over T. `--smoke` runs a tiny shape
-on the CPU in fp32 to test the script. First run: an H200 on 2026-11-26 (docs/results/step-cost.md#on-a-gpu).
+Run on a CUDA machine: `python perf/benchmarks/gpu_check.py` (bf16). `--jsonl FILE` appends each case as it is
+measured, so a run cut short keeps its cases; gpu_curves.py turns such files into curves over T. `--smoke` runs a tiny
+shape on the CPU in fp32 to test the script. First run: an H200 on 2026-11-26 (docs/results/step-cost.md#on-a-gpu).
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ import statistics
 import sys
 import tempfile
 import time
+
+from harness import METHODS, builtin_methods, log, make_trainer
 
 SHAPES = {  # name → (transformers model_type, the configuration fields that set the cost; the rest default)
     "0.6b": ("qwen3", dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
@@ -45,21 +47,11 @@ SHAPES = {  # name → (transformers model_type, the configuration fields that s
     "smoke": ("qwen3", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                             intermediate_size=128, head_dim=16, tie_word_embeddings=False)),  # the tiny vocabulary
 }
-VARIANTS = {  # name → GRAILConfig fields
-    "none": {"token_weighting": "none"},
-    "grail_fused": {"token_weighting": "grail", "saliency_path": "fused", "rollout_symmetry": "both"},
-    "grail_separate": {"token_weighting": "grail", "saliency_path": "separate", "rollout_symmetry": "both"},
-    "oar_g": {"token_weighting": "oar_g"},
-    "oar_p": {"token_weighting": "oar_p", "perturbation_chunk_tokens": 65536},
-    "random": {"token_weighting": "random", "rollout_symmetry": "both"},
-    "entropy_fused": {"token_weighting": "entropy", "saliency_path": "fused", "rollout_symmetry": "both"},
-    "entropy_separate": {"token_weighting": "entropy", "saliency_path": "separate", "rollout_symmetry": "both"},
-}
-PAIRS = (("grail_fused", "grail_separate"), ("entropy_fused", "entropy_separate"))
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+DEFAULT_METHODS = (*builtin_methods(), "grail_separate", "entropy_separate")  # grail and entropy fused by default
+PAIRS = (("grail", "grail_separate"), ("entropy", "entropy_separate"))  # fused (the default path), separate
+# every method weights rows of both signs (the batch's advantages run from -1 to 1), and OAR-P perturbs a whole
+# completion per chunk: each does its full work on every row
+CASE_FIELDS = {"rollout_symmetry": "both", "perturbation_chunk_tokens": 65536}
 
 
 def parse_args(argv):
@@ -68,7 +60,8 @@ def parse_args(argv):
     parser.add_argument("--lengths", default="1024,4096", help="completion lengths T, comma-separated")
     parser.add_argument("--rows", type=int, default=4, help="completions per micro-batch B (default 4)")
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds after one warm-up (default 3)")
-    parser.add_argument("--methods", default=",".join(VARIANTS), help="comma-separated from " + ", ".join(VARIANTS))
+    parser.add_argument("--methods", default=",".join(DEFAULT_METHODS),
+                        help="comma-separated from harness.METHODS: " + ", ".join(METHODS))
     parser.add_argument("--checkpointing", default="off,non_reentrant", help="off and/or non_reentrant")
     parser.add_argument("--jsonl", help="append each case here as one JSON line as soon as it is measured, so a "
                         "run cut short keeps what it measured")
@@ -80,7 +73,7 @@ def parse_args(argv):
     args.lengths = [int(t) for t in args.lengths.split(",") if t]
     args.methods = ["none"] + [m for m in args.methods.split(",") if m and m != "none"]
     args.checkpointing = [c for c in args.checkpointing.split(",") if c]
-    bad = [s for s in args.shapes if s not in SHAPES] + [m for m in args.methods if m not in VARIANTS]
+    bad = [s for s in args.shapes if s not in SHAPES] + [m for m in args.methods if m not in METHODS]
     bad += [c for c in args.checkpointing if c not in ("off", "non_reentrant")]
     if bad:
         parser.error(f"unknown names {bad}; see --help for the choices.")
@@ -125,20 +118,20 @@ def build(shape: str, cuda: bool):
     return model.to("cuda" if cuda else "cpu"), tokenizer
 
 
-def trainer_for(model, tokenizer, variant: str, checkpointing: str, cuda: bool, out: str):
+def trainer_for(model, tokenizer, method: str, checkpointing: str, cuda: bool, out: str):
+    """harness.make_trainer on this shape's model (shared by every method of a case) and a placeholder dataset: the
+    loss step is driven by hand on `batch`'s micro-batch."""
     from datasets import Dataset
 
     from grail.evaluation.rewards import exact_int_reward
-    from grail.training.config import GRAILConfig
-    from grail.training.trainer import GRAILTrainer
 
-    args = GRAILConfig(output_dir=out, per_device_train_batch_size=2, num_generations=2, report_to="none",
-                       beta=0.0, loss_type="dr_grpo", use_cpu=not cuda, bf16=cuda,
-                       activation_checkpointing=checkpointing == "non_reentrant",
-                       activation_checkpointing_kwargs={"use_reentrant": False}, **VARIANTS[variant])
-    trainer = GRAILTrainer(model=model, processing_class=tokenizer, reward_funcs=[exact_int_reward], args=args,
-                           train_dataset=Dataset.from_list([{"prompt": "Q: 1+1\nA:", "answer": "2"}] * 2))
-    if args.activation_checkpointing:
+    values = {"output_dir": out, "per_device_train_batch_size": 2, "num_generations": 2, "report_to": "none",
+              "beta": 0.0, "loss_type": "dr_grpo", "use_cpu": not cuda, "bf16": cuda,
+              "activation_checkpointing": checkpointing == "non_reentrant",
+              "activation_checkpointing_kwargs": {"use_reentrant": False}, **CASE_FIELDS}
+    trainer, _ = make_trainer(method, values, reward=exact_int_reward, model=model, processing_class=tokenizer,
+                              train_dataset=Dataset.from_list([{"prompt": "Q: 1+1\nA:", "answer": "2"}] * 2))
+    if trainer.args.activation_checkpointing:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:
         model.activation_checkpointing_disable()
