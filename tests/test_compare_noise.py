@@ -230,3 +230,14 @@ def test_a_directory_without_a_comparison_or_a_finished_run_is_refused(tmp_path)
     _timed_comparison(tmp_path, {})
     with pytest.raises(ValueError, match="no run has finished"):
         phase_times(tmp_path)
+
+
+def test_file_times_that_a_copy_flattened_are_not_told_as_phases_of_no_time(tmp_path, capsys):
+    # a git checkout (or an archive made from one) gives every file the same time: the gaps are 0, not the phases
+    whole = {"wall_seconds": 1000.0, "eval_seconds": 400.0, "train_seconds": 550.0}
+    _timed_comparison(tmp_path, {seed: ((100.0,) * 4, whole) for seed in range(3)})
+    summary = phase_times(tmp_path)
+    assert summary["greedy"] == {"n": 0, "median": None, "min": None, "max": None, "copied": 3}
+    assert summary["run"]["median"] == 1000.0  # the recorded clocks are the runs' own and still count
+    assert main(["compare", "--resume", str(tmp_path), "--phase-times"]) == 0
+    assert "greedy: not told: the 3 runs' files do not keep the times they were written" in capsys.readouterr().out

@@ -189,3 +189,15 @@ def test_a_damaged_or_foreign_tar_xz_is_refused(tmp_path, capsys):
     assert main(["compare", "--resume", str(escaping), "--check-report"]) == 2
     assert "is not a plain file or folder inside cmp/" in capsys.readouterr().err
     assert not (tmp_path.parent / "outside").exists()
+
+
+def test_the_analysis_flags_read_a_tar_xz_as_they_read_the_folder(finished, tmp_path, capsys):
+    dest = tmp_path / "cmp.tar.xz"
+    assert main(["compare", "--resume", str(finished), "--archive", str(dest)]) == 0
+    capsys.readouterr()
+    assert main(["compare", "--resume", str(finished), "--pairs", "grail:none"]) == 0
+    from_folder = capsys.readouterr().out
+    assert main(["compare", "--resume", str(dest), "--pairs", "grail:none"]) == 0
+    from_archive = capsys.readouterr().out
+    assert "| grail − none | sampled/synthetic/acc@4 | 3 |" in from_folder  # 3 paired seeds: +5, +10, +5 points
+    assert from_archive == from_folder

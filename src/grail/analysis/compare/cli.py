@@ -139,7 +139,8 @@ def _resumed_plan(args, rest: list[str], unpacked: Path | None = None) -> tuple[
         raise ValueError(f"--resume takes the plan from its directory's {PLAN_FILE}; drop {', '.join(given)} (to "
                          f"change the plan, start a new comparison with another --output_dir).")
     if unpacked is None and is_packed(args.resume, "--resume"):
-        raise ValueError(f"--resume {args.resume}: a compressed archive is read as it is only by --check-report; to "
+        raise ValueError(f"--resume {args.resume}: a compressed archive is read as it is only by --check-report and the "
+                         f"analysis flags (--pairs, --eval-noise, --pilot-seeds, --phase-times); to "
                          f"re-render, report or train, unpack it into a folder: grail compare --resume {args.resume} "
                          f"--archive DIR, then grail compare --resume DIR.")
     out_dir = Path(args.resume) if unpacked is None else unpacked
@@ -252,7 +253,10 @@ def _analyse(args, rest: list[str]) -> int:
                                  ("--report-only", args.report_only), ("--check-report", args.check_report)) if given]
     if others:
         raise ValueError(f"{flag} reads the comparison as it is; drop {others[0]} beside it (run it on its own).")
-    return analyse.run_analysis(args.resume, args)
+    from grail.analysis.compare.packed import opened
+
+    with opened(args.resume) as folder:  # a folder as it is, or a .tar.xz unpacked for the time of the analysis
+        return analyse.run_analysis(folder, args)
 
 
 def _plan_flags(args, rest: list[str]) -> list[str]:

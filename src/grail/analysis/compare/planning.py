@@ -98,14 +98,22 @@ def phase_times(out_dir: str | Path) -> dict[str, dict]:
     if not rows:
         raise ValueError(f"{out_dir}: no run has finished yet; nothing to time.")
     summary = {}
+    file_timed = {p[0] for p in PHASES}
     for name in [p[0] for p in PHASES] + [t[0] for t in TOTALS]:
         values = [row[name] for row in rows if row[name] is not None]
+        if name in file_timed and values and max(values) <= 0:
+            # every file of the phase has its start's time: a copy that did not keep the runs' own file times (a git
+            # checkout, or an archive made from one), not a phase that took no time
+            summary[name] = {"n": 0, "median": None, "min": None, "max": None, "copied": len(values)}
+            continue
         summary[name] = ({"n": len(values), "median": statistics.median(values), "min": min(values),
                           "max": max(values)} if values else {"n": 0, "median": None, "min": None, "max": None})
     return summary
 
 
 def phase_times_text(summary: dict[str, dict]) -> str:
-    return "\n".join(f"{name}: " + ("no run to tell" if not s["n"] else
+    return "\n".join(f"{name}: " + (f"not told: the {s['copied']} runs' files do not keep the times they were written "
+                                    "(a copy: a git checkout, or an archive made from one)" if s.get("copied") else
+                                    "no run to tell" if not s["n"] else
                                     f"median {s['median']:.0f} s [{s['min']:.0f}, {s['max']:.0f}] over {s['n']} runs")
                      for name, s in summary.items())
