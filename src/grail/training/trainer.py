@@ -83,7 +83,7 @@ class GRAILTrainer(SharedPromptForward, GRPOTrainer):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        if not hasattr(self.args, "weighting_options"):
+        if not hasattr(self.args, "resolved"):
             raise TypeError(f"GRAILTrainer needs a grail.training.config.GRAILConfig as args (it carries the "
                             f"token-weighting fields), got {type(self.args).__name__}; build one with "
                             "GRAILConfig(...).")
