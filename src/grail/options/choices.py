@@ -194,7 +194,8 @@ class WeightingOptions(WeightingFields):
     (`OAR_VARIANT_DEFAULTS`); an explicit value wins.
     """
 
-    # set once the options are checked; a slot, not an entry of __dict__ (which plug-ins may read as the fields)
+    # Frozen by hand: a `frozen=True` dataclass cannot extend WeightingFields, which the (mutable) config extends too.
+    # The flag is set once the options are checked; a slot, not an entry of __dict__ (which plug-ins read as fields).
     __slots__ = ("_frozen",)
 
     temperature: float = field(default=1.0, metadata={EVERY_METHOD: True, "help": "TRL's sampling temperature: every "
