@@ -10,7 +10,7 @@ from grail.methods.core import ROLLOUT_SYMMETRIES
 from grail.methods.probes import LEAVES
 from grail.methods.spans import BOX_CHOICES
 from grail.methods.table import METHODS, method_spec
-from grail.options.choices import OAR_VARIANT_DEFAULTS, WeightingOptions
+from grail.options.choices import OAR_VARIANT_DEFAULTS, WeightingFields, WeightingOptions
 from grail.options.fields import GRAILFields
 from grail.options.presets import PAPER_NOTES, PRESETS
 from grail.training.config import GRAILConfig, literal_choices
@@ -41,6 +41,9 @@ def test_weighting_options_mirror_the_config_fields(tmp_path):
     assert cfg.weighting_options() == WeightingOptions(temperature=cfg.temperature)
     for f in dataclasses.fields(WeightingOptions):
         assert f.name in {g.name for g in dataclasses.fields(GRAILConfig)}, f.name
+    declared = {f.name: f for f in dataclasses.fields(WeightingFields)}  # one declaration, the same field in both
+    for cls in (GRAILConfig, WeightingOptions):
+        assert all(f is declared[f.name] for f in dataclasses.fields(cls) if f.name in declared), cls
     assert set(literal_choices("reward")) == set(REWARDS) | {"auto"}
 
 
@@ -107,10 +110,33 @@ def test_paper_preset_matches_methods_section_1():
     assert set(PAPER_NOTES) == set(p)  # `grail presets paper` says what every value is for
 
 
-def test_oar_variant_values_are_recorded_in_the_config(tmp_path):
+def test_oar_variant_values_are_resolved_into_the_record_not_onto_the_config(tmp_path):
     cfg = GRAILConfig(output_dir=str(tmp_path), token_weighting="oar_g", oar_variant="grail_release")
-    assert (cfg.oar_scope, cfg.oar_quantile, cfg.oar_beta) == ("completion", 0.4, 2.0)  # resolved_config.json
+    ran = cfg.weighting_options()
+    assert (ran.oar_scope, ran.oar_quantile, ran.oar_beta) == ("completion", 0.4, 2.0)
+    assert (cfg.oar_scope, cfg.oar_quantile, cfg.oar_beta) == (None, None, None)  # the config keeps what was given
+    record = cfg.to_dict()  # resolved_config.json: what ran
+    assert (record["oar_scope"], record["oar_quantile"], record["oar_beta"]) == ("completion", 0.4, 2.0)
     cfg = GRAILConfig(output_dir=str(tmp_path), token_weighting="oar_p", oar_beta=1.5)
-    assert (cfg.oar_quantile, cfg.oar_beta) == (0.25, 1.5)
-    assert GRAILConfig(output_dir=str(tmp_path), token_weighting="oar_g").oar_scope == "reasoning"
-    assert GRAILConfig(output_dir=str(tmp_path)).oar_scope is None  # GRPO reads no OAR field: none is filled in
+    assert (cfg.to_dict()["oar_quantile"], cfg.to_dict()["oar_beta"]) == (0.25, 1.5)
+    assert GRAILConfig(output_dir=str(tmp_path), token_weighting="oar_g").to_dict()["oar_scope"] == "reasoning"
+    assert GRAILConfig(output_dir=str(tmp_path)).to_dict()["oar_scope"] is None  # GRPO reads no OAR field
+
+
+def test_a_weighting_field_cannot_change_after_the_config_is_built(tmp_path):
+    """The resolved options are what runs: a later change would silently not run, so it is refused, naming the fix."""
+    cfg = GRAILConfig(output_dir=str(tmp_path), token_weighting="grail")
+    with pytest.raises(AttributeError, match=r"weight_std=2.0: .*build a new config"):
+        cfg.weight_std = 2.0
+    with pytest.raises(dataclasses.FrozenInstanceError, match="dataclasses.replace"):
+        cfg.weighting_options().weight_std = 2.0
+    cfg.learning_rate = 1e-4  # any other field stays TRL's to set
+    assert cfg.weighting_options().weight_std == 0.5
+
+
+def test_a_pickled_config_keeps_its_resolved_options(tmp_path):
+    import pickle
+
+    cfg = GRAILConfig(output_dir=str(tmp_path), token_weighting="oar_g")
+    back = pickle.loads(pickle.dumps(cfg))  # as TRL saves it with every checkpoint; the spec is looked up again
+    assert back.weighting_options() == cfg.weighting_options() and back.method is cfg.method

@@ -80,7 +80,7 @@ def test_a_method_registered_from_a_script_is_accepted_everywhere(tokenizer, tmp
         values = merge(None, parse_flags(["--token_weighting", "toy", "--toy_scale", "3", "--output_dir",
                                           str(tmp_path)]))
         cfg = build_config(values)
-        assert cfg.method_options == {"toy_scale": 3.0}
+        assert cfg.weighting_options().method_options == {"toy_scale": 3.0}  # parsed once, into the options
         model = build_tiny_model(tokenizer, seed=0)
         p = tokenizer(["Q: 1+2\nA:"] * 2, return_tensors="pt", add_special_tokens=False)
         c = tokenizer([" 1+2=3 \\boxed{3}", " 1+2=5 \\boxed{5}"], return_tensors="pt", add_special_tokens=False)

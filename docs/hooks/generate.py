@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import inspect
 import io
 import re
 import tokenize
@@ -81,42 +82,43 @@ def _type_text(hint) -> str:
     return _code(getattr(hint, "__name__", str(hint)))
 
 
-def _field_sections() -> list[tuple[str, str, list[int]]]:
-    """(title, note, first lines of the fields) per `# ---- title (note) ----` comment of GRAILFields."""
-    source = (PACKAGE / "options" / "fields.py").read_text()
+def _declared_sections(cls: type) -> list[tuple[str, str, list[str]]]:
+    """(title, note, field names) per `# ---- title (note) ----` comment of the class body that declares `cls`."""
+    source = Path(inspect.getsourcefile(cls)).read_text()
     comments = [(tok.start[0], tok.string) for tok in tokenize.generate_tokens(io.StringIO(source).readline)
                 if tok.type == tokenize.COMMENT and tok.string.startswith("# ----")]
-    cls = next(node for node in ast.parse(source).body if isinstance(node, ast.ClassDef) and node.name == "GRAILFields")
-    field_lines = [node.lineno for node in cls.body if isinstance(node, ast.AnnAssign)]
+    node = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == cls.__name__)
+    declared = [(n.lineno, n.target.id) for n in node.body if isinstance(n, ast.AnnAssign)]
     sections = []
     for i, (line, text) in enumerate(comments):
         end = comments[i + 1][0] if i + 1 < len(comments) else 10**9
-        lines = [n for n in field_lines if line < n < end]
-        if not lines:
+        names = [name for lineno, name in declared if line < lineno < end]
+        if not names:
             continue
         text = text.strip("#- ").strip()
         title, _, note = text.partition(" (")
-        sections.append((title[:1].upper() + title[1:], note.rstrip(")").strip(), lines))
+        sections.append((title[:1].upper() + title[1:], note.rstrip(")").strip(), names))
     return sections
 
 
 def config_fields(only: str = "", skip: str = "") -> str:
+    """GRAILFields' sections, in field order: those of each dataclass it is made of (the token-weighting options are
+    declared in `grail.options.choices.WeightingFields`, the rest in `GRAILFields` itself)."""
     from grail.options.fields import GRAILFields
 
     hints = typing.get_type_hints(GRAILFields)
-    source = (PACKAGE / "options" / "fields.py").read_text()
-    cls = next(node for node in ast.parse(source).body if isinstance(node, ast.ClassDef) and node.name == "GRAILFields")
-    line_of = {node.target.id: node.lineno for node in cls.body if isinstance(node, ast.AnnAssign)}
-    by_line = {line_of[f.name]: f for f in dataclasses.fields(GRAILFields)}
+    by_name = {f.name: f for f in dataclasses.fields(GRAILFields)}
+    sections = [s for cls in reversed(GRAILFields.__mro__) if "__dataclass_fields__" in vars(cls)
+                for s in _declared_sections(cls)]
     out = []
-    for title, note, lines in _field_sections():
+    for title, note, names in sections:
         if (only and not title.lower().startswith(only.lower())) or (skip and title.lower().startswith(skip.lower())):
             continue
         out += [f"## {title}", ""]
         if note:
             out += [f"*{_escape(note)}*", ""]
-        for line in lines:
-            f = by_line[line]
+        for name in names:
+            f = by_name[name]
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             out += [f"### `{f.name}`", "",
                     f"{_type_text(hints[f.name])} · default {_code(repr(default))}", "",

@@ -15,7 +15,7 @@ from typing import Any, Literal, NamedTuple
 
 import torch
 
-from grail.options.choices import WeightingOptions
+from grail.options.choices import UNIVERSAL_OPTIONS, WeightingOptions
 
 __all__ = ["MethodOption", "MethodSpec", "PIPELINE_ARGUMENTS", "PROBE_ARGUMENTS", "PROBE_BATCH_FIELDS", "ProbeBatch",
            "REASONING", "ROW_SELECTIONS", "Rows", "SCOPED_OPTIONS", "TokenWeights", "UNIVERSAL_OPTIONS"]
@@ -150,10 +150,9 @@ PIPELINE_ARGUMENTS: dict[str, str] = {
 REASONING = ("A row's reasoning tokens are its real tokens before the chosen answer box (`answer_box`: the first "
              "complete `\\boxed{...}` with at least one answer token). A row with no such box has no answer: every "
              "real token is reasoning.")
-# The WeightingOptions fields every method reads or may meet: the method itself, the answer box that the spans and
-# diagnostics use, the opt-in row-mean rescale (applied after any pipeline) and TRL's sampling temperature.
-UNIVERSAL_OPTIONS = ("token_weighting", "answer_box", "weight_rescale", "temperature", "method_options")
-# The option fields whose owners are declared by `MethodSpec.reads` (the config field saliency_path included).
+# The option fields whose owners are declared by `MethodSpec.reads` (the config field saliency_path included): every
+# WeightingOptions field but the ones every method reads or may meet (`UNIVERSAL_OPTIONS`, marked where each is
+# declared: the method itself, the answer box, the opt-in row-mean rescale, TRL's temperature, its own options).
 SCOPED_OPTIONS = tuple(f for f in WeightingOptions.__dataclass_fields__ if f not in UNIVERSAL_OPTIONS) + (
     "saliency_path",)
 Scalar = bool | int | float | str

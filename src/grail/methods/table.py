@@ -16,6 +16,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
+from typing import NamedTuple
 
 import torch
 
@@ -26,10 +27,10 @@ from grail.methods.spec import SCOPED_OPTIONS, MethodOption, MethodSpec, ProbeBa
 from grail.options.choices import WeightingOptions
 
 __all__ = ["ENTRY_POINT_GROUP", "FIX_UNREAD", "METHODS", "OAR_P_FLOOR", "MethodOption", "MethodSpec", "ProbeBatch",
-           "TokenWeights", "check_combination", "checked", "describe", "method_names", "method_option", "method_spec",
-           "oar_p_floor", "options_for", "own_options", "parse_methods", "probed_rows", "read_by_any", "refuse_unread",
-           "register_method", "scored_tokens", "scoped_values", "unread_options", "unregister_method",
-           "zscore_tokens"]
+           "ResolvedMethod", "TokenWeights", "check_combination", "checked", "describe", "method_names",
+           "method_option", "method_spec", "oar_p_floor", "options_for", "own_options", "parse_methods", "probed_rows",
+           "read_by_any", "refuse_unread", "register_method", "scored_tokens", "scoped_values", "unread_options",
+           "unregister_method", "zscore_tokens"]
 
 ENTRY_POINT_GROUP = "grail.methods"  # a package's `[project.entry-points."grail.methods"]`: name = "module:SPEC"
 BUILTIN_SOURCE = "built-in"
@@ -192,6 +193,14 @@ def own_options(spec: MethodSpec, given) -> dict:
         raise err
 
 
+class ResolvedMethod(NamedTuple):
+    """A method as it runs: its table entry and its options, resolved (its own options parsed, OAR's variant values
+    filled in) and checked. Built once per configuration (`checked`, `GRAILConfig`) and passed along."""
+
+    spec: MethodSpec
+    options: WeightingOptions
+
+
 def check_combination(spec: MethodSpec, options: WeightingOptions, config=None) -> None:
     """ValueError when the method's `check` refuses the combination of `options` (and the run's `config`)."""
     problem = spec.check(options, config) if spec.check is not None else None
@@ -199,15 +208,14 @@ def check_combination(spec: MethodSpec, options: WeightingOptions, config=None) 
         raise ValueError(f"{problem}.")
 
 
-def checked(options: WeightingOptions, config=None, spec: MethodSpec | None = None
-            ) -> tuple[MethodSpec, WeightingOptions]:
+def checked(options: WeightingOptions, config=None, spec: MethodSpec | None = None) -> ResolvedMethod:
     """The method of `options` and the options with its own options resolved; ValueError when the method is unknown,
     an option of its own is bad or belongs to another method, or its `check` refuses the combination (`config`: the
     run's GRAILConfig, if any; `spec`: the method's entry when the caller has looked it up)."""
     spec = method_spec(options.token_weighting) if spec is None else spec
     options = replace(options, method_options=own_options(spec, options.method_options))
     check_combination(spec, options, config)
-    return spec, options
+    return ResolvedMethod(spec, options)
 
 
 def unread_options(spec: MethodSpec, values: Mapping, defaults: Mapping) -> str | None:

@@ -10,23 +10,12 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from grail.options.choices import (
-    OAR_VARIANT_DEFAULTS,
-    AnswerBox,
-    AnswerNllSpan,
-    Distribution,
-    Leaf,
-    Method,
-    OarScope,
-    OarVariant,
     RewardName,
-    RolloutSymmetry,
     SaliencyPath,
     ScoringName,
     WarmStartConfig,
-    WeightingOptions,
-    WeightRescale,
+    WeightingFields,
     WeightsFrom,
-    ZscoreScope,
 )
 from grail.options.sampling import SamplingParams
 from grail.tasks.arithmetic import TaskConfig, TaskStyle
@@ -37,13 +26,11 @@ __all__ = ["GRAILFields", "SYNTHETIC_DATASET", "TINY_MODEL"]
 TINY_MODEL = "tiny"
 SYNTHETIC_DATASET = "synthetic"
 
-_W = WeightingOptions  # defaults of the token-weighting fields
-
-
 @dataclass
-class GRAILFields:
-    """The fields `grail.training.config.GRAILConfig` adds to TRL's `GRPOConfig`, in the order `grail train --help`
-    lists them. A plain dataclass (no TRL): `GRAILConfig` inherits it."""
+class GRAILFields(WeightingFields):
+    """The fields `grail.training.config.GRAILConfig` adds to TRL's `GRPOConfig`: the token-weighting options
+    (`grail.options.choices.WeightingFields`, first) and these, in the order `grail train --help` lists them. A plain
+    dataclass (no TRL): `GRAILConfig` inherits it."""
 
     # ---- model and data -------------------------------------------------------------------------------
     model_name_or_path: str = field(
@@ -112,14 +99,7 @@ class GRAILFields:
                   "stops before any work; --resume_from_checkpoint true continues that run instead (TRL's field: a "
                   "checkpoint directory, or true for the last complete one)."},
     )
-    # ---- token weighting (docs/methods/; defaults = the released values, one home: WeightingOptions) ----
-    token_weighting: Method = field(
-        default=_W.token_weighting,
-        metadata={"help": "How each completion token's share of the advantage is chosen (Â = w·A): a method of the "
-                  "method table. `none` is plain GRPO (w = 1). `grail methods` lists every method (the built-in ones, "
-                  "the literature methods shipped as plug-ins, and any installed plug-in) with what it computes, its "
-                  "cost and its own options; docs/methods/table.md is the same list."},
-    )
+    # ---- token weighting: how the trainer computes the weights (the options: grail.options.choices) ----
     method_options: dict | None = field(
         default=None,
         metadata={"help": "The chosen method's own options (declared by the method: `grail methods`), as a mapping "
@@ -153,109 +133,6 @@ class GRAILFields:
                   "Exact to float rounding (log-probs, entropies, gradients, the fused saliency and the sampled "
                   "tokens, tested on Llama, Qwen3 and Gemma 3); it pays where prompts are long beside completions. "
                   "One process only, activation checkpointing off."},
-    )
-    answer_box: AnswerBox = field(
-        default=_W.answer_box,
-        metadata={"help": "Which complete \\boxed{...} is the answer span 𝒜 of GRAIL (and of OAR's answer_mean): "
-                  "`first` (the GRAIL release) or `last` (the box the reward reads)."},
-    )
-    answer_nll_span: AnswerNllSpan = field(
-        default=_W.answer_nll_span,
-        metadata={"help": "Which tokens of the answer box the probes explain: `box` (the GRAIL release: the "
-                  "whole `\\boxed{...}` string, i.e. the marker tokens, the content and the closing brace) or "
-                  "`content` (only the tokens inside the braces). It is the span of GRAIL's answer NLL ℓ and of "
-                  "OAR's `answer_mean` distribution. The weight overrides do not change: content → weight_max, "
-                  "marker, closing brace and after → weight_mean."},
-    )
-    saliency_leaf: Leaf = field(
-        default=_W.saliency_leaf,
-        metadata={"help": "GRAIL's leaf h, where ‖∂ℓ/∂h ⊙ h‖ is measured: `embeddings` (release), or the hidden "
-                  "state after layer 1 (`first`), after layer L//2 (`middle`), after layer L-1 (`last`)."},
-    )
-    rollout_symmetry: RolloutSymmetry = field(
-        default=_W.rollout_symmetry,
-        metadata={"help": "Rows that get saliency weights (GRAIL and both controls): `wrong` (release: A ≤ 0), "
-                  "`correct` (A > 0), `both`. Other rows get w = 1; the answer-span overrides (w_max inside the "
-                  "box, w_mean from the box marker on) apply to every row with a box."},
-    )
-    weight_mean: float = field(default=_W.weight_mean, metadata={"help": "GRAIL w_mean: w = clip(w_mean + "
-                               "w_std·z, w_min, w_max), z = per-row z-score of log(saliency). Release 1.0."})
-    weight_std: float = field(default=_W.weight_std, metadata={"help": "GRAIL w_std (spread of the weights "
-                              "around w_mean). Release 0.5."})
-    weight_min: float = field(default=_W.weight_min, metadata={"help": "GRAIL w_min (lower clip). Release 0.5."})
-    weight_max: float = field(default=_W.weight_max, metadata={"help": "GRAIL w_max (upper clip; also the "
-                              "weight of the tokens inside the answer box). Release 5.0."})
-    weight_rescale: WeightRescale = field(
-        default=_W.weight_rescale,
-        metadata={"help": "Scale matching, opt-in (neither release has it). `none` (release): the weights as "
-                  "computed. GRAIL's mean weight exceeds 1, mostly because the answer tokens get weight_max, so "
-                  "its mean |Â| exceeds GRPO's |A| (weights/adv_scale_ratio): at a learning rate tuned for GRPO it "
-                  "takes larger steps. `row_mean`: each row's final weights (after the answer-span overrides and "
-                  "the random control's permutation, which does not change a row's mean) are divided by their "
-                  "mean over the row's real tokens. Every row's mean weight is then 1 and its mean |Â| is |A|, so "
-                  "the method only moves GRPO's advantage between tokens. Applies to every method. Uniform rows "
-                  "stay as they are. OAR's reshaping already preserves mass, so only rounding changes there. "
-                  "weights/clip_* still count the clipping before the rescale."},
-    )
-    zscore_scope: ZscoreScope = field(
-        default=_W.zscore_scope,
-        metadata={"help": "The tokens GRAIL's per-row z-score of log(signal) is taken over (grail, random, "
-                  "entropy). `to_answer` is opt-in, not the release. `completion` (release): every real token. "
-                  "That includes the tokens after the answer box: ℓ cannot depend on them, so their saliency is "
-                  "exactly 0 and log(1e-8) ≈ −18.4 pulls the mean down and the std up, which squeezes the "
-                  "reasoning tokens' weights together (on short completions GRAIL nears 'GRPO with the answer "
-                  "tokens × weight_max'; see weights/reasoning_std). `to_answer`: only the tokens up to and "
-                  "including the last token of the answer NLL span (answer_nll_span: the closing brace for `box`, "
-                  "the last content token for `content`). The tokens after it get z = 0 (weight_mean), and the "
-                  "answer-span overrides give them that anyway. Rows without a box are unchanged. Not for "
-                  "oar_g/oar_p: they have no z-score, and oar_scope picks their scored tokens."},
-    )
-    oar_variant: OarVariant = field(
-        default=_W.oar_variant,
-        metadata={"help": "Which OAR to run. `oar_excerpt` (Li et al. 2026, as docs/methods/oar_g.md states it): noise "
-                  "on, and importance read at, each token's own position with the clean embedding; P_final "
-                  "divided by the sampling temperature; τ an interpolated quantile. `grail_release`: the GRAIL "
-                  "release's OAR-G baseline (`qwen3_oar_g.yaml`), exactly: P_0 = softmax of the mean clean logits "
-                  "over the positions predicting the answer box, no temperature; noise and importance at the "
-                  "position that predicts each token, with the noisy embedding; τ = sorted Î at index floor(T·q); "
-                  "oar_g only. Its defaults for oar_scope/oar_quantile/oar_beta: "
-                  + "; ".join(f"{v}: " + ", ".join(f"{k[4:]} {x}" for k, x in d.items())
-                              for v, d in OAR_VARIANT_DEFAULTS.items()) + "."},
-    )
-    oar_scope: OarScope | None = field(
-        default=_W.oar_scope,
-        metadata={"help": "OAR's scored tokens: `reasoning` (OAR release: the text before the box) or "
-                  "`completion` (every token; GRAIL's OAR-G baseline). Unscored tokens keep w = 1. None = "
-                  "oar_variant's value."},
-    )
-    oar_distribution: Distribution = field(
-        default=_W.oar_distribution,
-        metadata={"help": "OAR's answer distribution P_final: `answer_mean` (softmax of the mean logits over the "
-                  "positions that predict the answer span, see answer_nll_span; rows without a box get w = 1) or "
-                  "`last_position` (next-token distribution after the row's last real token; on a finished "
-                  "answer it is near-certain, so every reasoning token's importance is at rounding level)."},
-    )
-    oar_quantile: float | None = field(default=_W.oar_quantile, metadata={"help": "OAR q: τ = q-quantile of the "
-                                       "normalised importance; tokens below τ are damped. OAR release 0.25; "
-                                       "GRAIL's OAR-G baseline 0.4. None = oar_variant's value."})
-    oar_beta: float | None = field(default=_W.oar_beta, metadata={"help": "OAR β: tokens above τ get "
-                                   "1 + β(Î-τ)/(1-τ). OAR release 1.0; GRAIL's OAR-G baseline 2.0. None = "
-                                   "oar_variant's value."})
-    oar_floor: float = field(default=_W.oar_floor, metadata={"help": "OAR: smallest weight of a token below τ "
-                             "(before the mass-preserving rescale). Release 0.1."})
-    oar_noise_std: float = field(default=_W.oar_noise_std, metadata={"help": "OAR-G σ: Gaussian noise on the "
-                                 "scored embeddings (at zero noise the KL has zero gradient). Release 1e-3."})
-    oar_min_importance: float | None = field(
-        default=_W.oar_min_importance,
-        metadata={"help": "OAR-P rounding floor (nats): KL values below it are taken as 0, and a row whose "
-                  "largest KL is below it is uninformative (uniform weights, counted in weights/fallback_rows). "
-                  "None = by the model's dtype: 1e-8 for float32 (measured rounding 2.4e-9), 1e-4 for bf16/fp16 "
-                  "(grail.methods.table.OAR_P_FLOOR); 0 turns it off."},
-    )
-    perturbation_chunk_tokens: int = field(
-        default=_W.perturbation_chunk_tokens,
-        metadata={"help": "OAR-P memory bound: at most this many tokens (copies × sequence length) per batched "
-                  "forward of pad-substituted copies. Larger is faster until memory runs out."},
     )
     # ---- embedded synthetic task and tiny model -------------------------------------------------------
     task_num_steps: int = field(
@@ -373,10 +250,6 @@ class GRAILFields:
                                 num_heldout=self.task_num_heldout, seed=self.task_seed)
         except ValueError as err:
             raise ValueError(f"synthetic task setting: {err} (set task_num_train / task_num_heldout)") from err
-
-    def weighting_options(self) -> WeightingOptions:
-        """The token-weighting fields (and TRL's sampling temperature) as the functional API's options."""
-        return WeightingOptions.from_config(self)
 
     def warm_start_config(self) -> WarmStartConfig:
         """The tiny model's warm-start settings (warmstart_*, tiny_* and task_* fields)."""

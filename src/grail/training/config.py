@@ -21,11 +21,11 @@ import torch
 from trl import GRPOConfig
 
 from grail.methods.spec import SCOPED_OPTIONS, MethodSpec
-from grail.methods.table import check_combination, method_spec, own_options, unread_options
-from grail.options.choices import OAR_VARIANT_DEFAULTS, WeightingOptions
+from grail.methods.table import ResolvedMethod, check_combination, method_spec, own_options, unread_options
+from grail.options.choices import WEIGHTING_FIELDS, WeightingOptions
 from grail.options.fields import TINY_MODEL, GRAILFields
 
-__all__ = ["GRAILConfig", "field_types", "literal_choices"]
+__all__ = ["GRAILConfig", "RESOLVED_FROM", "field_types", "literal_choices"]
 
 
 @dataclass
@@ -85,16 +85,20 @@ class GRAILConfig(GRPOConfig, GRAILFields):
         self.use_cpu = True
 
     def _resolve_method(self) -> None:
-        """The one place a config meets the method table: `token_weighting` is looked up once, the config values
-        it comes with (`MethodSpec.config`) are set where the field is at its default (an explicit other value stays,
-        and the method's check judges it), an option field it does not read is refused, its own options are parsed
-        once, and the `WeightingOptions` are built once. The trainer takes the spec and the options from here
-        (`method`, `weighting_options`); nothing downstream looks the method up or re-parses its options."""
+        """The one place a config meets the method table: `token_weighting` is looked up once; the config values it
+        comes with (`MethodSpec.config`, read by TRL or the trainer) are set where the field is at its default (an
+        explicit other value stays, and the method's check judges it); its own options are parsed and the
+        `WeightingOptions` built and checked once; an option field it does not read is refused. The result is one
+        frozen `ResolvedMethod` (`resolved`); nothing downstream looks the method up or re-parses its options, and the
+        weighting fields are not written back: they keep what the user gave (None for OAR's variant values), and
+        `to_dict` (resolved_config.json) records what ran."""
         spec = method_spec(self.token_weighting)
         defaults = {f.name: f.default for f in fields(GRAILConfig)}
         for name, value in {**spec.config, **({"weights_from": "rollout_policy"} if spec.groups else {})}.items():
             if getattr(self, name) == defaults.get(name):
                 setattr(self, name, value)
+        options = WeightingOptions(**{name: getattr(self, name) for name in WEIGHTING_FIELDS},
+                                   temperature=self.temperature, method_options=own_options(spec, self.method_options))
         if spec.groups and self.weights_from != "rollout_policy":
             raise ValueError(f"token_weighting={spec.name!r} reads every rollout of a group, which only the rollout "
                              f"batch holds; set weights_from='rollout_policy' (or leave it unset).")
@@ -102,51 +106,63 @@ class GRAILConfig(GRPOConfig, GRAILFields):
                                  {name: defaults[name] for name in SCOPED_OPTIONS})
         if problem:
             raise ValueError(problem)
-        self.method_options = own_options(spec, self.method_options)  # the method's own options, parsed here only
-        options = WeightingOptions.from_config(self)  # built here only
         check_combination(spec, options, self)
-        for name in OAR_VARIANT_DEFAULTS[self.oar_variant]:  # None → the variant's value, recorded in the run dir
-            if name in spec.reads:
-                setattr(self, name, getattr(options, name))
-        self._method, self._weighting = spec, options
+        self._resolved = ResolvedMethod(spec, options)
+
+    @property
+    def resolved(self) -> ResolvedMethod:
+        """The method and its options, resolved once when the config was built. After unpickling (TRL saves the
+        config with every checkpoint without the spec, whose functions need not pickle) the spec is looked up by
+        name again; the options travel with the config."""
+        resolved = self.__dict__.get("_resolved")
+        if resolved is None:
+            if "_options" not in self.__dict__:
+                raise RuntimeError("GRAILConfig: the token-weighting options were not resolved (a config built "
+                                   "without __post_init__); build it with GRAILConfig(...).")
+            resolved = self.__dict__["_resolved"] = ResolvedMethod(method_spec(self.token_weighting),
+                                                                   self.__dict__["_options"])
+        return resolved
 
     @property
     def method(self) -> MethodSpec:
-        """The `token_weighting` method's table entry, looked up once when the config was built."""
-        spec = self.__dict__.get("_method")
-        if spec is None or spec.name != self.token_weighting:  # unpickled (the spec is not pickled), or changed
-            self._fresh()
-            spec = self.__dict__["_method"] = method_spec(self.token_weighting)
-        return spec
+        """The `token_weighting` method's table entry (`resolved.spec`)."""
+        return self.resolved.spec
 
     def weighting_options(self) -> WeightingOptions:
-        """The token-weighting options, built once when the config was built (its own options resolved)."""
-        self._fresh()
-        return self._weighting
+        """The token-weighting options as they run (`resolved.options`)."""
+        return self.resolved.options
 
-    def _fresh(self) -> None:
-        """A weighting field changed after the config was built: the options built then would be stale."""
-        options = self.__dict__.get("_weighting")
-        if options is None:
-            raise RuntimeError("GRAILConfig: the token-weighting options were not resolved (a config built without "
-                               "__post_init__); build it with GRAILConfig(...).")
-        changed = [name for name in WeightingOptions.__dataclass_fields__
-                   if getattr(options, name) != getattr(self, name) and getattr(self, name) is not None]
-        if changed:
-            raise ValueError(f"GRAILConfig.{changed[0]} was changed after the config was built "
-                             f"({getattr(self, changed[0])!r}; the config resolved {getattr(options, changed[0])!r}); "
-                             f"build a new config instead, e.g. dataclasses.replace(cfg, {changed[0]}=...).")
+    def __setattr__(self, name, value):
+        """A field the resolved options were built from cannot change afterwards: they would no longer say what
+        runs."""
+        if name in RESOLVED_FROM and self.__dict__.keys() & {"_resolved", "_options"}:
+            raise AttributeError(f"GRAILConfig.{name}={value!r}: the token-weighting options were resolved when the "
+                                 f"config was built, so a change now would not run; build a new config with the value "
+                                 f"(GRAILConfig(..., {name}={value!r}), or grail.training.overrides.build_config).")
+        super().__setattr__(name, value)
+
+    def to_dict(self) -> dict:
+        """TRL's `to_dict`, with the weighting fields the method reads as they run: OAR's variant values where the
+        field was left None, the method's own options with their defaults (resolved_config.json records this)."""
+        if not self.__dict__.keys() & {"_resolved", "_options"}:  # TRL's own __post_init__, before the resolution
+            return super().to_dict()
+        spec, options = self.resolved
+        read = {*spec.reads, "method_options"} & {f.name for f in fields(options)}
+        return {**super().to_dict(), **{name: getattr(options, name) for name in sorted(read)}}
 
     def __getstate__(self) -> dict:
-        """Pickled (TRL saves the config with every checkpoint) without the method's spec, whose functions need not
-        pickle (a plug-in registered from a script); `method` looks it up again after unpickling."""
+        """Pickled without the method's spec (see `resolved`)."""
         state = dict(self.__dict__)
-        state.pop("_method", None)
+        resolved = state.pop("_resolved", None)
+        if resolved is not None:
+            state["_options"] = resolved.options
         return state
 
     def _check_choices(self) -> None:
+        """Each `Literal` field's value is one of its choices (the weighting fields' are checked where the options are
+        built, `WeightingOptions`)."""
         for f in fields(GRAILConfig):
-            choices = literal_choices(f.name)
+            choices = () if f.name in WEIGHTING_FIELDS else literal_choices(f.name)
             if choices and getattr(self, f.name) not in choices:
                 raise ValueError(f"{f.name}={getattr(self, f.name)!r} is not a valid choice; "
                                  f"set {f.name} to one of {', '.join(map(repr, choices))}.")
@@ -155,6 +171,10 @@ class GRAILConfig(GRPOConfig, GRAILFields):
         for name in names:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be >= 1.")
+
+
+# the fields the resolved method is built from (`GRAILConfig._resolve_method`)
+RESOLVED_FROM = frozenset((*WEIGHTING_FIELDS, "method_options", "temperature", "weights_from", "saliency_path"))
 
 
 @functools.cache

@@ -14,16 +14,19 @@ left padding and two prompts in one micro-batch included.
 What it saves: with a prompt of P tokens, completions of T and a micro-batch of B rows of one prompt, the loss computes
 P + B·(T + 1) positions instead of B·(P + T).
 
-What it needs (`GRAILTrainer` refuses the rest before training): one process (no DDP, DeepSpeed or FSDP wrapper between
-the two passes) and activation checkpointing off (transformers turns the cache off under it). Micro-batches with
-multimodal inputs or an MoE aux loss, and micro-batches where no two rows share a prompt, take TRL's plain forward.
+`SharedPromptForward` is the trainer's side: the overrides of TRL's log-prob forward and generation that call these.
+
+What it needs (`GRAILTrainer` refuses the rest before training: `grail.training.paths.check_shared_prompt`): one
+process (no DDP, DeepSpeed or FSDP wrapper between the two passes) and activation checkpointing off (transformers turns
+the cache off under it). Micro-batches with multimodal inputs or an MoE aux loss, and micro-batches where no two rows
+share a prompt, take TRL's plain forward.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["prompt_groups", "shared_prefill", "shared_prompt_logps"]
+__all__ = ["SharedPromptForward", "prompt_groups", "shared_prefill", "shared_prompt_logps"]
 
 
 def prompt_groups(input_ids_BL: torch.Tensor, attention_mask_BL: torch.Tensor,
@@ -104,3 +107,56 @@ def shared_prefill(model, generate):
         return generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=generation_config,
                         past_key_values=cache, **kwargs)
     return call
+
+
+class SharedPromptForward:
+    """The trainer's side of shared_prompt (`GRAILTrainer` mixes it in before TRL's `GRPOTrainer`): TRL's log-prob
+    forward (the trainer's seam S3) and generation (S5), each computing a distinct prompt once when shared_prompt is
+    on, and TRL's own otherwise. `forward_chunks`: the model passes of each chunk of the latest log-prob forward (2:
+    the prompt shared)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.forward_chunks: list[int] = []
+
+    @property
+    def forward_passes(self) -> int:
+        """Model passes of the latest log-prob forward (a chunk with its prompt shared makes 2)."""
+        return sum(self.forward_chunks)
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                                           compute_entropy=False, compute_aux_loss=False, **extra):  # S3
+        """TRL's log-prob forward; with shared_prompt, each distinct prompt of a chunk runs once and its rows run only
+        their completions against its cache (`shared_prompt_logps`). Multimodal inputs, the MoE aux loss, and
+        chunks where no two rows share a prompt take TRL's own forward. `forward_chunks`: the passes of each chunk."""
+        plain = super()._get_per_token_logps_and_entropies
+        size = batch_size or input_ids.size(0)
+        if not self.args.shared_prompt or compute_aux_loss or any(value is not None for value in extra.values()):
+            self.forward_chunks = [1] * -(-input_ids.size(0) // size)  # TRL's chunks, one pass each
+            return plain(model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
+                         compute_aux_loss, **extra)
+        logps, entropies, self.forward_chunks = [], [], []
+        for start in range(0, input_ids.size(0), size):
+            ids_BL, mask_BL = input_ids[start:start + size], attention_mask[start:start + size]
+            groups = prompt_groups(ids_BL, mask_BL, logits_to_keep)
+            if groups is None:
+                part = plain(model, ids_BL, mask_BL, logits_to_keep, compute_entropy=compute_entropy)[:2]
+            else:
+                part = shared_prompt_logps(model, ids_BL, mask_BL, logits_to_keep, *groups,
+                                                         compute_entropy, self.accelerator.autocast)
+            self.forward_chunks.append(1 if groups is None else 2)
+            logps.append(part[0])
+            entropies.append(part[1])
+        return torch.cat(logps), (torch.cat(entropies) if compute_entropy else None), None
+
+    def _generate_single_turn(self, prompt_ids, *args, **kwargs):
+        """TRL's generation; with shared_prompt and transformers' own generate (no vLLM, no continuous batching), each
+        distinct prompt's prefill runs once for its rows (`shared_prefill`)."""
+        if not self.args.shared_prompt or self.use_vllm or self.use_transformers_continuous_batching:
+            return super()._generate_single_turn(prompt_ids, *args, **kwargs)
+        model = self.accelerator.unwrap_model(self.model)  # what TRL's unwrap_model_for_generation yields here
+        model.generate = shared_prefill(model, model.generate)  # an instance attribute, this call only
+        try:
+            return super()._generate_single_turn(prompt_ids, *args, **kwargs)
+        finally:
+            del model.generate

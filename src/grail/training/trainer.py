@@ -32,8 +32,9 @@ The seam to TRL. Everything this module relies on that TRL does not document, in
       `_load_rng_state(checkpoint)` once when resuming from one: the trainer's own generator rides along with the
       RNG states saved there (tests/test_resume.py resumes a `random` run to the uninterrupted result).
 The fused path checks S3 at run time too (a wrong count or an early read of `advantages` stops the step). With
-shared_prompt, the trainer's own `_get_per_token_logps_and_entropies` computes each distinct prompt once and calls
-TRL's where nothing is shared (grail.training.shared_prompt).
+shared_prompt, the mixed-in `grail.training.shared_prompt.SharedPromptForward` overrides S3's and S5's methods: each
+distinct prompt is computed once, and TRL's own run where nothing is shared. Which path a setup can take, and what is
+refused before the first step, are plain functions in `grail.training.paths`.
 """
 
 from __future__ import annotations
@@ -52,9 +53,10 @@ from grail.methods.spans import AnswerSpans
 from grail.methods.spec import TokenWeights
 from grail.methods.weight_metrics import WeightSums, pooled_metrics
 from grail.methods.weighting import batch_spans, fused_signal, probe_rows, token_weights, weights_from_signal
-from grail.training import shared_prompt
+from grail.training import paths
 from grail.training.engines import dropped_engine, refuse_if_unshardable, sharded_by
 from grail.training.resume import load_generator, save_generator
+from grail.training.shared_prompt import SharedPromptForward
 
 __all__ = ["GRAILTrainer"]
 
@@ -76,94 +78,56 @@ class _AdvantagesWatch(dict):
         return super().__getitem__(key)
 
 
-class GRAILTrainer(GRPOTrainer):
+class GRAILTrainer(SharedPromptForward, GRPOTrainer):
     """GRPOTrainer whose policy-gradient advantage is per token: Â_{i,t} = w_{i,t} · A_i."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        if not hasattr(self.args, "weighting_options"):
+        if not hasattr(self.args, "resolved"):
             raise TypeError(f"GRAILTrainer needs a grail.training.config.GRAILConfig as args (it carries the "
                             f"token-weighting fields), got {type(self.args).__name__}; build one with "
                             "GRAILConfig(...).")
-        self.weighting, self.method = self.args.weighting_options(), self.args.method  # resolved once, by the config
+        self.method, self.weighting = self.args.resolved  # resolved once, by the config
         dropped = dropped_engine(os.environ, self.accelerator.distributed_type.name)
         if dropped and self.accelerator.is_main_process:
             warnings.warn(f"grail: {dropped}.", stacklevel=2)
-        refuse_if_unshardable(self.method, sharded_by(self))
-        self._check_probe_reaches_the_model()
+        sharded = sharded_by(self)
+        refuse_if_unshardable(self.method, sharded)
+        paths.check_probe_reaches_the_model(self.method, self.accelerator.unwrap_model(self.model),
+                                            self.weighting.saliency_leaf)
         device = self.accelerator.device
         self._generator = torch.Generator(device=device).manual_seed(self.args.seed + self.accelerator.process_index)
         self.weight_sums = WeightSums(self.weighting.weight_min, self.weighting.weight_max,
                                       count_clips=self.weighting.weight_rescale != "none")
         self.fused_unavailable = self._fused_unavailable_reason()
-        if self.args.saliency_path == "fused" and self.fused_unavailable:
-            raise ValueError(f"saliency_path='fused' cannot work here: {self.fused_unavailable}. Use "
-                             f"saliency_path='auto' (falls back to a separate pass) or 'separate'.")
+        paths.check_fused_request(self.args.saliency_path, self.fused_unavailable)
         self.last_token_weights: TokenWeights | None = None  # the latest micro-batch's weights (inspection, tests)
-        self.forward_chunks: list[int] = []  # the latest log-prob forward: model passes per chunk (2: prompt shared)
-        self._check_shared_prompt()
+        paths.check_shared_prompt(self.args.shared_prompt, self.accelerator.num_processes,
+                                  sharded or ("DeepSpeed" if getattr(self, "is_deepspeed_enabled", False) else None),
+                                  self._checkpointing())
 
-    @property
-    def forward_passes(self) -> int:
-        """Model passes of the latest log-prob forward (a chunk with its prompt shared makes 2)."""
-        return sum(self.forward_chunks)
-
-    def _check_shared_prompt(self) -> None:
-        """shared_prompt=true needs one process and no activation checkpointing (grail.training.shared_prompt);
-        refused before any step otherwise."""
-        if not self.args.shared_prompt:
-            return
-        why = None
-        engine = sharded_by(self) or ("DeepSpeed" if getattr(self, "is_deepspeed_enabled", False) else None)
-        if self.accelerator.num_processes > 1 or engine:
-            why = (f"it runs on one process without an engine wrapper only (this launch: "
-                   f"{self.accelerator.num_processes} process(es), {engine or 'DDP'})")
-        elif self.args.activation_checkpointing or self.args.gradient_checkpointing:
-            why = ("transformers turns the KV cache off under activation checkpointing; set activation_checkpointing "
-                   "false")
-        if why:
-            raise ValueError(f"shared_prompt=true cannot work here: {why}. Set shared_prompt false (the default).")
-
-    def _check_probe_reaches_the_model(self) -> None:
-        """Before any step: a method with a probe needs the model's input embeddings (the saliency leaf by default,
-        OAR-G's perturbation point) and, for saliency, the chosen leaf; a model without them is refused now, with
-        the probes' message naming the accessor to add, instead of at the first probe."""
-        if self.method.probe is None or not self.method.calls_model:
-            return
-        model = self.accelerator.unwrap_model(self.model)
-        probes.leaf_module(model, "embeddings")
-        if self.method.fuse == "saliency":
-            probes.leaf_module(model, self.weighting.saliency_leaf)
-
-    # ---- which path ---------------------------------------------------------------------------------------
+    # ---- which path (grail.training.paths) ---------------------------------------------------------------------
     def _fused_unavailable_reason(self) -> str | None:
         """None if the fused path can run for this method and setup, else why not."""
-        if self.method.fuse is None:
-            return f"token_weighting={self.method.name!r} has no saliency or entropy signal to fuse"
-        if self.args.saliency_path == "separate":
-            return "saliency_path='separate'"
-        if self.args.weights_from != "current_policy":
-            return "weights_from='rollout_policy' computes weights at generation time, outside the training forward"
-        if self.method.fuse == "entropy":
-            return None  # TRL's forward computes the entropies anyway
         model = self.accelerator.unwrap_model(self.model)
-        if is_peft_model(model):
-            return "a PEFT/LoRA model (frozen base embeddings, adapter-wrapped modules)"
-        sharded = sharded_by(self)
-        if sharded:
-            return f"{sharded} (parameters are gathered and released around each module)"
-        if getattr(self, "is_deepspeed_enabled", False):
-            return ("DeepSpeed (its engine hooks the model's outputs and takes any backward through them for the "
-                    "training backward: the fused saliency's gradient query puts ZeRO-1/2's gradient buckets out of "
-                    "step, an IndexError in reduce_ipg_grads with deepspeed 0.19.8)")
-        if self.reentrant_checkpointing():
-            return ("reentrant activation checkpointing (use_reentrant=True: its segments answer only .backward(), "
-                    "not a gradient query; non-reentrant checkpointing, transformers' default, fuses)")
-        leaf = probes.leaf_module(model, self.weighting.saliency_leaf)
-        upstream = [model.get_input_embeddings(), leaf]
-        if not any(p.requires_grad for module in upstream for p in module.parameters()):
-            return "frozen embeddings (the leaf is not part of the training graph)"
-        return None
+
+        def leaf_trainable() -> bool:
+            upstream = [model.get_input_embeddings(), probes.leaf_module(model, self.weighting.saliency_leaf)]
+            return any(p.requires_grad for module in upstream for p in module.parameters())
+
+        return paths.fused_unavailable_reason(
+            self.method, self.args.saliency_path, self.args.weights_from, peft=is_peft_model(model),
+            sharded=sharded_by(self), deepspeed=getattr(self, "is_deepspeed_enabled", False),
+            reentrant=self.reentrant_checkpointing(), leaf_trainable=leaf_trainable)
+
+    def _checkpointing(self) -> bool:
+        return bool(self.args.activation_checkpointing or self.args.gradient_checkpointing)
+
+    def reentrant_checkpointing(self) -> bool:
+        """Activation checkpointing is on with use_reentrant=True (`paths.reentrant_checkpointing`)."""
+        return paths.reentrant_checkpointing(self._checkpointing(), self.args.activation_checkpointing_kwargs
+                                             or self.args.gradient_checkpointing_kwargs)
+
 
     # ---- masks and spans ------------------------------------------------------------------------------------
     @staticmethod
@@ -192,14 +156,6 @@ class GRAILTrainer(GRPOTrainer):
     def _mode(self) -> str:
         return "train" if self.model.training else "eval"
 
-    def reentrant_checkpointing(self) -> bool:
-        """Activation checkpointing is on with use_reentrant=True (TRL forces it for PEFT + ZeRO-3). Non-reentrant
-        checkpointing (transformers 5's default) recomputes inside autograd, so gradient queries work through it."""
-        if not (self.args.activation_checkpointing or self.args.gradient_checkpointing):
-            return False
-        kwargs = self.args.activation_checkpointing_kwargs or self.args.gradient_checkpointing_kwargs or {}
-        return bool(kwargs.get("use_reentrant", False))
-
     @contextmanager
     def _probe_context(self, model):
         """Around a separate probe: reentrant checkpointing refuses `torch.autograd.grad`, so it is switched off on
@@ -224,43 +180,6 @@ class GRAILTrainer(GRPOTrainer):
         if self.args.weights_from == "rollout_policy":
             output.update(self._rollout_weights(output, mask_BT, spans).as_batch_entries())
         return output
-
-    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
-                                           compute_entropy=False, compute_aux_loss=False, **extra):  # S3
-        """TRL's log-prob forward; with shared_prompt, each distinct prompt of a chunk runs once and its rows run only
-        their completions against its cache (grail.training.shared_prompt). Multimodal inputs, the MoE aux loss, and
-        chunks where no two rows share a prompt take TRL's own forward. `forward_chunks`: the passes of each chunk."""
-        plain = super()._get_per_token_logps_and_entropies
-        size = batch_size or input_ids.size(0)
-        if not self.args.shared_prompt or compute_aux_loss or any(value is not None for value in extra.values()):
-            self.forward_chunks = [1] * -(-input_ids.size(0) // size)  # TRL's chunks, one pass each
-            return plain(model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
-                         compute_aux_loss, **extra)
-        logps, entropies, self.forward_chunks = [], [], []
-        for start in range(0, input_ids.size(0), size):
-            ids_BL, mask_BL = input_ids[start:start + size], attention_mask[start:start + size]
-            groups = shared_prompt.prompt_groups(ids_BL, mask_BL, logits_to_keep)
-            if groups is None:
-                part = plain(model, ids_BL, mask_BL, logits_to_keep, compute_entropy=compute_entropy)[:2]
-            else:
-                part = shared_prompt.shared_prompt_logps(model, ids_BL, mask_BL, logits_to_keep, *groups,
-                                                         compute_entropy, self.accelerator.autocast)
-            self.forward_chunks.append(1 if groups is None else 2)
-            logps.append(part[0])
-            entropies.append(part[1])
-        return torch.cat(logps), (torch.cat(entropies) if compute_entropy else None), None
-
-    def _generate_single_turn(self, prompt_ids, *args, **kwargs):
-        """TRL's generation; with shared_prompt and transformers' own generate (no vLLM, no continuous batching), each
-        distinct prompt's prefill runs once for its rows (grail.training.shared_prompt.shared_prefill)."""
-        if not self.args.shared_prompt or self.use_vllm or self.use_transformers_continuous_batching:
-            return super()._generate_single_turn(prompt_ids, *args, **kwargs)
-        model = self.accelerator.unwrap_model(self.model)  # what TRL's unwrap_model_for_generation yields here
-        model.generate = shared_prompt.shared_prefill(model, model.generate)  # an instance attribute, this call only
-        try:
-            return super()._generate_single_turn(prompt_ids, *args, **kwargs)
-        finally:
-            del model.generate
 
     def _compute_loss(self, model, inputs):  # S2
         adv_B = inputs["advantages"]

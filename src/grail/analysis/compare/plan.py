@@ -10,8 +10,9 @@ are paired by seed. Everything else is the base config: evaluation settings come
 so every arm is measured the same way.
 
 Comparison directory (`--output_dir`):
-    compare.json                the plan (arms, seeds, base config and where it came from, seed fields, sweeps,
-                                evaluation); a rerun with other arguments is refused; `--resume DIR` reruns it
+    compare.json                the plan (arms, each with its configuration as its runs resolve it, seeds, base config
+                                and where it came from, seed fields, sweeps, evaluation); a rerun with other arguments
+                                is refused; `--resume DIR` reruns it
     before_rl.json, before_rl/  the starting model's evaluation before RL, once (grail.analysis.compare.start)
     auroc_warmstart.json        with auroc_rows: the saliency AUROC of each arm's start, {arm label: {...}}
     runs/<arm-slug>/seed<s>/    one `grail train` run directory (grail.training.run), plus compare.log (its training and
@@ -36,6 +37,7 @@ from pathlib import Path
 from grail.analysis.compare.auroc import TASK_SET, AurocPlan
 from grail.analysis.compare.run import (
     EXTRA_EVALUATIONS,
+    arm_record,
     lock,
     run_one,
     run_values,
@@ -184,13 +186,18 @@ def make_plan(arms: list[Arm], seeds: int, base: dict, out_dir: str | Path, auro
     # shared options go to the arms that read them; one that no arm reads would do nothing
     refuse_unread(base, [METHODS[a.method] for a in arms], "the arms' methods",
                   "set it on an arm that reads it (METHOD@{key}=VALUE)")
-    for arm in plan["arms"]:
+    for arm in plan["arms"]:  # each arm's configuration, resolved once and recorded: the comparison reads it there
         try:
-            build_config(run_values(plan, arm, first_seed, out_dir))
+            arm["resolved"] = arm_record(build_config(run_values(plan, arm, first_seed, out_dir)), seed_fields)
         except ValueError as err:
             raise ValueError(f"arm {arm['label']!r}: {err}") from err
     plan["protocol"] = _protocol(build_config(run_values(plan, None, first_seed, out_dir)))
     return plan
+
+
+def _as_given(arm: dict) -> dict:
+    """An arm of the plan without its record of what it resolves to (`run.arm_record`)."""
+    return {k: v for k, v in arm.items() if k != "resolved"}
 
 
 def check_plan(plan: dict, out_dir: str | Path) -> None:
@@ -208,6 +215,8 @@ def check_plan(plan: dict, out_dir: str | Path) -> None:
             name = sorted(k for k in set(old) | set(new) if old.get(k, "<unset>") != new.get(k, "<unset>"))[0]
             key, old, new = f"config field {name}", old.get(name, "<unset>"), new.get(name, "<unset>")
         elif key == "arms":
+            if not any("resolved" in a for a in old) and old == [_as_given(a) for a in new]:
+                continue  # a plan of an earlier grail-rl, which did not record what its arms resolve to
             old, new = [a["label"] for a in old], [a["label"] for a in new]
             if old == new:
                 key, old, new = "arm fields", stored["arms"], plan["arms"]

@@ -24,18 +24,21 @@ import json
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from grail.analysis.compare.auroc import AurocPlan, run_auroc
 from grail.analysis.compare.summary import CHECKPOINT_AUROC_FILE, EXTRA_METRICS_FILE, RESULT_FILE, run_path
 from grail.methods.table import METHODS, scoped_values
 from grail.options.checkpoint_dirs import checkpoint_dirs
+from grail.options.choices import WEIGHTING_FIELDS, WeightingOptions
+from grail.options.fields import GRAILFields
 from grail.training.config import GRAILConfig
 from grail.training.overrides import build_config
 from grail.training.resume import RUN_FILES, complete_checkpoints
 
-__all__ = ["EXTRA_EVALUATIONS", "LOG_FILE", "Log", "TRAINED_FILE", "checkpoint_auroc", "drop_checkpoints",
-           "evaluate_model", "lock", "run_one", "run_values", "write_json"]
+__all__ = ["ArmConfig", "EXTRA_EVALUATIONS", "LOG_FILE", "Log", "TRAINED_FILE", "arm_config", "arm_record",
+           "checkpoint_auroc", "drop_checkpoints", "evaluate_model", "lock", "run_one", "run_values", "write_json"]
 
 Log = Callable[[str], None]
 TRAINED_FILE = "compare_trained.json"
@@ -54,6 +57,39 @@ def run_values(plan: dict, arm: dict | None, seed: int, out_dir: str | Path) -> 
     values.update({name: seed for name in plan["seed_fields"]})
     values["output_dir"] = str(run_path(out_dir, arm["slug"], seed) if arm is not None else Path(out_dir))
     return values
+
+
+@dataclass
+class ArmConfig(GRAILFields):
+    """One arm's configuration as its runs resolve it, less the seed fields: grail's fields (the token-weighting ones
+    as they run: OAR's variant values, the method's own options with their defaults) and the TRL fields the comparison
+    reads of an arm besides training. The plan records it for each arm (compare.json's arms[i]["resolved"], written
+    by `make_plan`); the comparison's starts, data, steps and saliency AUROC read it there (`arm_config`), while
+    training and evaluation build each run's whole config (`run_values`)."""
+
+    temperature: float = 1.0
+    max_steps: int = -1
+
+    def weighting_options(self) -> WeightingOptions:
+        """The arm's token-weighting options, as its runs' configs resolve them."""
+        return WeightingOptions(**{name: getattr(self, name) for name in WEIGHTING_FIELDS},
+                                temperature=self.temperature, method_options=dict(self.method_options or {}))
+
+
+def arm_record(cfg: GRAILConfig, seed_fields) -> dict:
+    """The plan's record of an arm (`ArmConfig`'s fields, less `seed_fields`) from one of its runs' configs."""
+    values = cfg.to_dict()  # the weighting fields as they run
+    return json.loads(json.dumps({f.name: values[f.name] for f in fields(ArmConfig) if f.name not in seed_fields}))
+
+
+def arm_config(plan: dict, arm: dict, out_dir: str | Path) -> ArmConfig:
+    """An arm's configuration as its runs resolve it: the plan's record, or, for a plan written before plans recorded
+    it, the same record made now from the arm's config at its first seed."""
+    record = arm.get("resolved")
+    if record is None:
+        cfg = build_config(run_values(plan, arm, plan.get("first_seed", 0), out_dir))
+        record = arm_record(cfg, plan["seed_fields"])
+    return ArmConfig(**record)
 
 
 def write_json(path: Path, data: dict) -> None:
@@ -243,7 +279,7 @@ def checkpoint_auroc(plan: dict, out_dir: str | Path, slug: str, seed: int, log:
     missing = [(step, c) for step, c in checkpoint_dirs(run_dir) if c in complete and str(step) not in found]
     if not missing:
         return found
-    cfg = build_config(run_values(plan, arm, seed, out_dir))
+    cfg = arm_config(plan, arm, out_dir)
     auroc = AurocPlan.of(plan)
     final_step, final = _final_auroc(run_dir, cfg, auroc)
     for step, checkpoint in missing:
@@ -256,7 +292,7 @@ def checkpoint_auroc(plan: dict, out_dir: str | Path, slug: str, seed: int, log:
     return found
 
 
-def _final_auroc(run_dir: Path, cfg: GRAILConfig, auroc: AurocPlan) -> tuple[int | None, dict[str, float]]:
+def _final_auroc(run_dir: Path, cfg: ArmConfig, auroc: AurocPlan) -> tuple[int | None, dict[str, float]]:
     """(the step training ended at, the final model's run_auroc values from extra_metrics.json), or (None, {}) while
     either file is missing. Training saves final/ after its last step, so checkpoint-<that step> has the same
     weights."""

@@ -29,6 +29,7 @@ from grail.analysis.compare.report import write_report
 from grail.analysis.compare.run import (
     LOG_FILE,
     Log,
+    arm_config,
     checkpoint_auroc,
     drop_checkpoints,
     lock,
@@ -44,7 +45,6 @@ from grail.analysis.compare.summary import (
     run_path,
 )
 from grail.options.fields import SYNTHETIC_DATASET
-from grail.training.overrides import build_config
 
 __all__ = ["report_only", "reported_jobs", "run_comparison", "run_worker"]
 
@@ -103,9 +103,9 @@ class _Progress:
             slug, seed = name.rsplit("/seed", 1)
             arm = next(a for a in self.plan["arms"] if a["slug"] == slug)
             step = _latest_step(run_path(self.out_dir, slug, int(seed)), since=self.wall_start[name])
-            if step is not None:
-                steps.append(f"{arm['label']}/seed{seed} step {step}/"
-                             f"{run_values(self.plan, arm, int(seed), self.out_dir).get('max_steps', '?')}")
+            if step is not None:  # the arm's record, or an earlier plan's raw values
+                values = arm.get("resolved") or run_values(self.plan, arm, int(seed), self.out_dir)
+                steps.append(f"{arm['label']}/seed{seed} step {step}/{values.get('max_steps', '?')}")
         return text + (f" | {', '.join(steps)}" if steps else "")
 
     def started(self, name: str) -> None:
@@ -161,7 +161,7 @@ def _prepare(plan: dict, out_dir: Path, log: Log) -> None:
     warm_auroc = json.loads(auroc_path.read_text()) if auroc_path.is_file() else {}
     if not all(isinstance(v, dict) for v in warm_auroc.values()):
         warm_auroc = {}  # the one-warm-start format of earlier versions: recompute, per arm
-    configs = {arm["label"]: build_config(run_values(plan, arm, 0, out_dir)) for arm in plan["arms"]}
+    configs = {arm["label"]: arm_config(plan, arm, out_dir) for arm in plan["arms"]}
     seen = set()
     for cfg in configs.values():
         data = ("data", cfg.dataset, cfg.dataset_config, cfg.dataset_split, cfg.prompt_column, cfg.answer_column,

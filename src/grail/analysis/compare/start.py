@@ -23,11 +23,10 @@ import json
 import time
 from pathlib import Path
 
-from grail.analysis.compare.run import Log, evaluate_model, run_values, write_json
+from grail.analysis.compare.run import ArmConfig, Log, arm_config, evaluate_model, write_json
 from grail.analysis.compare.summary import BEFORE_RL_FILE
 from grail.models.pretrained import REAL_MODELS
 from grail.options.fields import SYNTHETIC_DATASET, TINY_MODEL
-from grail.training.overrides import build_config
 
 __all__ = ["BEFORE_RL_DIR", "describe_setting", "describe_start", "evaluate_starts", "start_groups"]
 
@@ -43,12 +42,12 @@ def _start_key(cfg) -> dict:
     return key
 
 
-def start_groups(plan: dict, out_dir: str | Path) -> dict[str, tuple[object, list[str]]]:
-    """{start id: (the first arm's GRAILConfig at seed 0, [arm labels that start there])}, in plan order. The id is a
-    digest of the start's settings, so it stays the same across reruns."""
-    groups: dict[str, tuple[object, list[str]]] = {}
+def start_groups(plan: dict, out_dir: str | Path) -> dict[str, tuple[ArmConfig, list[str]]]:
+    """{start id: (the first arm's configuration, [arm labels that start there])}, in plan order. The id is a digest
+    of the start's settings, so it stays the same across reruns."""
+    groups: dict[str, tuple[ArmConfig, list[str]]] = {}
     for arm in plan["arms"]:
-        cfg = build_config(run_values(plan, arm, 0, out_dir))
+        cfg = arm_config(plan, arm, out_dir)
         digest = hashlib.sha256(json.dumps(_start_key(cfg), sort_keys=True).encode()).hexdigest()[:10]
         groups.setdefault(f"start-{digest}", (cfg, []))[1].append(arm["label"])
     return groups
@@ -94,7 +93,7 @@ def describe_setting(plan: dict, out_dir: str | Path) -> dict:
     """The report's first lines, from the plan: each start (with its arms), the training data, the steps and where
     the base config came from."""
     groups = start_groups(plan, out_dir)
-    cfgs = [build_config(run_values(plan, arm, 0, out_dir)) for arm in plan["arms"]]
+    cfgs = [arm_config(plan, arm, out_dir) for arm in plan["arms"]]
     data = list(dict.fromkeys(_data_text(c) for c in cfgs))
     steps = sorted({c.max_steps for c in cfgs})
     return {"starts": [{"id": sid, "arms": arms, **describe_start(cfg)} for sid, (cfg, arms) in groups.items()],
