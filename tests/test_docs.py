@@ -17,9 +17,16 @@ SHARED = b"../shared/"
 
 
 def _hook():
+    """docs/hooks/generate.py loaded as mkdocs loads a hook: its own folder on sys.path while it runs (it imports the
+    hook modules beside it)."""
     spec = importlib.util.spec_from_file_location("docs_hook", REPO / "docs" / "hooks" / "generate.py")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    saved = sys.path.copy()
+    sys.path.insert(0, str(REPO / "docs" / "hooks"))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path[:] = saved
     return module
 
 

@@ -29,6 +29,10 @@ import types
 import typing
 from pathlib import Path
 
+# the hook's own folder is on sys.path while mkdocs loads it (tests/test_docs.py loads it the same way)
+from hook_text import code_span, escape, first_sentence
+from method_pages import method_contract, methods
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "src" / "grail"
 LAYER_TEST = ROOT / "tests" / "test_layers.py"
@@ -36,50 +40,17 @@ MARKER = re.compile(r"^<!-- grail:([a-z-]+)((?:\s+\w+=\"[^\"]*\")*)\s*-->$", re.
 ARG = re.compile(r"(\w+)=\"([^\"]*)\"")
 
 
-# ----------------------------------------------------------------------------------------------- text helpers
-
-def _escape(text: str) -> str:
-    """Markdown-safe prose for a table cell or a paragraph: `&`, `<`, `>`, `*`, brackets and `|` escaped outside
-    code spans; a code span holding `|` becomes HTML (a table would split it, and `\\|` shows inside code)."""
-    parts = re.split(r"(`[^`]*`)", text)
-    out = []
-    for i, part in enumerate(parts):
-        if i % 2 == 0:
-            part = part.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("*", r"\*")
-            part = part.replace("[", r"\[").replace("]", r"\]").replace("|", r"\|")
-        elif "|" in part:
-            part = _code(part[1:-1])
-        out.append(part)
-    return "".join(out)
-
-
-def _code(text: str) -> str:
-    """An inline code span, as HTML where it holds `|` or a backtick (safe in a table cell)."""
-    if "|" in text or "`" in text:
-        inner = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "&#124;")
-        return f"<code>{inner}</code>"
-    return f"`{text}`"
-
-
-def _first_sentence(doc: str | None) -> str:
-    if not doc:
-        return ""
-    paragraph = " ".join(doc.strip().split("\n\n")[0].split()).replace("``", "`")
-    match = re.match(r"(.+?[.])\s+(?=[A-Z])", paragraph)
-    return match.group(1) if match else paragraph
-
-
 # ----------------------------------------------------------------------------------------------- config fields
 
 def _type_text(hint) -> str:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is typing.Literal:
-        return " \\| ".join(_code(str(a)) for a in args)
+        return " \\| ".join(code_span(str(a)) for a in args)
     if origin in (typing.Union, types.UnionType):
         return " \\| ".join(_type_text(a) for a in args)
     if hint is type(None):
         return "`None`"
-    return _code(getattr(hint, "__name__", str(hint)))
+    return code_span(getattr(hint, "__name__", str(hint)))
 
 
 def _declared_sections(cls: type) -> list[tuple[str, str, list[str]]]:
@@ -116,13 +87,13 @@ def config_fields(only: str = "", skip: str = "") -> str:
             continue
         out += [f"## {title}", ""]
         if note:
-            out += [f"*{_escape(note)}*", ""]
+            out += [f"*{escape(note)}*", ""]
         for name in names:
             f = by_name[name]
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             out += [f"### `{f.name}`", "",
-                    f"{_type_text(hints[f.name])} · default {_code(repr(default))}", "",
-                    _escape(" ".join(f.metadata.get("help", "").split())), ""]
+                    f"{_type_text(hints[f.name])} · default {code_span(repr(default))}", "",
+                    escape(" ".join(f.metadata.get("help", "").split())), ""]
     return "\n".join(out)
 
 
@@ -148,10 +119,10 @@ def _option_rows(parser: argparse.ArgumentParser) -> list[str]:
         else:
             name = formatter._format_args(action, action.dest)
         help_text = formatter._expand_help(action) if action.help else ""
-        default = "" if action.default in (None, argparse.SUPPRESS, False, []) else _code(repr(action.default))
+        default = "" if action.default in (None, argparse.SUPPRESS, False, []) else code_span(repr(action.default))
         if action.required:
             default = "required"
-        rows.append(f"| {_code(name)} | {default} | {_escape(' '.join(help_text.split()))} |")
+        rows.append(f"| {code_span(name)} | {default} | {escape(' '.join(help_text.split()))} |")
     return rows
 
 
@@ -159,7 +130,7 @@ def _command(path: list[str], help_text: str, parser: argparse.ArgumentParser, f
     level = "#" * len(path)
     out = [f"{level} `{' '.join(path)}`", ""]
     if help_text:
-        out += [_escape(help_text[:1].upper() + help_text[1:]) + ".", ""]
+        out += [escape(help_text[:1].upper() + help_text[1:]) + ".", ""]
     formatter = parser.formatter_class(prog=parser.prog, width=110)  # fixed: the page must not follow the terminal
     formatter.add_usage(parser.usage, parser._actions, parser._mutually_exclusive_groups, prefix="")
     out += ["```text", formatter.format_help().strip("\n"), "```", ""]
@@ -167,7 +138,7 @@ def _command(path: list[str], help_text: str, parser: argparse.ArgumentParser, f
         if parser.formatter_class is argparse.RawDescriptionHelpFormatter:
             out += ["```text", parser.description.strip("\n"), "```", ""]
         else:
-            out += [_escape(" ".join(parser.description.split())), ""]
+            out += [escape(" ".join(parser.description.split())), ""]
     rows = _option_rows(parser)
     if rows:
         out += ["| argument | default | meaning |", "|---|---|---|", *rows, ""]
@@ -197,7 +168,7 @@ def cli(only: str = "", skip: str = "") -> str:
         out = ["| command | what it does |", "|---|---|"]
         for name, help_text, _ in commands:
             page = f"cli-{name}.md" if name in skipped else ""
-            out.append(f"| [`grail {name}`]({page}#grail-{name}) | {_escape(help_text)} |")
+            out.append(f"| [`grail {name}`]({page}#grail-{name}) | {escape(help_text)} |")
         out.append("")
     for name, help_text, sub in here:
         out += _command(["grail", name], help_text, sub, fields_epilog)
@@ -213,85 +184,6 @@ def presets() -> str:
     out = []
     for name in PRESETS:
         out += [f"## `{name}`", "", "```yaml", render([name]).rstrip("\n"), "```", ""]
-    return "\n".join(out)
-
-
-# ----------------------------------------------------------------------------------------------- methods
-
-
-def methods() -> str:
-    """One section per method of the table (built-in and plug-ins): what it computes, cost, options, properties,
-    reference, the choices its paper leaves open; from each `MethodSpec`."""
-    from grail.methods.spec import ROW_SELECTIONS
-    from grail.methods.table import METHODS
-
-    out = ["| `--token_weighting` | method | cost per step | own options |", "|---|---|---|---|"]
-    out += [f"| [`{name}`](#{name}) | {_escape(spec.label)} | {_escape(spec.cost)} | "
-            f"{', '.join(f'`{o.name}`' for o in spec.options) or '—'} |" for name, spec in METHODS.items()]
-    for name, spec in METHODS.items():
-        out += ["", f"## {name}", "", f"**{_escape(spec.title)}**", ""]
-        if spec.summary:
-            out += [_escape(spec.summary), ""]
-        out += [f"* Cost per step: {_escape(spec.cost or 'not stated')}.",
-                f"* Rows probed (`{spec.rows}`): {_escape(ROW_SELECTIONS[spec.rows])}"
-                + ("; fused with TRL's forward when it can be" if spec.fuse else "") + ".",
-                "* Option fields: " + (", ".join(f"`{r}`" for r in spec.reads) or "none of its own") + "."
-                + (" No model call." if spec.probe is not None and not spec.calls_model else ""),
-                f"* Row mass (Σ Â = Σ A per row) {'kept' if spec.preserves_mass else 'not kept'}; sign of A on every "
-                f"token {'kept' if spec.preserves_sign else 'not kept'}."]
-        if spec.groups:
-            out.append("* Reads every rollout of a group: weights at rollout time (`weights_from: rollout_policy`).")
-        if spec.config:
-            out.append("* Sets " + ", ".join(f"`{k}: {v}`" for k, v in spec.config.items()) + " (where left at the "
-                       "default).")
-        if spec.unshardable:
-            out.append(f"* Refused on sharded models (ZeRO-3, FSDP): {_escape(spec.unshardable)}.")
-        if spec.reference:
-            out.append(f"* Reference: {_escape(spec.reference)}.")
-        if spec.options:
-            out += ["", "| option | default | meaning |", "|---|---|---|"]
-            out += [f"| `{o.name}` | `{o.default!r}` | {_escape(o.help)} |" for o in spec.options]
-        if spec.open_choices:
-            out += ["", "Choices the paper leaves open, as implemented here:", ""]
-            out += [f"{i}. {_escape(c)}" for i, c in enumerate(spec.open_choices, 1)]
-    return "\n".join(out)
-
-
-def method_contract() -> str:
-    """The contract a method's author writes to: `MethodSpec`'s fields, the probe's and the pipeline's arguments, the
-    row selections, what "reasoning" means, the option fields, and the checks of `check_method`; all from
-    grail.methods.spec and grail.analysis.checks."""
-    import dataclasses as dc
-
-    from grail.analysis import checks
-    from grail.methods import spec
-
-    def table(header: str, rows: dict[str, str]) -> list[str]:
-        return [f"| {header} | meaning |", "|---|---|", *(f"| `{k}` | {_escape(v)} |" for k, v in rows.items())]
-
-    out = ["### `MethodSpec` fields", "", "| field | default | meaning |", "|---|---|---|"]
-    for f in dc.fields(spec.MethodSpec):
-        if f.default is not dc.MISSING:
-            default = f"`{f.default!r}`"
-        elif f.default_factory is not dc.MISSING:
-            default = f"`{f.default_factory()!r}`"
-        else:
-            default = "required"
-        out.append(f"| `{f.name}` | {default} | {_escape(f.metadata.get('help', ''))} |")
-    out += ["", "### `probe(model, rows, options, generator)`", "", *table("argument", spec.PROBE_ARGUMENTS),
-            "", "`rows`, a `ProbeBatch`:", "", *table("field", spec.PROBE_BATCH_FIELDS),
-            "", "### `pipeline(spec, signal_BT, adv_B, spans, mask_BT, rows_B, options, generator, min_importance)`",
-            "", *table("argument", spec.PIPELINE_ARGUMENTS),
-            "", "### Row selections (`rows`)", "", *table("rows", spec.ROW_SELECTIONS),
-            "", "### Reasoning tokens", "", _escape(spec.REASONING),
-            "", "### Option fields", "",
-            "Every method reads " + ", ".join(f"`{o}`" for o in spec.UNIVERSAL_OPTIONS) + ". The others belong to the "
-            "methods whose `reads` name them; setting one with a method that does not read it is refused: "
-            + ", ".join(f"`{o}`" for o in spec.SCOPED_OPTIONS) + ".",
-            "", "### What `check_method` checks", ""]
-    doc = checks.__doc__
-    out += [line.strip() for line in doc[doc.index("  1."):doc.index('"""', doc.index("  1.")) if '"""' in doc[
-        doc.index("  1."):] else None].strip().splitlines()]
     return "\n".join(out)
 
 
@@ -333,7 +225,7 @@ def layers() -> str:
     for name, note in reversed(table.items()):
         folder = "src/grail/" + ("" if name == "grail" else name.replace(".", "/") + "/")
         modules = [dotted.rpartition(".")[2] for dotted, path in _modules(name) if path.name != "__init__.py"]
-        out.append(f"| **{name}** (`{folder}`) | {', '.join(_code(m) for m in modules)} | {_escape(note)} |")
+        out.append(f"| **{name}** (`{folder}`) | {', '.join(code_span(m) for m in modules)} | {escape(note)} |")
     out.append("")
     for a, b in sorted(siblings):
         out += [f"`{a}` and `{b}` sit side by side: neither may import the other.", ""]
@@ -352,7 +244,7 @@ def modules(layers: str = "") -> str:
     for name in [n for n in reversed(table) if n in chosen]:
         layer = f"**{name}**"
         for dotted, path in _modules(name):
-            out.append(f"| `{dotted}` | {layer} | {_escape(_first_sentence(_docstring(path)))} |")
+            out.append(f"| `{dotted}` | {layer} | {escape(first_sentence(_docstring(path)))} |")
             layer = ""
     return "\n".join(out)
 
