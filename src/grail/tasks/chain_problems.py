@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from grail.tasks.arithmetic import FILLER_WORDS, TaskExample
 from grail.tasks.word_problems import INSTRUCTION, NAMES, OBJECTS
@@ -113,10 +113,6 @@ class ChainConfig:
         if not 0.0 <= self.filler_rate <= 1.0:
             raise bad("filler_rate", "is not a probability", "use a value in [0, 1]")
 
-    @classmethod
-    def field_names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls))
-
 
 @dataclass(frozen=True)
 class ChainStory:
@@ -152,9 +148,11 @@ def sample_chain(config: ChainConfig, rng: random.Random) -> tuple[int, list[Ste
     values = [rng.randint(config.operand_min, config.operand_max)]
     steps: list[Step] = []
     for _ in range(config.num_steps):
-        options = {op: args for op in OPERATIONS if op in config.operations if len(args := _feasible(config, values, op))}
+        options = {op: args for op in OPERATIONS
+                   if op in config.operations and len(args := _feasible(config, values, op))}
         if not options:  # unreachable for a valid ChainConfig (its max_value check)
-            raise ValueError(f"no operation keeps {values[-1]} in [{config.operand_min}, {config.max_value}]: {config}")
+            raise ValueError(f"no operation keeps {values[-1]} in [{config.operand_min}, {config.max_value}]: "
+                             f"{config}")
         op = rng.choice(list(options))
         arg = rng.choice(options[op])
         steps.append((op, arg))
@@ -200,7 +198,10 @@ def solution_pieces(start: int, steps: Sequence[Step], story: ChainStory,
     if len(fillers) != len(steps):
         raise ValueError(f"fillers has {len(fillers)} gaps, expected one per step ({len(steps)}).")
     values = values_of(start, steps)
-    copied = lambda j: "operand" if j == 0 else "carry"  # noqa: E731: q0 is in the question, later ones are results
+
+    def copied(j: int) -> str:  # q0 is in the question; later quantities are results of the solution
+        return "operand" if j == 0 else "carry"
+
     pieces: list[tuple[str, str]] = []
     for k, ((op, arg), words) in enumerate(zip(steps, fillers, strict=True), start=1):
         right, right_role = (values[arg], copied(arg)) if op == "total" else (arg, "operand")

@@ -4,9 +4,9 @@ r"""The chain task's problem sets: three splits that never share a problem (`sft
 Problems are drawn and told by `grail.tasks.chain_problems` (its docstring shows one). Splits (`ChainSplits`): the
 sha256 of a problem's identity (its arithmetic, e.g. ``23+15-8+q1``; never its names or object), read as a fraction u
 in [0, 1), puts it in ``heldout`` if u < heldout_fraction, in ``sft`` if u < heldout_fraction + sft_fraction, else in
-``train``. So the three splits are disjoint by construction whatever the seeds and sizes, as long as every set uses
-the same fractions; `check_heldout_disjoint` refuses a held-out set that shares a problem with another set's `sft` or
-`train` split (sets built with different fractions can).
+``train``. So the three splits are disjoint by construction whatever the seeds, sizes and tasks, as long as every set
+uses the same fractions; `check_heldout_disjoint` refuses sets whose fractions differ from the held-out set's (their
+sft or train split could hold a held-out problem).
 
 Statistics (`answer_stats`): a constant answer scores the share of its most common answer, so the held-out split of
 the default set has at least 200 problems, at least 100 distinct answers and no answer above 3% (tested). Print them,
@@ -138,18 +138,16 @@ class ChainSet:
 
 
 def check_heldout_disjoint(heldout: ChainSet, *others: ChainSet) -> None:
-    """Raise ValueError if a problem of `heldout`'s held-out split is in the `sft` or `train` split of `heldout` or of
-    any of `others` (e.g. the set a warm start was trained on); None if they are disjoint."""
-    held = {e.expression: e for e in heldout.examples("heldout")}
-    for k, other in enumerate((heldout, *others)):
-        for split in ("sft", "train"):
-            shared = sorted(held.keys() & {e.expression for e in other.examples(split)})
-            if shared:
-                which = "the same set" if k == 0 else f"set {k} of others"
-                raise ValueError(
-                    f"{len(shared)} held-out chain problems (e.g. {shared[0]}) are also in the {split!r} split of "
-                    f"{which}: its splits were drawn with {other.splits}, the held-out set's with {heldout.splits}. "
-                    "Give every set the same ChainSplits (the splits are disjoint only under one set of fractions).")
+    """Raise ValueError unless every set of `others` (e.g. the warm start's and the RL run's) splits problems as
+    `heldout` does: with one `ChainSplits`, no problem of `heldout`'s held-out split is in the sft or train split of
+    any of them, whatever their tasks, seeds and sizes (a problem's split depends on its identity alone). With other
+    fractions the intervals of u differ, and a held-out problem can be another set's training problem."""
+    for k, other in enumerate(others):
+        if other.splits != heldout.splits:
+            raise ValueError(
+                f"set {k} of the training sets splits problems with {other.splits}, the held-out set with "
+                f"{heldout.splits}: its sft or train split can hold held-out problems. Give every ChainSet the same "
+                "splits (the default ChainSplits() unless all of them change it).")
 
 
 @dataclass(frozen=True)
@@ -197,10 +195,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--stats", action="store_true", help="print the split's answer statistics (Markdown)")
     parser.add_argument("--examples", type=int, default=0, help="print this many problems and solutions")
     parser.add_argument("--split", default="heldout", choices=SPLITS)
+    defaults = ChainConfig()
     for f in fields(ChainConfig):
-        default = getattr(ChainConfig, f.name, None) if f.name != "operations" else ChainConfig().operations
-        if f.name == "operations":
-            parser.add_argument("--operations", nargs="+", default=list(default), help="ChainConfig.operations")
+        default = getattr(defaults, f.name)
+        if isinstance(default, tuple):
+            parser.add_argument(f"--{f.name}", nargs="+", default=default, help=f"ChainConfig.{f.name}")
         else:
             parser.add_argument(f"--{f.name}", type=type(default), default=default, help=f"ChainConfig.{f.name}")
     for name in ("num_sft", "num_train", "num_heldout", "seed"):
@@ -211,8 +210,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        task = ChainConfig(**{f.name: getattr(args, f.name) for f in fields(ChainConfig)
-                              if f.name != "operations"}, operations=tuple(args.operations))
+        task = ChainConfig(**{f.name: getattr(args, f.name) for f in fields(ChainConfig)}
+                           | {"operations": tuple(args.operations)})
         chain_set = ChainSet(task=task, num_sft=args.num_sft, num_train=args.num_train,
                              num_heldout=args.num_heldout, seed=args.seed)
         examples = chain_set.examples(args.split)
