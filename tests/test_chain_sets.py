@@ -130,3 +130,37 @@ def test_stats_command_takes_the_knobs_and_reports_bad_ones(capsys):
     assert "| statistic |" not in out  # --examples alone prints no table
     assert main(["--max_value", "20"]) == 2
     assert "ChainConfig max_value=20 is below" in capsys.readouterr().err
+
+
+def test_sft_pairs_give_trl_a_completion_that_is_the_solution_after_the_prompt():
+    # What SFTTrainer does with a conversational prompt-completion row: it renders the prompt with the generation
+    # prompt and prompt + completion without, and trains on the tokens after their common prefix. The tiny
+    # tokenizer merges "\nA" (from the symbolic task's "\nA:"), so a solution that starts with "Ava" takes the
+    # prompt's last newline with it: TRL then warns and trains on that newline too.
+    from trl.data_utils import is_conversational
+
+    from grail.models.tiny import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    chain_set = ChainSet(num_sft=8)
+    pairs = chain_set.sft_pairs()
+    assert pairs == chain_set.sft_pairs("sft") and len(pairs) == 8
+    merged = 0
+    for pair, example in zip(pairs, chain_set.examples("sft"), strict=True):
+        assert set(pair) == {"prompt", "completion"} and is_conversational(pair)
+        assert pair["prompt"] == example.prompt and pair["completion"][0]["role"] == "assistant"
+        prompt_ids = tokenizer.apply_chat_template(pair["prompt"], add_generation_prompt=True, tokenize=True,
+                                                   return_dict=True)["input_ids"]
+        full_ids = tokenizer.apply_chat_template(pair["prompt"] + pair["completion"], tokenize=True,
+                                                 return_dict=True)["input_ids"]
+        pairs_of_ids = zip(prompt_ids, full_ids, strict=False)
+        common = next((i for i, (x, y) in enumerate(pairs_of_ids) if x != y), len(prompt_ids))
+        dropped = tokenizer.decode(prompt_ids[common:])
+        assert dropped == "" or (dropped == "\n" and example.solution.startswith("A")), dropped
+        merged += bool(dropped)
+        assert tokenizer.decode(full_ids[common:]) == dropped + example.solution + "<|im_end|>\n"
+        assert example.solution.endswith(f"\\boxed{{{example.answer}}}")
+    assert 0 < merged < len(pairs)  # both cases occur in these 8
+    # warm-start targets come from the sft split only: none is a held-out problem
+    held = {e.expression for e in chain_set.examples("heldout")}
+    assert not held & {e.expression for e in chain_set.examples("sft")}

@@ -136,6 +136,14 @@ class ChainSet:
         gives them to training and evaluation."""
         return [{"prompt": e.prompt, "answer": e.answer} for e in self.examples(split)]
 
+    def sft_pairs(self, split: str = "sft") -> list[dict]:
+        """`split`'s problems as conversational prompt-completion rows for TRL's SFTTrainer:
+        {"prompt": [user turn], "completion": [{"role": "assistant", "content": solution}]}. On such rows SFTTrainer
+        computes the loss on the completion only (its `completion_only_loss`, None by default, means so for
+        prompt-completion data): the model learns the solution's format, not the question's wording."""
+        return [{"prompt": e.prompt, "completion": [{"role": "assistant", "content": e.solution}]}
+                for e in self.examples(split)]
+
 
 def check_heldout_disjoint(heldout: ChainSet, *others: ChainSet) -> None:
     """Raise ValueError unless every set of `others` (e.g. the warm start's and the RL run's) splits problems as
