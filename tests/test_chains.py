@@ -162,7 +162,7 @@ def test_roles_line_up_with_the_tiny_tokenizer():
 
 def test_every_quantity_stays_in_range_at_the_smallest_valid_max_value():
     # max_value = max(operand_max, 3 * operand_min - 1) is the least that leaves every quantity a step
-    for lo, hi in [(1, 1), (2, 5), (10, 12), (7, 20)]:
+    for lo, hi in [(1, 1), (2, 5), (10, 12), (7, 20), (10, 19)]:
         config = ChainConfig(num_steps=8, operand_min=lo, operand_max=hi, max_value=max(hi, 3 * lo - 1),
                              operations=ALL_OPS)
         rng = random.Random(lo * 100 + hi)
@@ -183,15 +183,15 @@ def test_every_quantity_stays_in_range_at_the_smallest_valid_max_value():
             assert lo <= start <= hi and all(lo <= v <= config.max_value for v in values)
 
 
-def test_below_that_max_value_some_quantity_has_no_step():
-    # brute force, independent of the generator: with max_value = 3 * lo - 2, the value 2 * lo - 1 can neither
-    # add (it would pass max_value) nor subtract (it would fall below lo)
-    lo = 10
-    v, max_value = 2 * lo - 1, 3 * lo - 2
-    assert v + lo > max_value and v - lo < lo
-    with pytest.raises(ValueError, match="max_value=28 is below .* = 29"):
-        ChainConfig(operand_min=lo, operand_max=lo, max_value=max_value)
-    ChainConfig(operand_min=lo, operand_max=lo, max_value=max_value + 1)
+def test_below_that_max_value_a_start_number_has_no_step():
+    # independent of the generator: with operands 10..19 and max_value 28, the start 19 can neither add (19 + 10 > 28)
+    # nor subtract (19 - 10 < 10, the floor); one more (29 = 3 * 10 - 1) and it can add
+    lo, hi, max_value = 10, 19, 28
+    assert hi + lo > max_value and hi - lo < lo and hi + lo <= max_value + 1
+    with pytest.raises(ValueError, match="max_value=28 is below .* = 29, so a start number does not fit or a count "
+                                         "in \\[10, 28\\] has no step; set max_value >= 29"):
+        ChainConfig(operand_min=lo, operand_max=hi, max_value=max_value)
+    ChainConfig(operand_min=lo, operand_max=hi, max_value=max_value + 1)  # accepted (drawn from in the test above)
 
 
 def test_same_seed_same_problems_and_arithmetic_independent_of_filler():

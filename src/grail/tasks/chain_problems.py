@@ -27,8 +27,9 @@ How a chain is drawn (`sample_chain`; all randomness from the `random.Random` pa
      that operation's feasible arguments (a number for add, subtract and multiply; the index j of the earlier
      quantity for total, which needs two earlier quantities, so it is never step 1).
   3. A step always has a feasible operation for a valid `ChainConfig` (its checks say why), so there is no rejection.
-     The floor is operand_min, not 1: with a floor of 1 the answers pile up on 1, 2, 3 (a subtraction from a small
-     count has few outcomes), and a constant answer would score more than the 3% that the held-out bar allows.
+     The floor is operand_min, not 1: with a floor of 1 (and operands 2..49) the answers piled up on 1, 2, 3 (a
+     subtraction from a small count has few outcomes; the answer 1 alone took 2.2% of 5,000 draws), where a constant
+     answer must score at most 3% of a held-out set.
 Names (distinct within a problem, from `grail.tasks.word_problems.NAMES`), the object and the filler words come from
 a second RNG (`render_chain`), so the arithmetic of a seed does not depend on how it is told.
 
@@ -97,9 +98,10 @@ class ChainConfig:
         unknown = [op for op in self.operations if op not in OPERATIONS]
         if unknown or len(set(self.operations)) != len(self.operations):
             raise bad("operations", "has unknown or repeated names", f"choose distinct names of {OPERATIONS}")
-        # With add and subtract, a quantity v in [lo, max_value] (lo = operand_min) always has a step: add is
-        # feasible when v <= max_value - lo, subtract when v >= 2 * lo, and no integer lies strictly between
-        # them iff max_value >= 3 * lo - 1 (checked below; else v = 2 * lo - 1 has no step).
+        # With add and subtract, every count v in [lo, max_value] (lo = operand_min) has a step: add is feasible
+        # when v <= max_value - lo, subtract when v >= 2 * lo, and no integer lies strictly between them iff
+        # max_value >= 3 * lo - 1 (checked below; below it v = 2 * lo - 1 has no step, a start number when
+        # operand_max >= 2 * lo - 1, so the check is exact there and only cautious for narrower operands).
         if not {"add", "subtract"} <= set(self.operations):
             raise bad("operations", "lacks add or subtract, so a chain could reach a quantity with no step left",
                       "include both 'add' and 'subtract' (and optionally 'multiply', 'total')")
@@ -108,8 +110,8 @@ class ChainConfig:
         need = max(self.operand_max, 3 * self.operand_min - 1)  # q0 must fit, and every quantity needs a step
         if self.max_value < need:
             raise bad("max_value", f"is below max(operand_max, 3 * operand_min - 1) = {need}, so a start number "
-                      "does not fit or a quantity has no step", f"set max_value >= {need} or lower operand_max / "
-                      "operand_min")
+                      f"does not fit or a count in [{self.operand_min}, {self.max_value}] has no step",
+                      f"set max_value >= {need} or lower operand_max / operand_min")
         if not 0.0 <= self.filler_rate <= 1.0:
             raise bad("filler_rate", "is not a probability", "use a value in [0, 1]")
 

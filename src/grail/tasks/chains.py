@@ -100,8 +100,8 @@ def chain_examples(config: ChainConfig, n: int, split: str, seed: int, splits: C
 class ChainSet:
     """The chain problems of one run: `num_sft` warm-start, `num_train` RL and `num_heldout` evaluation problems of
     `task`, drawn with `seed`, split by `splits`. In the held-out split at most heldout_max_answer_share of the
-    problems (rounded down, at least 1) share an answer: 256 problems drawn freely from the default task put up to 3.1%
-    on one answer, seed by seed, and a constant answer must score less than 3%. The sft and train splits are drawn
+    problems (rounded down, at least 1) share an answer: 256 problems drawn freely from the default task put up to 3.5%
+    on one answer (seeds 0..19), and a constant answer must score at most 3%. The sft and train splits are drawn
     freely."""
 
     task: ChainConfig = field(default_factory=ChainConfig)
