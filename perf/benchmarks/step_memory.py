@@ -189,7 +189,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             args.warmstart_steps = 2
     if args.rows % args.generations:
         parser.error(f"--rows {args.rows} must be a multiple of --generations {args.generations}.")
-    # what step_common.build_trainer reads besides the above
+    # what harness.build_trainer reads besides the above
     args.num_iterations, args.checkpointing, args.bf16, args.oar_scope = 1, "off", False, "completion"
     args.perturbation_chunk_tokens, args.reward = None, "coin"
     return args
