@@ -1,0 +1,217 @@
+"""The supervised warm start of a real model on the chain task (`grail sft`): TRL's `SFTTrainer` fits the model to
+the worked solutions of the task's `sft` split, loss on the solution tokens only, and the result is cached as a
+save_pretrained directory that `grail train --model_name_or_path DIR` and `grail eval --model DIR` take.
+
+The pipeline is two stages: `grail sft` (this module), then `grail train --task_style chains` from its directory
+(docs/getting-started/warm-start.md). What this module relies on in TRL 1.16's SFTTrainer:
+  1. prompt-completion rows: conversational ones (chat messages) are rendered with the tokenizer's chat template,
+     the prompt with the generation prompt; a row's `chat_template_kwargs` column goes to the template; plain-text
+     rows are tokenised with the special tokens (as GRPOTrainer tokenises plain prompts) and get the EOS token
+     appended to the completion (conversational rows end where the template ends the assistant turn);
+  2. `completion_only_loss=True` (set, not left to TRL's None = "prompt-completion data"): the collator's labels are
+     -100 outside the completion (tests/test_sft.py reads them);
+  3. `trainer.train(resume_from_checkpoint=...)` resumes the optimizer, scheduler, RNG states and data order from a
+     checkpoint written every `sft_save_steps`.
+The prompts are rendered as `grail train` renders the same task (`resolve_prompt_format` with the task's messages:
+the chat template iff the tokenizer has one, else `render_plain`; no suffix), and the format is saved with the model
+(grail_prompt.json), so the policy is fine-tuned on exactly what RL and evaluation give it.
+
+Cache (`sft_warm_start`): <cache>/sft/<model>-<key>/ (key: `grail.options.sft.sft_cache_key`), complete once
+`MARKER` is in it (written last, then the folder is renamed into place). Work in progress lives in
+<cache>/sft/.<model>-<key>.work/ (TRL's checkpoints): an interrupted run, run again with the same settings, resumes
+from its last checkpoint; the work folder is removed once the entry is in place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+from transformers.trainer_utils import get_last_checkpoint
+from trl import SFTConfig, SFTTrainer
+
+from grail.models.pretrained import REAL_MODELS, default_cache_dir
+from grail.models.warmstart import resolve_model
+from grail.options.fields import GRAILFields
+from grail.options.prompts import PromptFormat, resolve_prompt_format
+from grail.options.sft import SFT_RECIPE_VERSION, SFTFields, sft_cache_key, sft_settings_record
+from grail.tasks.chains import ChainSet, check_heldout_disjoint
+
+__all__ = ["base_identity", "chain_set_of", "check_model_dir", "make_trainer", "MARKER", "resolve_base",
+           "run_command", "sft_dataset", "sft_warm_start"]
+
+MARKER = "grail_sft.json"  # the record of a finished warm start; its presence marks a complete cache entry
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+Log = Callable[[str], None]
+
+
+def check_model_dir(path: Path) -> None:
+    """ValueError naming what a save_pretrained directory lacks (config, weights, tokenizer) and the fix."""
+    missing = [what for what, names in (("config.json (the model's configuration)", ("config.json",)),
+                                        ("weights (model.safetensors or pytorch_model.bin)", WEIGHT_FILES),
+                                        ("tokenizer (tokenizer.json or tokenizer_config.json)", TOKENIZER_FILES))
+               if not any((path / name).is_file() for name in names)]
+    if missing:
+        raise ValueError(f"base model {str(path)!r} is not a model directory: it has no {'; no '.join(missing)}. Give "
+                         f"a folder written by save_pretrained (model.save_pretrained(DIR) and "
+                         f"tokenizer.save_pretrained(DIR)), or a built-in model's name ({', '.join(REAL_MODELS)}) "
+                         f"after `grail models fetch NAME`.")
+
+
+def base_identity(name: str, path: Path) -> dict:
+    """What identifies a base model in the cache key: a built-in model by its registry packages and GGUF file (the
+    same wherever it is cached), a directory by its resolved path, config and weight files (sha256 of config.json,
+    size of each weight file: a re-trained or re-converted model in the same folder gets another key)."""
+    if name in REAL_MODELS:
+        spec = REAL_MODELS[name]
+        return {"model": name, "gguf": spec.gguf, "gguf_sha256": spec.gguf_sha256,
+                "packages": [[p.name, p.version, p.sha256] for p in spec.packages]}
+    weights = {f.name: f.stat().st_size for f in sorted(path.iterdir()) if f.name in WEIGHT_FILES
+               or f.name.endswith((".safetensors", ".bin"))}
+    return {"path": str(path.resolve()), "weights": weights,
+            "config_sha256": hashlib.sha256((path / "config.json").read_bytes()).hexdigest()}
+
+
+def resolve_base(name: str, cache_dir: str | None = None) -> tuple[Path, dict]:
+    """(directory, identity) of the base model: a built-in name resolves to its fetched conversion
+    (FileNotFoundError naming `grail models fetch NAME` when it is not fetched), a directory is checked."""
+    if name in REAL_MODELS:
+        path = Path(resolve_model(name, cache_dir=cache_dir))
+    else:
+        path = Path(name).expanduser()
+        if not path.is_dir():
+            raise FileNotFoundError(f"base model {name!r} is neither a built-in model ({', '.join(REAL_MODELS)}; "
+                                    f"`grail models fetch NAME` first) nor a directory; give one of them.")
+    check_model_dir(path)
+    return path, base_identity(name, path)
+
+
+def chain_set_of(values: dict) -> ChainSet:
+    """The chain task's problem set from `task_*` values (GRAILFields' names; the others at their defaults)."""
+    return GRAILFields(**{**values, "task_style": "chains"}).synthetic_set()
+
+
+def sft_dataset(chain_set: ChainSet, tokenizer) -> tuple[Dataset, PromptFormat]:
+    """The sft split as SFTTrainer's prompt-completion rows, in the format `grail train` resolves for this task and
+    tokenizer (returned too): chat messages (with the format's chat_template_kwargs) for a tokenizer with a chat
+    template; else `render_plain` text, "Question: ...\\n\\nAnswer:", and " " + the solution as the completion."""
+    fmt = resolve_prompt_format(tokenizer, synthetic=True, messages=True)
+    rows = []
+    for pair in chain_set.sft_pairs():
+        prompt = fmt.training_prompt(pair["prompt"])
+        if fmt.chat:
+            extra = {"chat_template_kwargs": dict(fmt.chat_template_kwargs)} if fmt.chat_template_kwargs else {}
+            rows.append({"prompt": prompt, "completion": pair["completion"], **extra})
+        else:
+            rows.append({"prompt": prompt, "completion": " " + pair["completion"][0]["content"]})
+    return Dataset.from_list(rows), fmt
+
+
+class _Progress(TrainerCallback):
+    """One line per logging step: the step, the loss, the time spent and left (from this session's pace)."""
+
+    def __init__(self, log: Log):
+        self.log, self.start, self.first = log, 0.0, 0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.start, self.first = time.monotonic(), state.global_step
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs or "loss" not in logs:
+            return
+        spent, done = time.monotonic() - self.start, state.global_step - self.first
+        left = spent / done * (state.max_steps - state.global_step) if done else math.nan
+        self.log(f"sft: step {state.global_step}/{state.max_steps}  loss {logs['loss']:.4f}  "
+                 f"{spent:.0f} s spent, about {left:.0f} s left")
+
+
+def make_trainer(settings: SFTFields, chain_set: ChainSet, base_path: Path, output_dir: Path, log: Log = print,
+                 callbacks: Sequence[TrainerCallback] = ()) -> tuple[SFTTrainer, PromptFormat]:
+    """TRL's SFTTrainer for `settings` on `chain_set`'s sft split, checkpoints in `output_dir`, and the prompt format.
+    The model is loaded in float32 (bf16 autocast on a GPU that has it)."""
+    tokenizer = AutoTokenizer.from_pretrained(base_path)
+    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+    dataset, fmt = sft_dataset(chain_set, tokenizer)
+    on_gpu = torch.cuda.is_available()
+    args = SFTConfig(
+        output_dir=str(output_dir), max_steps=settings.sft_steps, learning_rate=settings.sft_learning_rate,
+        per_device_train_batch_size=settings.sft_batch_size,
+        gradient_accumulation_steps=settings.sft_gradient_accumulation_steps, warmup_steps=settings.sft_warmup_steps,
+        lr_scheduler_type="linear", max_length=settings.sft_max_length, seed=settings.sft_seed,
+        data_seed=settings.sft_seed, save_strategy="steps", save_steps=settings.sft_save_steps, save_total_limit=1,
+        logging_steps=settings.sft_logging_steps, report_to="none", completion_only_loss=True, packing=False,
+        use_cpu=not on_gpu, bf16=on_gpu and torch.cuda.is_bf16_supported(), disable_tqdm=True,
+        activation_checkpointing=False)  # TRL's default is on: recomputation that models this small do not need
+    trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
+                         callbacks=[_Progress(log), *callbacks])
+    return trainer, fmt
+
+
+def _entry_name(base_model: str, key: str) -> str:
+    stem = base_model if base_model in REAL_MODELS else Path(base_model).expanduser().name or "model"
+    return f"{stem}-{key}"
+
+
+def sft_warm_start(settings: SFTFields, chain_set: ChainSet, log: Log = print,
+                   callbacks: Sequence[TrainerCallback] = ()) -> Path:
+    """The cached warm start of `settings.base_model` on `chain_set`'s sft split: the entry's directory, trained (or
+    resumed from its last checkpoint) on a miss. ValueError when `chain_set` splits problems otherwise than the
+    held-out set `grail train` evaluates on (its sft split could hold held-out problems)."""
+    try:
+        check_heldout_disjoint(ChainSet(task=chain_set.task), chain_set)
+    except ValueError as err:
+        raise ValueError(f"sft: {err}") from err
+    base_path, identity = resolve_base(settings.base_model, settings.cache_dir)
+    key = sft_cache_key(settings, identity, chain_set)
+    root = (Path(settings.cache_dir) if settings.cache_dir else default_cache_dir()) / "sft"
+    entry = root / _entry_name(settings.base_model, key)
+    if (entry / MARKER).is_file():
+        log(f"sft: reusing the cached warm start {entry}")
+        return entry
+    work = root / f".{entry.name}.work"
+    checkpoints = work / "checkpoints"
+    last = get_last_checkpoint(str(checkpoints)) if checkpoints.is_dir() else None
+    log(f"sft: {'resuming from ' + last if last else 'fine-tuning ' + str(base_path)} ({settings.sft_steps} steps on "
+        f"{chain_set.num_sft} solutions); cached at {entry}")
+    trainer, fmt = make_trainer(settings, chain_set, base_path, checkpoints, log, callbacks)
+    trainer.train(resume_from_checkpoint=last)
+    staging = work / "model"
+    shutil.rmtree(staging, ignore_errors=True)
+    trainer.save_model(str(staging))  # model and tokenizer
+    fmt.save(staging)  # `grail eval` and `grail explain` read the problems as they were trained
+    losses = [row["loss"] for row in trainer.state.log_history if "loss" in row]
+    record = {"key": key, "recipe": SFT_RECIPE_VERSION, "base": identity, "base_path": str(base_path),
+              "task": asdict(chain_set.task), "num_sft": chain_set.num_sft, "seed": chain_set.seed,
+              "splits": asdict(chain_set.splits), "settings": sft_settings_record(settings),
+              "steps": trainer.state.global_step, "last_loss": losses[-1] if losses else None,
+              "prompt_format": fmt.describe()}
+    (staging / MARKER).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    if entry.exists():  # an unmarked entry (an interrupted rename): replace it
+        shutil.rmtree(entry)
+    staging.rename(entry)
+    shutil.rmtree(work, ignore_errors=True)
+    log(f"sft: done; warm start in {entry}")
+    return entry
+
+
+def run_command(values: dict, log: Log = print) -> int:
+    """`grail sft`: `values` holds the given SFTFields and task_* fields (grail.options.sft.add_parser)."""
+    settings = SFTFields(**{k: v for k, v in values.items() if not k.startswith("task_")})
+    chain_set = chain_set_of({k: v for k, v in values.items() if k.startswith("task_")})
+    entry = sft_warm_start(settings, chain_set, log)
+    task = " ".join(f"--{k} {v}" for k, v in values.items() if k.startswith("task_"))
+    print(entry)
+    log(f"next: grail train --model_name_or_path {entry} --task_style chains {task}".rstrip())
+    log(f"      grail eval --model {entry} --benchmarks synthetic_chains (the default task's held-out problems)")
+    return 0
