@@ -12,8 +12,11 @@ import grail.analysis.compare.auroc as auroc_module
 from grail.analysis.compare.auroc import AurocPlan, run_auroc
 from grail.analysis.saliency.token_labels import check_row
 from grail.evaluation.benchmarks import SYNTHETIC, SYNTHETIC_CHAINS, load_benchmark
+from grail.models.sft_cache import MARKER, base_identity, entry_dir
 from grail.models.tiny import build_tokenizer
-from grail.options.fields import CHAIN_ONLY_FIELDS, GRAILFields, TaskStyleChoice
+from grail.options.fields import CHAIN_ONLY_FIELDS, SFT_MODEL_PREFIX, GRAILFields, TaskStyleChoice
+from grail.options.presets import PRESETS
+from grail.options.sft import SFTFields
 from grail.tasks.arithmetic import TASK_STYLES, TaskConfig
 from grail.tasks.chain_problems import ChainConfig
 from grail.tasks.chains import ChainSet, ChainSplits
@@ -21,6 +24,9 @@ from grail.tasks.synthetic import SyntheticSet
 from grail.training.config import GRAILConfig
 from grail.training.data import load_prompts, load_train_dataset
 from grail.training.heldout import eval_specs
+from grail.training.overrides import parse_flags
+from grail.training.run import resolve_model_path
+from grail.training.sft import chain_set_of
 
 CHAT_MODEL = "a-chat-model"  # any name but `tiny`: the config does not load the model
 SMALL = {"task_style": "chains", "model_name_or_path": CHAT_MODEL, "task_num_sft": 12, "task_num_train": 16,
@@ -141,3 +147,46 @@ def test_auroc_task_rows_are_the_chain_examples(tmp_path, monkeypatch):
     heldout = {e.solution for e in ChainSet(task=ChainConfig(filler_rate=0.6), num_heldout=6).examples("heldout")}
     assert {row["solution"] for row in rows} == heldout  # filler 0.6 where the run has none, as for arithmetic
     assert any(row["filler_spans"] for row in rows)
+
+
+# ---- the chain presets: a run from a `grail sft` warm start that is missing names the command ---------------------
+def test_a_chain_preset_without_its_base_model_names_the_fetch(tmp_path, cache_dir):
+    values = {k: v for k, v in PRESETS["smollm-chains"].items() if k not in ("bf16", "optim")}
+    cfg = GRAILConfig(output_dir=str(tmp_path / "run"), **values)
+    with pytest.raises(FileNotFoundError, match="grail models fetch smollm2-135m"):
+        resolve_model_path(cfg)
+
+
+def test_a_missing_warm_start_names_the_sft_command_that_makes_it(tmp_path, tiny_dir, cache_dir):
+    cfg = _cfg(tmp_path, model_name_or_path=f"{SFT_MODEL_PREFIX}{tiny_dir}", task_num_steps=4, task_num_sft=9)
+    with pytest.raises(FileNotFoundError, match="grail sft --base_model") as err:
+        resolve_model_path(cfg)
+    message = str(err.value)
+    command = message.split("`")[1]
+    assert command.startswith("grail sft") and "--task_num_steps 4" in command and "--task_num_sft 9" in command
+    # the command, run, would write exactly the entry the run looked for
+    flags = parse_flags(command.split()[2:])
+    values = {k: int(v) if v.isdigit() else v for k, v in flags.items()}
+    settings = SFTFields(**{k: v for k, v in values.items() if not k.startswith("task_")}, cache_dir=None)
+    entry = entry_dir(settings, base_identity(str(tiny_dir), tiny_dir),
+                      chain_set_of({k: v for k, v in values.items() if k.startswith("task_")}))
+    assert f"looked for {entry})" in message
+    entry.mkdir(parents=True)
+    (entry / MARKER).write_text("{}")
+    assert resolve_model_path(cfg) == str(entry)
+
+
+def test_sft_models_need_the_chain_task(tmp_path):
+    with pytest.raises(ValueError, match="needs task_style chains"):
+        GRAILConfig(output_dir=str(tmp_path), model_name_or_path="sft:smollm2-135m")
+
+
+def test_a_comparison_keys_a_sft_start_by_its_task(tmp_path):
+    from grail.analysis.compare.start import _start_key, describe_start
+
+    one, other = _cfg(tmp_path, model_name_or_path="sft:smollm2-135m"), _cfg(
+        tmp_path, model_name_or_path="sft:smollm2-135m", task_num_steps=4)
+    assert _start_key(one) != _start_key(other)  # fine-tuned on other problems: another start
+    described = describe_start(one)
+    assert described["source"] == "sft" and described["warm_start"] is True
+    assert "smollm2-135m warm-started by `grail sft`" in described["text"] and "3-step chains" in described["text"]

@@ -13,13 +13,14 @@ from transformers import TrainerCallback
 
 import grail.training.sft as sft_module
 from grail.cli import main
+from grail.models.sft_cache import MARKER, base_identity
 from grail.models.tiny import save_tiny
 from grail.models.warmstart import load_inference_model, resolve_model
 from grail.options.prompts import PromptFormat
 from grail.options.sft import SFTFields, sft_cache_key
 from grail.tasks.chains import ChainSet, ChainSplits
 from grail.training.config import GRAILConfig
-from grail.training.sft import MARKER, base_identity, make_trainer, sft_warm_start
+from grail.training.sft import make_trainer, sft_warm_start
 
 SET = ChainSet(num_sft=16, num_train=8, num_heldout=8)
 

@@ -23,9 +23,11 @@ from grail.tasks.chain_problems import OPERATIONS, ChainConfig
 from grail.tasks.chains import ChainSet
 from grail.tasks.synthetic import SyntheticSet
 
-__all__ = ["CHAIN_ONLY_FIELDS", "GRAILFields", "SYNTHETIC_DATASET", "TaskStyleChoice", "TINY_MODEL"]
+__all__ = ["CHAIN_ONLY_FIELDS", "GRAILFields", "SFT_MODEL_PREFIX", "SYNTHETIC_DATASET", "TaskStyleChoice",
+           "TINY_MODEL"]
 
 TINY_MODEL = "tiny"
+SFT_MODEL_PREFIX = "sft:"  # model_name_or_path `sft:NAME`: the `grail sft` warm start of NAME (grail.models.sft_cache)
 SYNTHETIC_DATASET = "synthetic"
 # grail.tasks.arithmetic.TASK_STYLES and ChainConfig.style, the chain task (tests/test_chain_config.py keeps them equal)
 TaskStyleChoice = Literal["symbolic", "words", "chains"]
@@ -53,7 +55,10 @@ class GRAILFields(WeightingFields):
         default=TINY_MODEL,
         metadata={"help": "`tiny` = the embedded ~1.7M-parameter Qwen3-architecture model, built in code and "
                   "warm-started on the synthetic task (cached, no download); otherwise a local checkpoint "
-                  "directory or a Hub id such as `Qwen/Qwen3-4B`. `model` is accepted as an alias (--model, "
+                  "directory or a Hub id such as `Qwen/Qwen3-4B`; `sft:NAME` = the cached `grail sft` warm start of "
+                  "NAME (a built-in real model or a directory) on this run's chain task (task_style chains, its task_* "
+                  "values, the default SFT settings), refused with the `grail sft` command that makes it when it is "
+                  "not cached (docs/getting-started/warm-start.md). `model` is accepted as an alias (--model, "
                   "as `grail eval` and `grail explain` take it)."},
     )
     dataset: str = field(

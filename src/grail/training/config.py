@@ -23,7 +23,7 @@ from trl import GRPOConfig
 from grail.methods.spec import SCOPED_OPTIONS, MethodSpec
 from grail.methods.table import ResolvedMethod, check_combination, method_spec, own_options, unread_options
 from grail.options.choices import WEIGHTING_FIELDS, WeightingOptions
-from grail.options.fields import TINY_MODEL, GRAILFields
+from grail.options.fields import SFT_MODEL_PREFIX, TINY_MODEL, GRAILFields
 
 __all__ = ["GRAILConfig", "RESOLVED_FROM", "field_types", "literal_choices"]
 
@@ -55,6 +55,11 @@ class GRAILConfig(GRPOConfig, GRAILFields):
                              f"messages); the tiny model is warm-started on the symbolic style only. Give a chat "
                              f"model, e.g. --model_name_or_path smollm2-135m (task_style chains: its `grail sft` "
                              f"warm start), or use task_style symbolic.")
+        base = self.model_name_or_path.removeprefix(SFT_MODEL_PREFIX)
+        if base != self.model_name_or_path and (self.task_style != "chains" or not base):
+            raise ValueError(f"model_name_or_path={self.model_name_or_path!r} is a `grail sft` warm start on the chain "
+                             f"task: it needs task_style chains (not {self.task_style!r}) and a model after "
+                             f"{SFT_MODEL_PREFIX!r}, e.g. {SFT_MODEL_PREFIX}smollm2-135m.")
         self._resolve_method()
         if self.eval_benchmarks:
             from grail.evaluation.benchmarks import parse_benchmark_list

