@@ -185,3 +185,17 @@ def test_smollm2_takes_a_few_sft_steps(tmp_path, real_model_dir):
     assert json.loads((entry / MARKER).read_text())["base"]["model"] == "smollm2-135m"
     before, after = load_file(real_model_dir / "model.safetensors"), load_file(entry / "model.safetensors")
     assert any(not torch.equal(before[k], after[k]) for k in before if k in after)
+
+
+def test_grail_train_and_grail_eval_run_from_the_warm_start(tmp_path, base_dir, capsys):
+    entry = sft_warm_start(_settings(tmp_path, base_model=str(base_dir)), SET, lambda s: None)
+    run = tmp_path / "run"
+    assert main(["train", "--model_name_or_path", str(entry), "--task_style", "chains", "--task_num_train", "8",
+                 "--max_steps", "1", "--per_device_train_batch_size", "4", "--num_generations", "4",
+                 "--max_completion_length", "8", "--output_dir", str(run), "--report_to", "none"]) == 0
+    assert PromptFormat.load(run / "final") == PromptFormat.load(entry)  # RL read the prompts as SFT rendered them
+    out = tmp_path / "eval"
+    assert main(["eval", "--model", str(entry), "--benchmarks", "synthetic_chains", "--size", "2", "--samples", "1",
+                 "--max-new-tokens", "8", "--workers", "1", "--output-dir", str(out)]) == 0
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert [s["benchmark"] for s in samples] == ["synthetic_chains"] * 2
