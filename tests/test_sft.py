@@ -16,6 +16,7 @@ from grail.cli import main
 from grail.models.sft_cache import MARKER, base_identity
 from grail.models.tiny import save_tiny
 from grail.models.warmstart import load_inference_model, resolve_model
+from grail.options.presets import PRESETS
 from grail.options.prompts import PromptFormat
 from grail.options.sft import SFTFields, sft_cache_key
 from grail.tasks.chains import ChainSet, ChainSplits
@@ -199,3 +200,16 @@ def test_grail_train_and_grail_eval_run_from_the_warm_start(tmp_path, base_dir, 
                  "--max-new-tokens", "8", "--workers", "1", "--output-dir", str(out)]) == 0
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert [s["benchmark"] for s in samples] == ["synthetic_chains"] * 2
+
+
+def test_the_command_with_a_preset_makes_the_warm_start_its_runs_look_for(tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setattr(sft_module, "sft_warm_start", lambda settings, chain_set, log: seen.append(
+        (settings, chain_set)) or tmp_path)
+    assert main(["sft", "--preset", "gemma-chains", "--sft_steps", "7", "--task_seed", "2"]) == 0
+    (settings, chain_set), = seen
+    assert settings.base_model == "gemma3-270m" and settings.sft_steps == 7  # the preset's model; flags win
+    run = GRAILConfig(output_dir=str(tmp_path), **{**PRESETS["gemma-chains"], "task_seed": 2})
+    assert chain_set == run.synthetic_set()  # a `grail train --preset gemma-chains --task_seed 2` run's task
+    with pytest.raises(SystemExit):  # not a chains preset: argparse refuses the choice
+        main(["sft", "--preset", "smollm-words"])

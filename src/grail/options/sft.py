@@ -15,10 +15,12 @@ import json
 import typing
 from dataclasses import asdict, dataclass, field, fields
 
+from grail.options.fields import SFT_MODEL_PREFIX, GRAILFields
+from grail.options.presets import PRESETS, preset
 from grail.tasks.chains import ChainSet
 
-__all__ = ["add_parser", "SFT_FIELD_NAMES", "SFT_RECIPE_VERSION", "SFT_TASK_FIELDS", "SFTFields", "sft_cache_key",
-           "sft_settings_record"]
+__all__ = ["add_parser", "preset_values", "SFT_FIELD_NAMES", "SFT_RECIPE_VERSION", "SFT_TASK_FIELDS", "SFTFields",
+           "sft_cache_key", "sft_settings_record"]
 
 # bump when grail.training.sft's recipe (data, SFTTrainer options it sets) changes, so old cache entries are not reused
 SFT_RECIPE_VERSION = 1
@@ -90,7 +92,7 @@ def sft_settings_record(settings: SFTFields) -> dict:
 
 def sft_cache_key(settings: SFTFields, base_identity: dict, chain_set: ChainSet) -> str:
     """16 hex digits of sha256 over everything the warm start depends on: the recipe version, the base model's
-    identity (`grail.training.sft.base_identity`: a built-in model's registry package and GGUF file, a directory's
+    identity (`grail.models.sft_cache.base_identity`: a built-in model's registry package and GGUF file, a directory's
     config and weight files), the problems of the sft split (the task, num_sft, seed and the split fractions) and the
     SFT settings (`sft_settings_record`; the base model enters by its identity, not its name)."""
     record = {k: v for k, v in sft_settings_record(settings).items() if k != "base_model"}
@@ -100,6 +102,25 @@ def sft_cache_key(settings: SFTFields, base_identity: dict, chain_set: ChainSet)
 
 
 SFT_FIELD_NAMES = tuple(f.name for f in fields(SFTFields))
+
+
+def _sft_model(values: dict) -> str | None:
+    """MODEL of a preset whose model_name_or_path is `sft:MODEL` (a `grail sft` warm start), else None."""
+    name = str(values.get("model_name_or_path", ""))
+    return name.removeprefix(SFT_MODEL_PREFIX) if name.startswith(SFT_MODEL_PREFIX) else None
+
+
+def preset_values(name: str | None) -> dict:
+    """`grail sft --preset NAME`'s defaults: the preset's SFT_TASK_FIELDS values and its `sft:MODEL` as base_model
+    ({} for None; ValueError for a preset that starts from no `grail sft` warm start)."""
+    if name is None:
+        return {}
+    values = preset(name)
+    model = _sft_model(values)
+    if model is None:
+        raise ValueError(f"preset {name!r} does not start from a `grail sft` warm start (its model_name_or_path is "
+                         f"{values.get('model_name_or_path')!r}); use a chains preset, e.g. smollm-chains.")
+    return {"base_model": model, **{k: v for k, v in values.items() if k in SFT_TASK_FIELDS}}
 
 
 def _converter(hint):
@@ -114,13 +135,14 @@ def _converter(hint):
 def add_parser(sub) -> None:
     """`grail sft`'s flags: every SFTFields field and the task fields of SFT_TASK_FIELDS (GRAILFields' help), each
     absent from the parsed arguments unless given (the dataclasses' defaults apply)."""
-    from grail.options.fields import GRAILFields
-
     p = sub.add_parser("sft", help="supervised warm start of a real model on the chain task (TRL's SFTTrainer), "
                        "cached; then grail train --task_style chains from it",
                        description="Fine-tune a base model on the worked solutions of the chain task's sft split "
                        "(loss on the solutions only), resumable, cached under a key of every setting; prints the "
                        "model directory. docs/getting-started/warm-start.md.", argument_default=argparse.SUPPRESS)
+    p.add_argument("--preset", choices=sorted(name for name in PRESETS if _sft_model(PRESETS[name])),
+                   help="the warm start a `grail train --preset NAME` run looks for: the preset's task_* values and "
+                   "its `sft:MODEL` as base_model (flags win)")
     for cls, names in ((SFTFields, SFT_FIELD_NAMES), (GRAILFields, SFT_TASK_FIELDS)):
         hints, by_name = typing.get_type_hints(cls), {f.name: f for f in fields(cls)}
         for name in names:

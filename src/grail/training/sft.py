@@ -41,7 +41,7 @@ from trl import SFTConfig, SFTTrainer
 from grail.models.sft_cache import MARKER, entry_dir, resolve_base
 from grail.options.fields import GRAILFields
 from grail.options.prompts import PromptFormat, resolve_prompt_format
-from grail.options.sft import SFT_RECIPE_VERSION, SFTFields, sft_cache_key, sft_settings_record
+from grail.options.sft import SFT_RECIPE_VERSION, SFTFields, preset_values, sft_cache_key, sft_settings_record
 from grail.tasks.chains import ChainSet, check_heldout_disjoint
 
 __all__ = ["chain_set_of", "make_trainer", "run_command", "sft_dataset", "sft_warm_start"]
@@ -80,7 +80,7 @@ class _Progress(TrainerCallback):
         self.start, self.first = time.monotonic(), state.global_step
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if not logs or "loss" not in logs:
+        if not logs or "loss" not in logs or not state.is_world_process_zero:
             return
         spent, done = time.monotonic() - self.start, state.global_step - self.first
         left = spent / done * (state.max_steps - state.global_step) if done else math.nan
@@ -133,8 +133,10 @@ def sft_warm_start(settings: SFTFields, chain_set: ChainSet, log: Log = print,
     trainer, fmt = make_trainer(settings, chain_set, base_path, checkpoints, log, callbacks)
     trainer.train(resume_from_checkpoint=last)
     staging = work / "model"
-    shutil.rmtree(staging, ignore_errors=True)
-    trainer.save_model(str(staging))  # model and tokenizer
+    trainer.save_model(str(staging))  # model and tokenizer (written by the main process)
+    if not trainer.accelerator.is_main_process:  # under `accelerate launch`: the main process publishes the entry
+        trainer.accelerator.wait_for_everyone()
+        return entry
     fmt.save(staging)  # `grail eval` and `grail explain` read the problems as they were trained
     losses = [row["loss"] for row in trainer.state.log_history if "loss" in row]
     record = {"key": key, "recipe": SFT_RECIPE_VERSION, "base": identity, "base_path": str(base_path),
@@ -148,11 +150,14 @@ def sft_warm_start(settings: SFTFields, chain_set: ChainSet, log: Log = print,
     staging.rename(entry)
     shutil.rmtree(work, ignore_errors=True)
     log(f"sft: done; warm start in {entry}")
+    trainer.accelerator.wait_for_everyone()
     return entry
 
 
 def run_command(values: dict, log: Log = print) -> int:
-    """`grail sft`: `values` holds the given SFTFields and task_* fields (grail.options.sft.add_parser)."""
+    """`grail sft`: `values` holds the given SFTFields and task_* fields (grail.options.sft.add_parser), and maybe a
+    preset, whose task_* values and `sft:NAME` model are the defaults of the others (`preset_values`)."""
+    values = {**preset_values(values.pop("preset", None)), **values}
     settings = SFTFields(**{k: v for k, v in values.items() if not k.startswith("task_")})
     chain_set = chain_set_of({k: v for k, v in values.items() if k.startswith("task_")})
     entry = sft_warm_start(settings, chain_set, log)
