@@ -181,7 +181,13 @@ def test_the_command_runs_and_prints_the_model_dir(tmp_path, base_dir, capsys):
 def test_smollm2_takes_a_few_sft_steps(tmp_path, real_model_dir):
     settings = SFTFields(base_model="smollm2-135m", sft_steps=2, sft_batch_size=2, sft_logging_steps=1,
                          cache_dir=str(real_model_dir.parent.parent))
-    entry = sft_warm_start(settings, replace(SET, num_sft=4), lambda s: None)
+    small = replace(SET, num_sft=4)
+    trainer, _ = make_trainer(settings, small, real_model_dir, tmp_path / "ckpt")
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(4)])
+    for row, example in enumerate(small.examples("sft")):  # the template renders the prompt alone as a prefix
+        labelled = batch["input_ids"][row][batch["labels"][row] != -100]
+        assert trainer.processing_class.decode(labelled) == example.solution + "<|im_end|>\n"
+    entry = sft_warm_start(settings, small, lambda s: None)
     assert PromptFormat.load(entry).chat  # SmolLM2-Instruct has a chat template
     assert json.loads((entry / MARKER).read_text())["base"]["model"] == "smollm2-135m"
     before, after = load_file(real_model_dir / "model.safetensors"), load_file(entry / "model.safetensors")

@@ -133,6 +133,8 @@ def sft_warm_start(settings: SFTFields, chain_set: ChainSet, log: Log = print,
     trainer, fmt = make_trainer(settings, chain_set, base_path, checkpoints, log, callbacks)
     trainer.train(resume_from_checkpoint=last)
     staging = work / "model"
+    if trainer.accelerator.is_main_process:  # what a run killed while saving left
+        shutil.rmtree(staging, ignore_errors=True)
     trainer.save_model(str(staging))  # model and tokenizer (written by the main process)
     if not trainer.accelerator.is_main_process:  # under `accelerate launch`: the main process publishes the entry
         trainer.accelerator.wait_for_everyone()
