@@ -1,7 +1,7 @@
 """Command line: `grail train`, `grail demo`, `grail compare`, `grail eval`, `grail grader-check`, `grail explain`,
-`grail models`, `grail presets`.
+`grail models`, `grail sft`, `grail presets`.
 
-`main(argv) -> exit code`, testable in process. Only the training commands (`train`, `demo`, `compare`) and
+`main(argv) -> exit code`, testable in process. Only the training commands (`train`, `demo`, `compare`, `sft`) and
 `explain` (which reads the run's config) import the training layer (TRL, transformers); `--help`, `presets`, `eval` and
 `grader-check` start without it.
 
@@ -24,6 +24,7 @@ from grail.analysis.explain import cli as explain_cli
 from grail.evaluation import cli as eval_cli
 from grail.models import cli as models_cli
 from grail.options import presets
+from grail.options import sft as sft_options
 from grail.options.fields import GRAILFields
 from grail.options.presets import PRESETS, TINY_CPU
 
@@ -61,6 +62,7 @@ def _parser(methods_epilog: str = "") -> argparse.ArgumentParser:
     explain_cli.add_parser(sub)
     compare_cli.add_parser(sub)
     models_cli.add_parser(sub)
+    sft_options.add_parser(sub)
     methods = sub.add_parser("methods", help="the token-weighting methods (built-in and plug-ins): what each "
                              "computes, its cost, its own options, its reference")
     methods.add_argument("name", nargs="*", help="only these methods; `grail methods check [NAME ...]` runs the method "
@@ -168,6 +170,11 @@ def main(argv: list[str] | None = None) -> int:
             return explain_cli.run(args, rest)
         if args.command == "compare":
             return compare_cli.run(args, rest)
+        if args.command == "sft":
+            eval_cli.check_no_extra(args.command, rest)
+            from grail.training.sft import run_command  # TRL only when fine-tuning
+
+            return run_command({k: v for k, v in vars(args).items() if k != "command"})
         if args.command == "models":
             eval_cli.check_no_extra(args.command, rest)
             return models_cli.run(args)

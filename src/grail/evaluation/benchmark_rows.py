@@ -36,13 +36,14 @@ from grail.tasks.boxed import last_boxed_content, release_last_box
 
 __all__ = [
     "BENCHMARK_NAMES", "LOADABLE_NAMES", "normalise", "Problem", "RELEASE_ANSWER_FIELDS", "release_reference",
-    "row_id", "strip_math_delimiters", "SYNTHETIC", "SYNTHETIC_NAMES", "SYNTHETIC_WORDS"
+    "row_id", "strip_math_delimiters", "SYNTHETIC", "SYNTHETIC_CHAINS", "SYNTHETIC_NAMES", "SYNTHETIC_WORDS"
 ]
 
 BENCHMARK_NAMES = ("math500", "aime24", "amc23", "minerva_math", "college_math", "olympiadbench")
 SYNTHETIC = "synthetic"
 SYNTHETIC_WORDS = "synthetic_words"  # the word-problem style of the synthetic task (grail.tasks.word_problems)
-SYNTHETIC_NAMES = (SYNTHETIC, SYNTHETIC_WORDS)
+SYNTHETIC_CHAINS = "synthetic_chains"  # the chain task's held-out split (grail.tasks.chains)
+SYNTHETIC_NAMES = (SYNTHETIC, SYNTHETIC_WORDS, SYNTHETIC_CHAINS)
 LOADABLE_NAMES = (*BENCHMARK_NAMES, *SYNTHETIC_NAMES)
 
 
@@ -162,6 +163,7 @@ _SCHEMAS = {
     "olympiadbench": _Schema("question", _list_answer, _field_id("id")),
     SYNTHETIC: _Schema("prompt", _scalar_answer, lambda row, index: str(index)),
     SYNTHETIC_WORDS: _Schema("prompt", _scalar_answer, lambda row, index: str(index)),
+    SYNTHETIC_CHAINS: _Schema("prompt", _scalar_answer, lambda row, index: str(index)),
 }
 
 

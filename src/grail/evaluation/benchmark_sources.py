@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from grail.tasks.chains import ChainSet
 from grail.tasks.synthetic import SyntheticSet
 
 __all__ = ["HUB_IDS", "LOCAL_FILE", "hub_id", "hub_rows", "local_rows", "synthetic_rows"]
@@ -78,9 +79,9 @@ def hub_rows(name: str) -> tuple[list[tuple[int, dict]], str]:
     return list(enumerate(splits[split])), f"hub:{dataset_id} (split {split})"
 
 
-def synthetic_rows(synthetic_set: SyntheticSet | None = None) -> tuple[list[tuple[int, dict]], str]:
-    """The held-out rows of `synthetic_set` (a training run's `GRAILConfig.synthetic_set()`), or of the default
-    `SyntheticSet` when it is None."""
+def synthetic_rows(synthetic_set: SyntheticSet | ChainSet | None = None) -> tuple[list[tuple[int, dict]], str]:
+    """The held-out rows of `synthetic_set` (a training run's `GRAILConfig.synthetic_set()`: a `ChainSet` for the
+    chain task), or of the default `SyntheticSet` when it is None."""
     which = "the run's task settings" if synthetic_set is not None else "default task settings"
     synthetic_set = synthetic_set or SyntheticSet()
     return list(enumerate(synthetic_set.rows("heldout"))), (

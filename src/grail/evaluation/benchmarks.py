@@ -23,6 +23,9 @@ taken:
    which already carries the task's format; ``data_dir`` and the Hub play no part. "synthetic_words" is its word
    style's held-out split (grail.tasks.word_problems: the run's when the run uses that style, else WORDS_SET), whose
    problems are chat messages (worked examples as earlier turns), rendered with the model's chat template.
+   "synthetic_chains" is the chain task's held-out split (grail.tasks.chains: the run's when the run uses that
+   style, else the default `ChainSet`), one user turn each. A run with task_style chains gets the same problems
+   under "synthetic" (its `synthetic_set` is a `ChainSet`).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from grail.evaluation.benchmark_rows import (
     LOADABLE_NAMES,
     RELEASE_ANSWER_FIELDS,
     SYNTHETIC,
+    SYNTHETIC_CHAINS,
     SYNTHETIC_NAMES,
     SYNTHETIC_WORDS,
     Problem,
@@ -48,12 +52,14 @@ from grail.evaluation.benchmark_rows import (
     strip_math_delimiters,
 )
 from grail.evaluation.benchmark_sources import hub_id, hub_rows, local_rows, synthetic_rows
+from grail.tasks.chains import ChainSet
 from grail.tasks.synthetic import SyntheticSet
 
 __all__ = [
     "BENCHMARK_NAMES", "load_benchmark", "load_benchmarks", "LOADABLE_NAMES", "LoadedBenchmark",
     "parse_benchmark_list", "Problem", "RELEASE_ANSWER_FIELDS", "release_reference", "RELEASE_SUBSET_FILES",
-    "release_subset_ids", "seeded_subset", "strip_math_delimiters", "SYNTHETIC", "SYNTHETIC_NAMES", "SYNTHETIC_WORDS"
+    "release_subset_ids", "seeded_subset", "strip_math_delimiters", "SYNTHETIC", "SYNTHETIC_CHAINS", "SYNTHETIC_NAMES",
+    "SYNTHETIC_WORDS"
 ]
 
 # the identity lists of the release's fixed subsets, <lists_dir>/<name>/<file>; the other benchmarks: every row
@@ -163,7 +169,7 @@ def load_benchmark(
     size: int | None | Literal["release"] = "release",
     seed: int = 0,
     release_subsets_dir: str | Path | None = None,
-    synthetic_set: SyntheticSet | None = None,
+    synthetic_set: SyntheticSet | ChainSet | None = None,
 ) -> LoadedBenchmark:
     """Load one benchmark (the per-benchmark normalisation: grail.evaluation.benchmark_rows).
 
@@ -176,7 +182,8 @@ def load_benchmark(
         size="release" on CollegeMath or OlympiadBench.
     synthetic_set: for "synthetic", the problems a training run uses (`GRAILConfig.synthetic_set()`), so that
         checkpoint evaluation uses the run's own task; None = the default `SyntheticSet`. For "synthetic_words",
-        the same when its style is "words", else the word style's defaults (grail.tasks.synthetic.WORDS_SET).
+        the same when its style is "words", else the word style's defaults (grail.tasks.synthetic.WORDS_SET); for
+        "synthetic_chains", the same when it is a `ChainSet`, else the default `ChainSet`.
     """
     _check_name(name)
     if data_dir is None and name not in SYNTHETIC_NAMES:
@@ -191,6 +198,9 @@ def load_benchmark(
 
         words = synthetic_set is not None and synthetic_set.task.style == "words"
         rows, origin = synthetic_rows(synthetic_set if words else WORDS_SET)
+    elif name == SYNTHETIC_CHAINS:
+        chains = isinstance(synthetic_set, ChainSet)
+        rows, origin = synthetic_rows(synthetic_set if chains else ChainSet())
     elif data_dir is None:
         rows, origin = hub_rows(name)
     else:

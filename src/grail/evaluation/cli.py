@@ -8,7 +8,12 @@ import time
 import typing
 from pathlib import Path
 
-from grail.evaluation.benchmarks import BENCHMARK_NAMES, SYNTHETIC_NAMES  # light: no torch, math-verify or sympy
+from grail.evaluation.benchmarks import (  # light: no torch, math-verify or sympy
+    BENCHMARK_NAMES,
+    SYNTHETIC_CHAINS,
+    SYNTHETIC_NAMES,
+    SYNTHETIC_WORDS,
+)
 from grail.options.choices import ScoringName
 from grail.options.sampling import SamplingParams  # light: the release's sampling defaults, without torch
 
@@ -17,6 +22,7 @@ __all__ = ["add_parsers", "check_no_extra", "RELEASE", "run_eval", "run_grader_c
 RELEASE = SamplingParams()
 SIX = ",".join(BENCHMARK_NAMES)
 SCORING_NAMES = typing.get_args(ScoringName)
+MESSAGE_BENCHMARKS = (SYNTHETIC_WORDS, SYNTHETIC_CHAINS)  # problems that are chat messages
 WORKERS_HELP = ("grading processes (default: one per CPU core, at most 8, grail.evaluation.grader.MAX_WORKERS; "
                 "never more than the items waiting)")
 
@@ -30,7 +36,8 @@ def add_parsers(sub) -> None:
                     "embedded model)")
     ev.add_argument("--benchmarks", default=SIX,
                     help="comma-separated: math500, aime24, amc23, minerva_math, college_math, olympiadbench, "
-                    "synthetic, synthetic_words (the synthetic task as word problems, for chat models) (default: the "
+                    "synthetic, synthetic_words (the synthetic task as word problems, for chat models), "
+                    "synthetic_chains (the chain task's held-out split, for chat models; `grail sft`) (default: the "
                     "six of the paper)")
     ev.add_argument("--data-dir", help="local copy laid out as DIR/<benchmark>/test.jsonl (default: the Hub)")
     ev.add_argument("--size", default="release", help="problems per benchmark: `release` (default: the release's "
@@ -95,16 +102,17 @@ def _vllm_missing() -> str | None:
     return None
 
 
-def _prompt_format(args, model_path: str, tokenizer, synthetic: bool = False):
+def _prompt_format(args, model_path: str, tokenizer, synthetic: bool = False, messages: bool = False):
     """The saved format of a model grail trained, else `auto` (grail.options.prompts.resolve_prompt_format, as training
-    resolves it); --prompt-format and --prompt-suffix win. `synthetic`: every benchmark is the synthetic task."""
+    resolves it); --prompt-format and --prompt-suffix win. `synthetic`: every benchmark is the synthetic task;
+    `messages`: every problem is chat messages (synthetic_words, synthetic_chains)."""
     from grail.options.prompts import AUTO, PromptFormat, resolve_prompt_format
 
     saved = PromptFormat.load(model_path) if Path(model_path).is_dir() else None
     chat = {"auto": saved.chat if saved else AUTO, "plain": False, "chat": True}[args.prompt_format]
     suffix = args.prompt_suffix if args.prompt_suffix is not None else saved.suffix if saved else AUTO
     kwargs = saved.chat_template_kwargs if saved and saved.chat and args.prompt_format != "plain" else None
-    return resolve_prompt_format(tokenizer, synthetic, chat, suffix, kwargs)
+    return resolve_prompt_format(tokenizer, synthetic, chat, suffix, kwargs, messages=messages)
 
 
 def run_eval(args) -> int:
@@ -132,7 +140,8 @@ def run_eval(args) -> int:
     model_path = resolve_model(args.model)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     spec = replace(spec, prompt=_prompt_format(args, model_path, tokenizer,
-                                               synthetic=all(b in SYNTHETIC_NAMES for b in benchmarks)))
+                                               synthetic=all(b in SYNTHETIC_NAMES for b in benchmarks),
+                                               messages=all(b in MESSAGE_BENCHMARKS for b in benchmarks)))
     if args.backend == "vllm":  # vLLM loads the weights itself: the HF model is never loaded (nor its GPU memory)
         sampler = VLLMSampler(model_path)
     else:

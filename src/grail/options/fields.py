@@ -18,13 +18,31 @@ from grail.options.choices import (
     WeightsFrom,
 )
 from grail.options.sampling import SamplingParams
-from grail.tasks.arithmetic import TaskConfig, TaskStyle
+from grail.tasks.arithmetic import TaskConfig
+from grail.tasks.chain_problems import OPERATIONS, ChainConfig
+from grail.tasks.chains import ChainSet
 from grail.tasks.synthetic import SyntheticSet
 
-__all__ = ["GRAILFields", "SYNTHETIC_DATASET", "TINY_MODEL"]
+__all__ = ["CHAIN_ONLY_FIELDS", "GRAILFields", "SFT_MODEL_PREFIX", "SYNTHETIC_DATASET", "TaskStyleChoice",
+           "TINY_MODEL"]
 
 TINY_MODEL = "tiny"
+SFT_MODEL_PREFIX = "sft:"  # model_name_or_path `sft:NAME`: the `grail sft` warm start of NAME (grail.models.sft_cache)
 SYNTHETIC_DATASET = "synthetic"
+# grail.tasks.arithmetic.TASK_STYLES and ChainConfig.style, the chain task (tests/test_chain_config.py keeps them equal)
+TaskStyleChoice = Literal["symbolic", "words", "chains"]
+CHAIN_ONLY_FIELDS = ("task_operations", "task_factor_max", "task_num_sft")
+# task_* fields whose default differs between styles: field name -> the attribute of (TaskConfig | SyntheticSet,
+# ChainConfig | ChainSet) it stands for; None in the field = that default
+_STYLE_DEFAULTS = {"num_steps": (TaskConfig, ChainConfig), "operand_min": (TaskConfig, ChainConfig),
+                   "operand_max": (TaskConfig, ChainConfig), "max_value": (TaskConfig, ChainConfig),
+                   "num_heldout": (SyntheticSet, ChainSet)}
+
+
+def _defaults(name: str) -> str:
+    arithmetic, chains = _STYLE_DEFAULTS[name]
+    return f"symbolic and words {getattr(arithmetic, name)}, chains {getattr(chains, name)}"
+
 
 @dataclass
 class GRAILFields(WeightingFields):
@@ -37,7 +55,10 @@ class GRAILFields(WeightingFields):
         default=TINY_MODEL,
         metadata={"help": "`tiny` = the embedded ~1.7M-parameter Qwen3-architecture model, built in code and "
                   "warm-started on the synthetic task (cached, no download); otherwise a local checkpoint "
-                  "directory or a Hub id such as `Qwen/Qwen3-4B`. `model` is accepted as an alias (--model, "
+                  "directory or a Hub id such as `Qwen/Qwen3-4B`; `sft:NAME` = the cached `grail sft` warm start of "
+                  "NAME (a built-in real model or a directory) on this run's chain task (task_style chains, its task_* "
+                  "values, the default SFT settings), refused with the `grail sft` command that makes it when it is "
+                  "not cached (docs/getting-started/warm-start.md). `model` is accepted as an alias (--model, "
                   "as `grail eval` and `grail explain` take it)."},
     )
     dataset: str = field(
@@ -135,36 +156,59 @@ class GRAILFields(WeightingFields):
                   "One process only, activation checkpointing off."},
     )
     # ---- embedded synthetic task and tiny model -------------------------------------------------------
-    task_num_steps: int = field(
-        default=TaskConfig.num_steps, metadata={"help": "Synthetic task: arithmetic steps per problem."}
-    )
-    task_operand_min: int = field(
-        default=TaskConfig.operand_min, metadata={"help": "Synthetic task: smallest operand."}
-    )
-    task_operand_max: int = field(default=TaskConfig.operand_max, metadata={"help": "Synthetic task: largest operand."})
+    # Fields shared by the arithmetic styles and the chain task default to None: the style's own default (one home:
+    # TaskConfig / SyntheticSet for symbolic and words, ChainConfig / ChainSet for chains).
+    task_num_steps: int | None = field(
+        default=None, metadata={"help": "Synthetic task: arithmetic steps per problem (chains: steps after the given "
+                                f"quantity). None = the style's default: {_defaults('num_steps')}."})
+    task_operand_min: int | None = field(
+        default=None, metadata={"help": "Synthetic task: smallest operand (chains: also the floor of every "
+                                f"quantity). None = the style's default: {_defaults('operand_min')}."})
+    task_operand_max: int | None = field(
+        default=None, metadata={"help": f"Synthetic task: largest operand. None = the style's default: "
+                                f"{_defaults('operand_max')}."})
     task_filler_rate: float = field(
         default=TaskConfig.filler_rate,
         metadata={"help": "Synthetic task: probability of non-informative filler words after each step of "
                   "the reference traces (they shape the warm-started policy's style)."},
     )
-    task_style: TaskStyle = field(
+    task_style: TaskStyleChoice = field(
         default=TaskConfig.style,
         metadata={"help": "Synthetic task: how problems are written. `symbolic`: `Q: 7+5*3-4` with a left-to-right "
                   "trace (the tiny model's task). `words`: the same arithmetic as a short word problem with a "
                   "solution in words ending in \\boxed{}, as chat messages with worked examples, for pretrained chat "
                   "models (grail.tasks.word_problems; the preset smollm-words holds the measured task_* values: "
-                  "1 step, operands 1..20, values <= 40)."},
+                  "1 step, operands 1..20, values <= 40). `chains`: word problems in which each person's count is "
+                  "defined from an earlier one, so the answer needs every step (grail.tasks.chains), one user turn "
+                  "without worked examples, for chat models warm-started on the task's sft split (`grail sft`); "
+                  "its own fields: task_operations, task_factor_max, task_num_sft."},
     )
-    task_max_value: int = field(
-        default=TaskConfig.max_value,
+    task_max_value: int | None = field(
+        default=None,
         metadata={"help": "Synthetic task: upper bound on every running value (results, and so products; all stay "
-                  ">= 0)."},
+                  f">= 0; chains: >= operand_min). None = the style's default: {_defaults('max_value')}."},
+    )
+    task_operations: str = field(
+        default=",".join(ChainConfig.operations),
+        metadata={"help": "Chain task only: comma-separated operations a step may use, among "
+                  f"{', '.join(OPERATIONS)} (add and subtract are required; grail.tasks.chain_problems)."},
+    )
+    task_factor_max: int = field(
+        default=ChainConfig.factor_max,
+        metadata={"help": "Chain task only: multiply's factors are 2..task_factor_max (with `multiply` in "
+                  "task_operations)."},
+    )
+    task_num_sft: int = field(
+        default=ChainSet.num_sft,
+        metadata={"help": "Chain task only: problems of the sft split, the supervised warm start's (`grail sft`); "
+                  "disjoint from the training and held-out splits."},
     )
     task_num_train: int = field(default=SyntheticSet.num_train,
                                 metadata={"help": "Synthetic task: distinct training prompts."})
-    task_num_heldout: int = field(
-        default=SyntheticSet.num_heldout,
-        metadata={"help": "Synthetic task: held-out problems for evaluation (never in the training split)."},
+    task_num_heldout: int | None = field(
+        default=None,
+        metadata={"help": "Synthetic task: held-out problems for evaluation (never in the training split). None = "
+                  f"the style's default: {_defaults('num_heldout')}."},
     )
     task_seed: int = field(default=SyntheticSet.seed,
                            metadata={"help": "Synthetic task: seed of the problem generator."})
@@ -234,21 +278,62 @@ class GRAILFields(WeightingFields):
     )
 
     # ---- the option groups the lower layers take (each validates its fields) ------------------------------
+    def _task_value(self, name: str):
+        """task_<name>, or the style's default where it is None."""
+        value = getattr(self, f"task_{name}")
+        if value is not None:
+            return value
+        arithmetic, chains = _STYLE_DEFAULTS[name]
+        return getattr(chains if self.task_style == ChainConfig.style else arithmetic, name)
+
     def task_config(self) -> TaskConfig:
+        """The arithmetic generator's settings (styles symbolic and words)."""
+        if self.task_style == ChainConfig.style:
+            raise ValueError("task_style='chains' is not the arithmetic generator's; its settings are chain_config().")
         try:
-            return TaskConfig(num_steps=self.task_num_steps, operand_min=self.task_operand_min,
-                              operand_max=self.task_operand_max, filler_rate=self.task_filler_rate,
-                              max_value=self.task_max_value, style=self.task_style)
+            return TaskConfig(num_steps=self._task_value("num_steps"), operand_min=self._task_value("operand_min"),
+                              operand_max=self._task_value("operand_max"), filler_rate=self.task_filler_rate,
+                              max_value=self._task_value("max_value"), style=self.task_style)
         except ValueError as err:
             raise ValueError(f"synthetic task setting: {err} (config fields carry the prefix task_, "
                              f"e.g. task_num_steps)") from err
 
-    def synthetic_set(self) -> SyntheticSet:
-        """The synthetic task's problems this run trains and evaluates on (task_* fields)."""
+    def chain_config(self) -> ChainConfig:
+        """The chain task's generator settings (task_style chains)."""
+        ops = self.task_operations
+        operations = tuple(op.strip() for op in (ops.split(",") if isinstance(ops, str) else ops) if op.strip())
+        try:
+            return ChainConfig(num_steps=self._task_value("num_steps"), operand_min=self._task_value("operand_min"),
+                               operand_max=self._task_value("operand_max"), operations=operations,
+                               factor_max=self.task_factor_max, max_value=self._task_value("max_value"),
+                               filler_rate=self.task_filler_rate)
+        except ValueError as err:
+            raise ValueError(f"chain task setting: {err} (config fields carry the prefix task_, e.g. task_num_steps, "
+                             f"task_operations)") from err
+
+    def synthetic_set(self) -> SyntheticSet | ChainSet:
+        """The synthetic task's problems this run trains and evaluates on (task_* fields): a `ChainSet` for
+        task_style chains, else a `SyntheticSet`. Both give `rows(split)` for "train" and "heldout"."""
+        if self.task_style == ChainConfig.style:
+            try:
+                return ChainSet(task=self.chain_config(), num_sft=self.task_num_sft, num_train=self.task_num_train,
+                                num_heldout=self._task_value("num_heldout"), seed=self.task_seed)
+            except ValueError as err:
+                if str(err).startswith("chain task setting"):
+                    raise
+                raise ValueError(f"chain task setting: {err} (set task_num_sft / task_num_train / "
+                                 f"task_num_heldout)") from err
+        given = [f"{name}={getattr(self, name)!r}" for name in CHAIN_ONLY_FIELDS
+                 if getattr(self, name) != getattr(GRAILFields, name)]
+        if given:
+            raise ValueError(f"{', '.join(given)}: chain task settings, but task_style is {self.task_style!r}, which "
+                             f"would ignore them; remove them, or set task_style chains.")
         try:
             return SyntheticSet(task=self.task_config(), num_train=self.task_num_train,
-                                num_heldout=self.task_num_heldout, seed=self.task_seed)
+                                num_heldout=self._task_value("num_heldout"), seed=self.task_seed)
         except ValueError as err:
+            if str(err).startswith("synthetic task setting"):
+                raise
             raise ValueError(f"synthetic task setting: {err} (set task_num_train / task_num_heldout)") from err
 
     def warm_start_config(self) -> WarmStartConfig:

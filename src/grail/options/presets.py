@@ -5,11 +5,14 @@ Presets only hold values; every field's meaning is documented once, in `GRAILCon
 
 from __future__ import annotations
 
+from grail.options.fields import SFT_MODEL_PREFIX
 from grail.options.prompts import PAPER_PROMPT_SUFFIX
+from grail.tasks.chain_problems import ChainConfig
+from grail.tasks.chains import ChainSet
 from grail.tasks.synthetic import WORDS_SET
 
-__all__ = ["GEMMA_WORDS", "NOTES", "PAPER", "PAPER_LOSS", "PAPER_NOTES", "preset", "PRESETS", "render", "SMOLLM_WORDS",
-           "TINY_CPU"]
+__all__ = ["CHAIN_NOTES", "GEMMA_CHAINS", "GEMMA_WORDS", "NOTES", "PAPER", "PAPER_LOSS", "PAPER_NOTES", "preset",
+           "PRESETS", "render", "SMOLLM_CHAINS", "SMOLLM_WORDS", "TINY_CPU"]
 
 # The GRAIL release's loss and grouping (docs/methods/none.md): A = r - mean(group) without std scaling,
 # Dr. GRPO aggregation, asymmetric clip, no KL, truncated completions masked, 8 completions per prompt.
@@ -169,9 +172,52 @@ GEMMA_WORDS = {
     "max_completion_length": 48,
 }
 
+# The chain task (grail.tasks.chains, answers that cannot be guessed) for SmolLM2-135M-Instruct, from its `grail sft`
+# warm start on the task's sft split (`sft:NAME`: a run names the `grail models fetch` or `grail sft` command that is
+# missing). NOT TUNED: the task values are the chain task's defaults and the RL values smollm-words' (a later session
+# measures the warm start's held-out accuracy and tunes them); CHAIN_NOTES says so with each value.
+SMOLLM_CHAINS = {
+    "model_name_or_path": f"{SFT_MODEL_PREFIX}smollm2-135m",
+    "dataset": "synthetic",
+    "task_style": "chains",
+    "task_num_steps": ChainConfig.num_steps,
+    "task_operand_min": ChainConfig.operand_min,
+    "task_operand_max": ChainConfig.operand_max,
+    "task_max_value": ChainConfig.max_value,
+    "task_operations": ",".join(ChainConfig.operations),
+    "task_num_sft": ChainSet.num_sft,
+    "task_num_train": ChainSet.num_train,
+    "task_num_heldout": ChainSet.num_heldout,
+    "reward": "exact_int",
+    **PAPER_LOSS,
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": 0,
+    "max_completion_length": 128,
+    "per_device_train_batch_size": 2,
+    "gradient_accumulation_steps": 4,
+    "logging_steps": 1,
+}
+# The same for the base model Gemma 3 270M: no chat template, so the prompts are plain text (render_plain) in both
+# stages; its warm start learned to end the solution with EOS, so truncated completions stay masked (not measured).
+GEMMA_CHAINS = {**SMOLLM_CHAINS, "model_name_or_path": f"{SFT_MODEL_PREFIX}gemma3-270m"}
+_UNTUNED = "untuned: "
+CHAIN_NOTES = {
+    "model_name_or_path": "the `grail sft` warm start of the model on this task (default SFT settings), found in the "
+                          "cache; a run without it names the command that makes it",
+    "task_num_steps": _UNTUNED + "the chain task's defaults (grail.tasks.chain_problems.ChainConfig), down to "
+                      "task_operations",
+    "task_num_sft": _UNTUNED + "the chain task's split sizes (grail.tasks.chains.ChainSet)",
+    "reward": "the answer is an integer: exact match of the last box",
+    "temperature": _UNTUNED + "TRL's sampling",
+    "max_completion_length": _UNTUNED + "the default solutions take 56 SmolLM2 tokens on average, 62 at most (300 sft "
+                             "problems, with the end of turn); 128 leave room",
+    "per_device_train_batch_size": _UNTUNED + "smollm-words' micro-batches: 8 completions per step, 2 rows at a time",
+}
+
 PRESETS: dict[str, dict] = {"paper": PAPER, "tiny-cpu": TINY_CPU, "smollm-words": SMOLLM_WORDS,
-                            "gemma-words": GEMMA_WORDS}
-NOTES: dict[str, dict[str, str]] = {"paper": PAPER_NOTES}
+                            "gemma-words": GEMMA_WORDS, "smollm-chains": SMOLLM_CHAINS, "gemma-chains": GEMMA_CHAINS}
+NOTES: dict[str, dict[str, str]] = {"paper": PAPER_NOTES, "smollm-chains": CHAIN_NOTES, "gemma-chains": CHAIN_NOTES}
 
 
 def render(names: list[str]) -> str:

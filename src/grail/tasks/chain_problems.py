@@ -49,6 +49,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from grail.tasks.arithmetic import FILLER_WORDS, TaskExample
 from grail.tasks.word_problems import INSTRUCTION, NAMES, OBJECTS
@@ -71,7 +72,10 @@ class ChainConfig:
     factor_max: multiply's factors are 2..factor_max (kept small: a 135M model multiplies poorly).
     max_value: every quantity stays in [operand_min, max_value], so these also bound the answers.
     filler_rate: probability, per step, of 1-3 filler words after its sentence.
+    style: the task's name among the synthetic task's styles (a config's `task_style`; not a field).
     """
+
+    style: ClassVar[str] = "chains"
 
     num_steps: int = 3
     operand_min: int = 10

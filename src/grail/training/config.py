@@ -23,7 +23,7 @@ from trl import GRPOConfig
 from grail.methods.spec import SCOPED_OPTIONS, MethodSpec
 from grail.methods.table import ResolvedMethod, check_combination, method_spec, own_options, unread_options
 from grail.options.choices import WEIGHTING_FIELDS, WeightingOptions
-from grail.options.fields import TINY_MODEL, GRAILFields
+from grail.options.fields import SFT_MODEL_PREFIX, TINY_MODEL, GRAILFields
 
 __all__ = ["GRAILConfig", "RESOLVED_FROM", "field_types", "literal_choices"]
 
@@ -52,9 +52,14 @@ class GRAILConfig(GRPOConfig, GRAILFields):
         self.synthetic_set()  # validates the task_* fields
         if self.task_style != "symbolic" and self.model_name_or_path == TINY_MODEL:
             raise ValueError(f"task_style={self.task_style!r} is for pretrained chat models (its prompts are chat "
-                             f"messages with worked examples); the tiny model is warm-started on the symbolic style "
-                             f"only. Give a chat model, e.g. --model_name_or_path smollm2-135m, or use task_style "
-                             f"symbolic.")
+                             f"messages); the tiny model is warm-started on the symbolic style only. Give a chat "
+                             f"model, e.g. --model_name_or_path smollm2-135m (task_style chains: its `grail sft` "
+                             f"warm start), or use task_style symbolic.")
+        base = self.model_name_or_path.removeprefix(SFT_MODEL_PREFIX)
+        if base != self.model_name_or_path and (self.task_style != "chains" or not base):
+            raise ValueError(f"model_name_or_path={self.model_name_or_path!r} is a `grail sft` warm start on the chain "
+                             f"task: it needs task_style chains (not {self.task_style!r}) and a model after "
+                             f"{SFT_MODEL_PREFIX!r}, e.g. {SFT_MODEL_PREFIX}smollm2-135m.")
         self._resolve_method()
         if self.eval_benchmarks:
             from grail.evaluation.benchmarks import parse_benchmark_list
@@ -168,8 +173,8 @@ class GRAILConfig(GRPOConfig, GRAILFields):
                                  f"set {f.name} to one of {', '.join(map(repr, choices))}.")
 
     def _check_positive(self, *names: str) -> None:
-        for name in names:
-            if getattr(self, name) < 1:
+        for name in names:  # None: a task_* field left to its style's default
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be >= 1.")
 
 

@@ -30,8 +30,8 @@ def eval_specs(cfg: GRAILConfig, tokenizer=None) -> dict[str, EvalSpec]:
     temperature, top_p and top_k). Both: every problem of the synthetic held-out split, the run's prompt format,
     max_completion_length and seed. The prompt format is the one training resolves (grail.training.run
     .resolve_prompt_fields) for `tokenizer` (the model's; None: a chat template is assumed where `auto` asks for one):
-    the words task's chat messages through the chat template, the symbolic task's plain text."""
-    fmt = PromptFormat.from_config(cfg, tokenizer, messages=cfg.task_style == "words")
+    the words and chains tasks' chat messages through the chat template, the symbolic task's plain text."""
+    fmt = PromptFormat.from_config(cfg, tokenizer, messages=cfg.task_style != "symbolic")  # words, chains: messages
     common = dict(benchmarks=(SYNTHETIC,), size=None, seed=cfg.seed, prompt=fmt)
     sampling = {
         "greedy": SamplingParams(n=1, temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=cfg.max_completion_length),

@@ -29,8 +29,9 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from grail.evaluation.rewards import reward_named
 from grail.methods.sharding import is_sharded
 from grail.models.checks import check_tokenizer
+from grail.models.sft_cache import find_warm_start
 from grail.models.warmstart import resolve_model
-from grail.options.fields import SYNTHETIC_DATASET
+from grail.options.fields import SFT_MODEL_PREFIX, SYNTHETIC_DATASET, TINY_MODEL
 from grail.options.prompts import PromptFormat, empty_completions_warning, has_chat_template
 from grail.training.config import GRAILConfig
 from grail.training.data import format_prompts, load_prompts, prompts_are_messages
@@ -62,8 +63,13 @@ def reward_function(cfg: GRAILConfig):
 
 
 def resolve_model_path(cfg: GRAILConfig, log: Log = print) -> str:
-    """`grail.models.warmstart.resolve_model` for a run's model_name_or_path, warm-start settings and cache."""
-    return resolve_model(cfg.model_name_or_path, cfg.warm_start_config(), cfg.cache_dir, log)
+    """`grail.models.warmstart.resolve_model` for a run's model_name_or_path, warm-start settings and cache; for
+    `sft:NAME`, the cached `grail sft` warm start of NAME on the run's chain task (`find_warm_start`)."""
+    name = cfg.model_name_or_path
+    if name.startswith(SFT_MODEL_PREFIX):
+        return str(find_warm_start(name.removeprefix(SFT_MODEL_PREFIX), cfg))
+    warm = cfg.warm_start_config() if name == TINY_MODEL else None  # the chain task has no tiny warm start
+    return resolve_model(name, warm, cfg.cache_dir, log)
 
 
 class MetricsJsonl(TrainerCallback):

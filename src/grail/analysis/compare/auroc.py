@@ -1,6 +1,7 @@
 """Saliency quality in `grail compare`: the AUROC of critical vs filler tokens (grail.analysis.saliency.quality) of a
 run's final model, and of the warm start it began from. Rows, by the plan's auroc_set: "task" (the default, synthetic
-task only): `synthetic_rows` of the run's task settings, with filler_rate 0.6 where the run's is 0 (no filler, no
+task only, any style: the chain task's examples carry roles too): `synthetic_rows` of the run's task settings (the
+chain task's own held-out examples for task_style chains), with filler_rate 0.6 where the run's is 0 (no filler, no
 AUROC), the first `rows` held-out problems (seed: the run's task_seed); or a label set of
 grail.analysis.saliency.label_sets (`multi_step_filler`, `natural_contrast`: teacher-forced stories whose critical and
 filler or format tokens occur at every distance from the answer), its first `rows` rows of seed 0, for any run. Methods
@@ -20,9 +21,10 @@ from pathlib import Path
 
 from grail.analysis.saliency.label_sets import LABEL_SETS, label_set_rows
 from grail.analysis.saliency.quality import SaliencyQualityOptions, model_dir_saliency_auroc
-from grail.analysis.saliency.token_labels import synthetic_rows
+from grail.analysis.saliency.token_labels import saliency_row, synthetic_rows
 from grail.methods.table import METHODS, method_names
 from grail.options.fields import SYNTHETIC_DATASET
+from grail.tasks.chains import ChainSet
 
 __all__ = ["AUROC_SETS", "AurocPlan", "TASK_SET", "run_auroc"]
 
@@ -88,10 +90,13 @@ def run_auroc(model_dir: str | Path, cfg, auroc: AurocPlan) -> dict[str, float]:
     if auroc.label_set == TASK_SET:
         if cfg.dataset != SYNTHETIC_DATASET:
             return {}
-        task = cfg.synthetic_set().task
-        if task.filler_rate == 0:
-            task = replace(task, filler_rate=0.6)
-        labelled = synthetic_rows(task, auroc.rows, "heldout", cfg.task_seed)
+        task_set = cfg.synthetic_set()
+        task = task_set.task if task_set.task.filler_rate else replace(task_set.task, filler_rate=0.6)
+        if isinstance(task_set, ChainSet):  # chain examples carry roles as the arithmetic ones do
+            chains = replace(task_set, task=task, num_heldout=auroc.rows)
+            labelled = [saliency_row(example) for example in chains.examples("heldout")]
+        else:
+            labelled = synthetic_rows(task, auroc.rows, "heldout", cfg.task_seed)
     else:
         labelled = label_set_rows(auroc.label_set, auroc.rows, 0)
     options = SaliencyQualityOptions(weighting=cfg.weighting_options())

