@@ -52,6 +52,15 @@ def test_defaults_come_from_each_styles_own_classes():
         assert default == getattr(arithmetic, name[5:]) == getattr(chain, name[5:]), name
 
 
+def test_the_run_record_holds_the_task_values_that_ran_not_none(tmp_path):
+    record = _cfg(tmp_path, task_num_steps=4).to_dict()  # resolved_config.json
+    assert record["task_num_steps"] == 4 and record["task_operand_max"] == ChainConfig.operand_max
+    assert record["task_num_heldout"] == SMALL["task_num_heldout"]  # given, so recorded as given
+    symbolic = GRAILConfig(output_dir=str(tmp_path)).to_dict()  # as before the style defaults: TaskConfig's own values
+    assert (symbolic["task_num_steps"], symbolic["task_max_value"]) == (TaskConfig.num_steps, TaskConfig.max_value)
+    assert symbolic["task_num_heldout"] == SyntheticSet.num_heldout
+
+
 def test_chain_fields_reach_the_chain_set(tmp_path):
     cfg = _cfg(tmp_path, task_num_steps=4, task_operand_min=5, task_operand_max=30, task_max_value=150,
                task_operations="add, subtract,multiply", task_factor_max=4, task_filler_rate=0.5, task_seed=3)

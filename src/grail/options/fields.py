@@ -278,6 +278,11 @@ class GRAILFields(WeightingFields):
     )
 
     # ---- the option groups the lower layers take (each validates its fields) ------------------------------
+    def resolved_task_fields(self) -> dict[str, int]:
+        """The task_* fields whose default is the style's own, as this run uses them (resolved_config.json records
+        these, not the None that stands for the default)."""
+        return {f"task_{name}": self._task_value(name) for name in _STYLE_DEFAULTS}
+
     def _task_value(self, name: str):
         """task_<name>, or the style's default where it is None."""
         value = getattr(self, f"task_{name}")

@@ -147,13 +147,15 @@ class GRAILConfig(GRPOConfig, GRAILFields):
         super().__setattr__(name, value)
 
     def to_dict(self) -> dict:
-        """TRL's `to_dict`, with the weighting fields the method reads as they run: OAR's variant values where the
-        field was left None, the method's own options with their defaults (resolved_config.json records this)."""
+        """TRL's `to_dict`, with the values that run where a field stands for a default: the weighting fields the
+        method reads (OAR's variant values where left None, the method's own options with their defaults) and the
+        task fields whose default is the style's own (resolved_config.json records this)."""
         if not self.__dict__.keys() & {"_resolved", "_options"}:  # TRL's own __post_init__, before the resolution
             return super().to_dict()
         spec, options = self.resolved
         read = {*spec.reads, "method_options"} & {f.name for f in fields(options)}
-        return {**super().to_dict(), **{name: getattr(options, name) for name in sorted(read)}}
+        return {**super().to_dict(), **self.resolved_task_fields(),
+                **{name: getattr(options, name) for name in sorted(read)}}
 
     def __getstate__(self) -> dict:
         """Pickled without the method's spec (see `resolved`)."""
