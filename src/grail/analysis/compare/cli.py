@@ -139,8 +139,8 @@ def _resumed_plan(args, rest: list[str], unpacked: Path | None = None) -> tuple[
         raise ValueError(f"--resume takes the plan from its directory's {PLAN_FILE}; drop {', '.join(given)} (to "
                          f"change the plan, start a new comparison with another --output_dir).")
     if unpacked is None and is_packed(args.resume, "--resume"):
-        raise ValueError(f"--resume {args.resume}: a compressed archive is read as it is only by --check-report and the "
-                         f"analysis flags (--pairs, --eval-noise, --pilot-seeds, --phase-times); to "
+        raise ValueError(f"--resume {args.resume}: a compressed archive is read as it is only by --check-report and "
+                         f"the analysis flags (--pairs, --eval-noise, --pilot-seeds, --phase-times); to "
                          f"re-render, report or train, unpack it into a folder: grail compare --resume {args.resume} "
                          f"--archive DIR, then grail compare --resume DIR.")
     out_dir = Path(args.resume) if unpacked is None else unpacked
