@@ -47,3 +47,17 @@ def test_evaluation_and_compare_use_the_same_bootstrap():
     values = [0.1, 0.4, 0.35, 0.9, 0.2, 0.6]
     estimate = bootstrap_ci(values, resamples=300, level=0.9, seed=5)
     assert (estimate.low, estimate.high) == bootstrap_interval(values, level=0.9, resamples=300, seed=5)
+
+
+def test_the_auroc_cluster_bootstrap_takes_the_same_rule_after_dropping_resamples_without_pairs():
+    import math
+
+    import torch
+
+    from grail.analysis.saliency import token_labels
+
+    draws = torch.tensor([0.9, math.nan, 0.1, 0.5, 0.3, 0.7], dtype=torch.float64)
+    # 5 finite draws, level 0.5: tail 0.25, ranks floor(0.25·4) = 1 and ceil(0.75·4) = 3 of 0.1 0.3 0.5 0.7 0.9
+    assert token_labels.percentile_interval(draws, 0.5) == (0.3, 0.7, "1 of 6 resamples had no pair to compare "
+                                                                       "and were dropped")
+    assert token_labels.percentile_interval(torch.tensor([math.nan]), 0.95)[2].startswith("1 of 1")

@@ -42,6 +42,7 @@ from typing import Literal
 
 import torch
 
+from grail.evaluation import bootstrap
 from grail.tasks.arithmetic import TaskConfig, TaskExample
 from grail.tasks.boxed import first_boxed, last_boxed
 from grail.tasks.synthetic import generate
@@ -344,13 +345,13 @@ def resample_counts(E: int, num_bootstrap: int, n_tokens: int, seed: int):
 
 
 def percentile_interval(draws_R: torch.Tensor, confidence: float) -> tuple[float, float, str]:
-    """(low, high, note): the percentile interval of the finite bootstrap draws; NaN bounds when none is finite.
-    The note says how many resamples had no pair to compare (NaN draws, dropped)."""
+    """(low, high, note): the percentile interval of the finite bootstrap draws, by the package's one percentile rule
+    (`grail.evaluation.bootstrap.percentile_interval`: sorted draws at ⌊tail·(R−1)⌋ and ⌈(1−tail)·(R−1)⌉); NaN
+    bounds when none is finite. The note says how many resamples had no pair to compare (NaN draws, dropped)."""
     finite = draws_R[torch.isfinite(draws_R)]
     dropped = len(draws_R) - len(finite)
     note = f"{dropped} of {len(draws_R)} resamples had no pair to compare and were dropped" if dropped else ""
     if not len(finite):
         return math.nan, math.nan, note
-    tail = (1 - confidence) / 2
-    low, high = torch.quantile(finite, torch.tensor([tail, 1 - tail], dtype=torch.float64)).tolist()
+    low, high = bootstrap.percentile_interval(finite.tolist(), confidence)
     return low, high, note
