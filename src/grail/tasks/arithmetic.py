@@ -38,13 +38,13 @@ characters the final answer depends on (operators and intermediate results).
 
 import hashlib
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
 __all__ = [
-    "build_example", "CRITICAL_ROLES", "expression_of", "FILLER_WORDS", "OPERATORS", "ROLES",
-    "sample_fillers", "sample_steps", "split_of", "SPLITS", "TASK_STYLES", "TaskConfig", "TaskExample",
+    "build_example", "CRITICAL_ROLES", "draw_budget", "draw_seeds", "expression_of", "FILLER_WORDS", "OPERATORS",
+    "ROLES", "sample_fillers", "sample_steps", "split_of", "SPLITS", "TASK_STYLES", "TaskConfig", "TaskExample",
     "TaskStyle"
 ]
 
@@ -210,6 +210,18 @@ def expression_of(start: int, steps: Sequence[tuple[str, int]]) -> str:
 def _check_heldout_fraction(heldout_fraction: float) -> None:
     if not 0.0 < heldout_fraction < 1.0:
         raise ValueError(f"heldout_fraction={heldout_fraction} must be in (0, 1), e.g. 0.1.")
+
+
+def draw_budget(n: int) -> int:
+    """How many draws a set of n distinct problems may take before its problem space counts as too small."""
+    return 200 * n + 10000
+
+
+def draw_seeds(rng: random.Random, n: int) -> Iterator[int]:
+    """The seeds of the draws of a set of n problems (each seeds its own RNGs): `draw_budget(n)` of them from `rng`,
+    one at a time, so that a caller that has its n problems stops drawing."""
+    for _ in range(draw_budget(n)):
+        yield rng.getrandbits(64)
 
 
 def split_of(expression: str, heldout_fraction: float) -> str:

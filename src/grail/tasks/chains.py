@@ -22,7 +22,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, field, fields
 
-from grail.tasks.arithmetic import TaskExample
+from grail.tasks.arithmetic import TaskExample, draw_budget, draw_seeds
 from grail.tasks.chain_problems import ChainConfig, identity_of, render_chain, sample_chain, values_of
 
 __all__ = ["answer_stats", "AnswerStats", "chain_examples", "ChainSet", "ChainSplits", "check_heldout_disjoint",
@@ -71,11 +71,9 @@ def chain_examples(config: ChainConfig, n: int, split: str, seed: int, splits: C
     rng = random.Random(f"chains:{seed}:{split}")
     examples: list[TaskExample] = []
     seen: set[str] = set()
-    max_draws = 200 * n + 10000
-    for _ in range(max_draws):
+    for draw_seed in draw_seeds(rng, n):
         if len(examples) == n:
             break
-        draw_seed = rng.getrandbits(64)
         start, steps = sample_chain(config, random.Random(f"{draw_seed}:arithmetic"))
         identity = identity_of(start, steps)
         if identity in seen or splits.split_of(identity) != split:
@@ -89,9 +87,10 @@ def chain_examples(config: ChainConfig, n: int, split: str, seed: int, splits: C
     if len(examples) < n:
         capped = "" if max_per_answer is None else f" with at most {max_per_answer} per answer"
         raise ValueError(
-            f"found only {len(examples)} distinct {split!r} chain problems{capped} of the n={n} asked in {max_draws} "
-            f"draws: the problem space is too small. Raise num_steps, max_value or widen operand_min..operand_max "
-            f"(now {config.num_steps}, {config.max_value}, {config.operand_min}..{config.operand_max}), or lower n"
+            f"found only {len(examples)} distinct {split!r} chain problems{capped} of the n={n} asked in "
+            f"{draw_budget(n)} draws: the problem space is too small. Raise num_steps, max_value or widen "
+            f"operand_min..operand_max (now {config.num_steps}, {config.max_value}, "
+            f"{config.operand_min}..{config.operand_max}), or lower n"
             f"{' or raise heldout_max_answer_share' if capped else ''}.")
     return examples
 

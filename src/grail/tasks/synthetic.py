@@ -16,6 +16,8 @@ from grail.tasks.arithmetic import (
     TaskExample,
     _check_heldout_fraction,
     build_example,
+    draw_budget,
+    draw_seeds,
     expression_of,
     sample_fillers,
     sample_steps,
@@ -48,11 +50,9 @@ def generate(
     rng = random.Random(f"{seed}:{split}")
     examples: list[TaskExample] = []
     seen: set[str] = set()
-    max_draws = 200 * n + 10000
-    for _ in range(max_draws):
+    for draw_seed in draw_seeds(rng, n):
         if len(examples) == n:
             break
-        draw_seed = rng.getrandbits(64)
         start, steps = sample_steps(config, random.Random(f"{draw_seed}:arithmetic"))
         expression = expression_of(start, steps)
         if expression in seen or split_of(expression, heldout_fraction) != split:
@@ -66,7 +66,7 @@ def generate(
                                                heldout_fraction, word_prompt or DEFAULT_PROMPT))
     if len(examples) < n:
         raise ValueError(
-            f"found only {len(examples)} distinct {split!r} expressions of the n={n} asked in {max_draws} "
+            f"found only {len(examples)} distinct {split!r} expressions of the n={n} asked in {draw_budget(n)} "
             f"draws: the problem space is too small. Raise num_steps or widen operand_min..operand_max "
             f"(now {config.num_steps}, {config.operand_min}..{config.operand_max}), or lower n."
         )
