@@ -43,9 +43,10 @@ class SFTFields:
         metadata={"help": "The model to fine-tune: a built-in real model's name (`grail models list`; fetch it first "
                   "with `grail models fetch NAME`) or a save_pretrained directory (model and tokenizer)."})
     sft_steps: int = field(
-        default=300,
+        default=40,
         metadata={"help": "Optimizer steps of the supervised fine-tuning (TRL max_steps). With the default batch, "
-                  "300 steps are 4800 solutions: about 2.4 passes over the default 2000 sft problems."})
+                  "40 steps are 640 solutions, a third of the default 2000 sft problems: the length measured to "
+                  "leave SmolLM2-135M-Instruct in the band RL needs (docs/results/regime.md); more steps solve more."})
     sft_learning_rate: float = field(
         default=5e-5, metadata={"help": "Peak learning rate (AdamW, linear warm-up then linear decay to 0)."})
     sft_batch_size: int = field(
@@ -53,7 +54,7 @@ class SFTFields:
     sft_gradient_accumulation_steps: int = field(
         default=1, metadata={"help": "Micro-batches per optimizer step; the batch is sft_batch_size times this (times "
                              "the number of processes)."})
-    sft_warmup_steps: int = field(default=10, metadata={"help": "Steps of linear learning-rate warm-up."})
+    sft_warmup_steps: int = field(default=4, metadata={"help": "Steps of linear learning-rate warm-up."})
     sft_max_length: int = field(
         default=512,
         metadata={"help": "Longest prompt + solution in tokens; longer ones are cut (TRL max_length). The default "
