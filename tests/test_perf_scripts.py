@@ -241,3 +241,18 @@ def test_perf_loads_shared_code_one_way_and_never_the_tests():
             found += [(path.name, name) for name in names if name.split(".")[0] in ("tests", "hypothesis", "conftest")
                       or name.startswith("test_")]
     assert not found, found
+
+
+def test_regime_steps_times_both_regimes_at_the_same_batch(tmp_path):
+    """The two regimes differ in task, prompt and model, never in the batch a step trains on."""
+    import regime_steps
+
+    configs = {name: regime_steps._config(name, "none", steps=3, seed=0, out=tmp_path / name)
+               for name in regime_steps.REGIMES}
+    few, warm = configs["few_shot"], configs["warm_start"]
+    assert (few.task_style, warm.task_style) == ("words", "chains")
+    assert warm.model_name_or_path == "sft:smollm2-135m" and few.model_name_or_path == "smollm2-135m"
+    for cfg in configs.values():
+        assert cfg.max_steps == 3 and cfg.token_weighting == "none"
+        assert (cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps, cfg.num_generations) == (8, 1, 8)
+        assert cfg.shared_prompt and cfg.learning_rate == regime_steps.SAME_BATCH["learning_rate"]
