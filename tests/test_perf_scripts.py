@@ -233,7 +233,7 @@ def test_tiny_warmstart_paths_trains_both_ways_on_the_same_traces(capsys):
     result = tiny_warmstart_paths.main(["--steps", "2", "--rounds", "1", "--untimed-steps", "1",
                                         "--demo-seconds", "100"])
     assert json.loads(capsys.readouterr().out) == result  # stdout holds the JSON object (not the Trainer's metrics)
-    assert result["same_layout"] is True
+    assert result["same_layout"] is True and result["same_checkpoint_files"] is True
     warm = result["warm_start"]
     assert (warm["steps"], warm["batch_size"], warm["lr"], warm["warmup_steps"]) == (2, 64, 3e-3, 30)  # the demo's
     losses = result["completion_loss"]

@@ -7,18 +7,20 @@ What is measured: one call of each way from nothing to a saved checkpoint, with 
 (`WarmStartConfig` of the `tiny-cpu` base the demo uses; `--set FIELD=VALUE` changes a config field, `--steps` the
 steps alone): build the tokenizer and the model, draw the traces, train, `save_pretrained`-style files written. The
 cache bookkeeping around it (`warm_start`) is the same either way and left out. Rounds alternate the two ways, starting
-with the other one each round, after one untimed call of each with `--untimed-steps` steps. Outside the timing: both
-ways' tokenised traces compared (`same_layout`: every trace's input ids and labels equal the loop's, i.e. prompt
-tokens, solution tokens, EOS, loss on solution + EOS only), the completion loss of the untrained model and of each
-way's final model on the same 256 training traces, and with `--accuracy` each final model's held-out greedy and sampled
-accuracy measured as the demo measures its "before RL" column (grail.training.heldout.heldout_accuracy).
+with the other one each round, after one untimed call of each with `--untimed-steps` steps. Outside the timing:
+`same_layout` (every trace as TRL tokenised it, input ids and labels, equals the loop's: prompt tokens, solution tokens,
+EOS, loss on solution + EOS only), `same_checkpoint_files` (both checkpoints hold the same files and configs), the
+completion loss of the untrained model and of each way's final model on the same 256 training traces, and with
+`--accuracy` each final model's held-out greedy and sampled accuracy, measured as the demo measures its "before RL"
+column (grail.training.heldout.heldout_accuracy).
 
 The SFTTrainer is configured here rather than by grail.training.sft.make_trainer, which loads a model from a path and
 takes the chain task's sft split with a linear schedule; its other settings are kept: completion-only loss, no packing,
 no activation checkpointing. Both ways run on the CPU in float32 (the loop never moves the model; TRL's default bf16 is
 turned off). Where the TRL way departs from the loop's recipe:
   1. the warm-up: transformers' `cosine_with_min_lr` gives step s (0-based) s/W of the peak learning rate, the loop
-     (s+1)/W, so TRL's first step has a learning rate of 0; the cosine decay to 10 % is the same formula;
+     (s+1)/W, so TRL's first step has a learning rate of 0; the cosine decay to 10 % is the same formula (its
+     `cosine_warmup_with_min_lr` has the loop's warm-up but runs its decay one step ahead: no built-in is exact);
   2. the data order: the Trainer's sampler (seeded by the same seed) shuffles the same traces in another order; both
      drop each epoch's partial last batch;
   3. the loss: TRL computes it through its fused LM head (sum over completion tokens / their count, the loop's mean),
@@ -69,13 +71,15 @@ def train_with_sft_trainer(config, out_dir: Path):
     examples = generate(config.task, config.num_examples, "train", seed=config.seed)
     dataset = Dataset.from_list([{"prompt": e.prompt, "completion": e.solution} for e in examples])  # TRL adds EOS
     args = SFTConfig(
-        output_dir=str(out_dir / "trainer"), max_steps=config.steps, per_device_train_batch_size=config.batch_size,
+        output_dir=str(out_dir.with_name(out_dir.name + "-trainer")),  # beside out_dir: it holds the loop's files only
+        max_steps=config.steps, per_device_train_batch_size=config.batch_size,
         learning_rate=config.lr, weight_decay=0.0, optim="adamw_torch", max_grad_norm=1.0,
         lr_scheduler_type="cosine_with_min_lr", lr_scheduler_kwargs={"min_lr_rate": 0.1},
         warmup_steps=config.warmup_steps, seed=config.seed, data_seed=config.seed, dataloader_drop_last=True,
         completion_only_loss=True, packing=False, max_length=None, activation_checkpointing=False,
         use_cpu=True, bf16=False, save_strategy="no", eval_strategy="no", logging_strategy="no", report_to="none",
-        disable_tqdm=True)
+        disable_tqdm=True,
+        use_cache=True)  # the Trainer writes it into the model's config, so into the checkpoint (the loop's: True)
     trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
     trainer.train()
     save_on_this_process(trainer.model, out_dir)
@@ -96,6 +100,15 @@ def reference_rows(config, tokenizer) -> list[tuple[tuple[int, ...], tuple[int, 
         ids_BL, labels_BL, _ = next(_batches(tokenizer, [example], 1, generator))
         rows.append((tuple(ids_BL[0].tolist()), tuple(labels_BL[0].tolist())))
     return rows
+
+
+def same_checkpoint_files(a: Path, b: Path) -> bool:
+    """Whether two checkpoint directories hold the same files with the same config and generation config (what
+    loading them for sampling reads besides the weights)."""
+    names = sorted(p.name for p in a.iterdir())
+    return names == sorted(p.name for p in b.iterdir()) and all(
+        json.loads((a / name).read_text()) == json.loads((b / name).read_text())
+        for name in ("config.json", "generation_config.json", "tokenizer_config.json"))
 
 
 def completion_loss(model, config, tokenizer) -> float:
@@ -179,6 +192,7 @@ def main(argv: list[str] | None = None) -> dict:
             "time_ratio_sft_trainer_to_loop": median["sft_trainer"] / median["loop"],
             "extra_s": median["sft_trainer"] - median["loop"],
             "same_layout": theirs == sorted(reference_rows(config, tokenizer)),
+            "same_checkpoint_files": same_checkpoint_files(*final_dirs.values()),
             "completion_loss": {"untrained": completion_loss(untrained, config, tokenizer),
                                 **{name: completion_loss(AutoModelForCausalLM.from_pretrained(d), config, tokenizer)
                                    for name, d in final_dirs.items()}},
