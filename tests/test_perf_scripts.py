@@ -14,6 +14,7 @@ import pytest
 import shared_prefill_eval
 import step_memory
 import step_overhead
+import tiny_warmstart_paths
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "perf" / "benchmarks"
 PER_METHOD_KEYS = {"median_step_s", "step_s", "time_ratio_to_grpo", "peak_mem_increase_mb_median",
@@ -223,6 +224,26 @@ def test_shared_prefill_eval_times_both_ways_and_finds_the_same_samples(warm_cac
     assert result["same_samples"] is True and result["n"] == 4 and result["problems"] == 4
     assert all(len(times) == 2 and min(times) > 0 for times in result["seconds"].values())
     assert result["time_ratio_shared_to_plain"] == result["median_s"]["shared"] / result["median_s"]["plain"]
+
+
+def test_tiny_warmstart_paths_trains_both_ways_on_the_same_traces(capsys):
+    """perf/benchmarks/tiny_warmstart_paths.py for 2 steps: TRL's tokenised traces are the loop's (prompt, solution,
+    EOS; labels on solution + EOS only), each way's model has a lower completion loss than the untrained one, and
+    the figures printed are the ones derived from the seconds."""
+    result = tiny_warmstart_paths.main(["--steps", "2", "--rounds", "1", "--untimed-steps", "1",
+                                        "--demo-seconds", "100"])
+    assert json.loads(capsys.readouterr().out) == result  # stdout holds the JSON object (not the Trainer's metrics)
+    assert result["same_layout"] is True and result["same_checkpoint_files"] is True
+    warm = result["warm_start"]
+    assert (warm["steps"], warm["batch_size"], warm["lr"], warm["warmup_steps"]) == (2, 64, 3e-3, 30)  # the demo's
+    losses = result["completion_loss"]
+    # 2 steps: the loop at 1/30 and 2/30 of the peak lr, TRL at 0 and 1/30 (the warm-up departure), so TRL drops less
+    assert losses["loop"] < losses["sft_trainer"] < losses["untrained"] - 0.1
+    assert all(len(times) == 1 and times[0] > 0 for times in result["seconds"].values())
+    median = result["median_s"]
+    assert result["time_ratio_sft_trainer_to_loop"] == median["sft_trainer"] / median["loop"]
+    assert result["extra_share_of_demo"] == (median["sft_trainer"] - median["loop"]) / 100
+    assert result["within_issue_bar"] == (result["extra_share_of_demo"] <= 0.10)
 
 
 def test_perf_loads_shared_code_one_way_and_never_the_tests():
