@@ -236,7 +236,7 @@ def test_bad_eval_benchmarks_stop_before_training(tmp_path, capsys):
     assert "gsm9k" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("command", [[], ["train"], ["demo"], ["eval"], ["grader-check"], ["presets"]])
+@pytest.mark.parametrize("command", [[], ["train"], ["demo"], ["eval"], ["validity"], ["grader-check"], ["presets"]])
 def test_help_of_every_command_exits_0_through_the_real_entry_point(command):
     out = subprocess.run([sys.executable, "-m", "grail", *command, "--help"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr

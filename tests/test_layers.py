@@ -125,6 +125,7 @@ def _loaded_after(code: str) -> set[str]:
     ("from grail import grail_weights", {"trl"}),
     ("from grail.cli import main\ntry:\n    main(['eval', '--help'])\nexcept SystemExit:\n    pass", {"trl", "torch"}),
     ("from grail.cli import main\ntry:\n    main(['sft', '--help'])\nexcept SystemExit:\n    pass", {"trl", "torch"}),
+    ("from grail.cli import main\ntry:\n    main(['validity', '-h'])\nexcept SystemExit:\n    pass", {"trl", "torch"}),
     ("from grail.cli import main\nmain(['presets'])", {"trl", "torch"}),
     ("from grail.cli import main\nmain(['models', 'list'])", {"trl", "torch", "transformers"}),
     ("from grail.cli import main\ntry:\n    main(['train', '--help'])\nexcept SystemExit:\n    pass", {"trl"}),

@@ -1,9 +1,9 @@
-"""Command line: `grail train`, `grail demo`, `grail compare`, `grail eval`, `grail grader-check`, `grail explain`,
-`grail models`, `grail sft`, `grail presets`.
+"""Command line: `grail train`, `grail demo`, `grail compare`, `grail eval`, `grail validity`, `grail grader-check`,
+`grail explain`, `grail models`, `grail sft`, `grail presets`.
 
 `main(argv) -> exit code`, testable in process. Only the training commands (`train`, `demo`, `compare`, `sft`) and
-`explain` (which reads the run's config) import the training layer (TRL, transformers); `--help`, `presets`, `eval` and
-`grader-check` start without it.
+`explain` (which reads the run's config) import the training layer (TRL, transformers); `--help`, `presets`, `eval`,
+`validity` and `grader-check` start without it.
 
 Exit codes: 0 done; 2 a configuration or input problem (the message says what to fix).
 Set GRAIL_DEBUG=1 to get the traceback instead of the one-line message.
@@ -178,9 +178,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "models":
             eval_cli.check_no_extra(args.command, rest)
             return models_cli.run(args)
-        if args.command in ("eval", "grader-check"):
+        if args.command in ("eval", "grader-check", "validity"):
             eval_cli.check_no_extra(args.command, rest)
-            return eval_cli.run_eval(args) if args.command == "eval" else eval_cli.run_grader_check(args)
+            run = {"eval": eval_cli.run_eval, "grader-check": eval_cli.run_grader_check,
+                   "validity": eval_cli.run_validity}[args.command]
+            return run(args)
         return _demo(args, rest)
     except (ValueError, OSError) as err:  # ConfigError is a ValueError; OSError: missing files, unreachable Hub ids
         if os.environ.get("GRAIL_DEBUG"):

@@ -1,7 +1,9 @@
-"""`grail eval` and `grail grader-check`: the command-line side of the evaluation harness."""
+"""`grail eval`, `grail validity` and `grail grader-check`: the command-line side of the evaluation harness."""
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import sys
 import time
@@ -14,10 +16,12 @@ from grail.evaluation.benchmarks import (  # light: no torch, math-verify or sym
     SYNTHETIC_NAMES,
     SYNTHETIC_WORDS,
 )
+from grail.evaluation.validity import ANSWER_ONLY_TOKENS  # light: standard library only
 from grail.options.choices import ScoringName
 from grail.options.sampling import SamplingParams  # light: the release's sampling defaults, without torch
 
-__all__ = ["add_parsers", "check_no_extra", "RELEASE", "run_eval", "run_grader_check", "SCORING_NAMES", "SIX"]
+__all__ = ["add_parsers", "check_no_extra", "RELEASE", "run_eval", "run_grader_check", "run_validity", "SCORING_NAMES",
+           "SIX"]
 
 RELEASE = SamplingParams()
 SIX = ",".join(BENCHMARK_NAMES)
@@ -71,6 +75,11 @@ def add_parsers(sub) -> None:
                     "with a backspace for \\b, the text the released checkpoints were trained and evaluated with: "
                     "use it to evaluate those). Default: the format saved with the model, else `paper` (none on the "
                     "synthetic benchmark)")
+    ev.add_argument("--response-prefix", help="text the model's response starts with, prefilled right after the "
+                    "generation prompt (the chat template's assistant turn start, or the plain format's `Answer:`), "
+                    "so the model continues it; the grader and samples.jsonl's completion see prefix + generated "
+                    "text, and tokens counts the generated ones. A name: `answer-only` (`\\boxed{`: the answer "
+                    "without reasoning, as `grail validity` measures it). Default: none")
     ev.add_argument("--scoring", choices=SCORING_NAMES, default="grail",
                     help="grail: grail's grader, which reads every reference correctly. release: the GRAIL "
                     "release's scoring reproduced (its box extraction, its $...$ parse without normalisation, "
@@ -79,6 +88,7 @@ def add_parsers(sub) -> None:
                     "results.md says which one produced it")
     ev.add_argument("--workers", type=int, help=WORKERS_HELP)
     ev.add_argument("--output-dir", help="where results go (default runs/eval-<timestamp>); reuse it to resume")
+    _add_validity_parser(sub)
     check = sub.add_parser("grader-check", help="grade every benchmark's own references: a self-test of the "
                            "loaders and the grader on data nobody here wrote")
     check.add_argument("--data-dir", required=True, help="local copy laid out as DIR/<benchmark>/test.jsonl")
@@ -115,43 +125,159 @@ def _prompt_format(args, model_path: str, tokenizer, synthetic: bool = False, me
     return resolve_prompt_format(tokenizer, synthetic, chat, suffix, kwargs, messages=messages)
 
 
-def run_eval(args) -> int:
-    from dataclasses import replace
-
+def _eval_spec(args, loaded=None):
+    """The EvalSpec of `grail eval`'s arguments (its prompt format still the default) and the benchmarks it names,
+    loaded (unless given): the data first, so a missing file or identity list stops before any model is resolved or
+    loaded."""
     from grail.evaluation.benchmarks import parse_benchmark_list
-    from grail.evaluation.harness import EvalSpec, parse_size, run_evaluation
-    from grail.options.sampling import HFSampler, VLLMSampler
+    from grail.evaluation.harness import EvalSpec, parse_size
+    from grail.options.prompts import resolve_response_prefix
 
-    benchmarks = tuple(parse_benchmark_list(args.benchmarks))
     params = SamplingParams(n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_new_tokens=args.max_new_tokens)
-    size = parse_size(args.size)
-    spec = EvalSpec(benchmarks=benchmarks, data_dir=args.data_dir, size=size, subset_seed=args.subset_seed,
-                    sampling=params, seed=args.seed, batch_size=args.batch_size,
-                    release_subsets_dir=args.release_subsets_dir, scoring=args.scoring)
-    loaded = spec.load_benchmarks()  # the data first: a missing file or identity list stops before the model loads
+    spec = EvalSpec(benchmarks=tuple(parse_benchmark_list(args.benchmarks)), data_dir=args.data_dir,
+                    size=parse_size(args.size), subset_seed=args.subset_seed, sampling=params, seed=args.seed,
+                    batch_size=args.batch_size, release_subsets_dir=args.release_subsets_dir, scoring=args.scoring,
+                    response_prefix=resolve_response_prefix(args.response_prefix))
+    return spec, spec.load_benchmarks() if loaded is None else loaded
+
+
+class _Model:
+    """The model of one command: resolved and its tokenizer read at once; its weights loaded when the first batch is
+    sampled (so an evaluation already finished, run again, loads none), then kept for the command's other
+    evaluations. A `Sampler` (grail.options.sampling)."""
+
+    def __init__(self, model: str, backend: str, batch_size: int):
+        from transformers import AutoTokenizer
+
+        from grail.models.warmstart import resolve_model
+
+        self.path = resolve_model(model)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.path)
+        self.name, self.batch_size, self._sampler = backend, batch_size, None
+
+    def generate(self, prompts, params, seed):
+        from grail.options.sampling import HFSampler, VLLMSampler
+
+        if self._sampler is None and self.name == "vllm":  # vLLM loads the weights itself: never the HF model
+            self._sampler = VLLMSampler(self.path)
+        elif self._sampler is None:
+            from grail.models.warmstart import load_inference_model
+
+            self._sampler = HFSampler(load_inference_model(self.path), self.tokenizer, batch_size=self.batch_size)
+        return self._sampler.generate(prompts, params, seed)
+
+
+def _evaluate(args, model: _Model, spec, loaded, out_dir: str):
+    """`run_evaluation` of `spec` (its prompt format resolved for `model`) into `out_dir`."""
+    from dataclasses import replace
+
+    from grail.evaluation.harness import run_evaluation
+
+    benchmarks = spec.benchmarks
+    spec = replace(spec, prompt=_prompt_format(args, model.path, model.tokenizer,
+                                               synthetic=all(b in SYNTHETIC_NAMES for b in benchmarks),
+                                               messages=all(b in MESSAGE_BENCHMARKS for b in benchmarks)))
+    params = spec.sampling
+    print(f"evaluating {args.model} on {', '.join(benchmarks)} (n={params.n}, T={params.temperature}, "
+          f"{args.scoring} scoring{', response prefix ' + repr(spec.response_prefix) if spec.response_prefix else ''})"
+          f"; output in {out_dir}")
+    return run_evaluation(model, model.tokenizer, spec, out_dir, workers=args.workers, loaded=loaded)
+
+
+def run_eval(args) -> int:
+    spec, loaded = _eval_spec(args)
     if args.backend == "vllm" and (missing := _vllm_missing()):
         print(f"grail eval: error: {missing}", file=sys.stderr)
         return 2
-    from transformers import AutoTokenizer
-
-    from grail.models.warmstart import load_inference_model, resolve_model
-
-    model_path = resolve_model(args.model)
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    spec = replace(spec, prompt=_prompt_format(args, model_path, tokenizer,
-                                               synthetic=all(b in SYNTHETIC_NAMES for b in benchmarks),
-                                               messages=all(b in MESSAGE_BENCHMARKS for b in benchmarks)))
-    if args.backend == "vllm":  # vLLM loads the weights itself: the HF model is never loaded (nor its GPU memory)
-        sampler = VLLMSampler(model_path)
-    else:
-        sampler = HFSampler(load_inference_model(model_path), tokenizer, batch_size=args.batch_size)
+    model = _Model(args.model, args.backend, args.batch_size)
     out_dir = args.output_dir or os.path.join("runs", f"eval-{time.strftime('%Y%m%d-%H%M%S')}")
-    print(f"evaluating {args.model} on {', '.join(benchmarks)} (n={params.n}, T={params.temperature}, "
-          f"{args.scoring} scoring); output in {out_dir}")
-    report = run_evaluation(sampler, tokenizer, spec, out_dir, workers=args.workers, loaded=loaded)
+    report = _evaluate(args, model, spec, loaded, out_dir)
     print(report.markdown)
     print(f"results: {out_dir}/results.json, {out_dir}/results.md; samples: {out_dir}/samples.jsonl")
+    return 0
+
+
+def _add_validity_parser(sub) -> None:
+    va = sub.add_parser("validity", help="is a model in a regime where RL credit can matter? four evaluations and "
+                        "the criteria, pass or fail", description="Evaluate the model four times into "
+                        "DIR/sampled (n samples at T=1, top-p 1, top-k 0), DIR/greedy, DIR/answer-only-greedy and "
+                        "DIR/answer-only-sampled (the response prefilled with \\boxed{, "
+                        f"{ANSWER_ONLY_TOKENS} new tokens), each resumable as `grail eval` is; then write "
+                        "DIR/validity.json and DIR/validity.md and print "
+                        "the table: accuracies with 95% intervals, the share of mixed groups, the best constant "
+                        "answer, completion lengths, and each criterion (grail.evaluation.validity.Thresholds) with "
+                        "its value, threshold and pass or fail.")
+    va.add_argument("--model", help="as grail eval --model (needed unless --from)")
+    va.add_argument("--benchmarks", default=SYNTHETIC_CHAINS, help=f"as grail eval (default {SYNTHETIC_CHAINS})")
+    va.add_argument("--size", default="all", help="as grail eval (default all)")
+    va.add_argument("--samples", type=int, default=8, help="samples per problem of the sampled evaluations: GRPO's "
+                    "group size (default 8)")
+    va.add_argument("--max-new-tokens", type=int, default=128, help="of the evaluations with reasoning (default 128; "
+                    f"the answer-only ones: {ANSWER_ONLY_TOKENS})")
+    va.add_argument("--seed", type=int, default=0, help="sampling seed, as grail eval (default 0)")
+    va.add_argument("--batch-size", type=int, default=16, help="problems per generation batch (default 16)")
+    va.add_argument("--backend", choices=("hf", "vllm"), default="hf", help="as grail eval (default hf)")
+    va.add_argument("--workers", type=int, help=WORKERS_HELP)
+    va.add_argument("--output-dir", help="DIR, holding the four evaluations and the table (needed unless --from); "
+                    "rerun with the same arguments to resume. An existing `grail eval --benchmarks synthetic_chains "
+                    "--size all --samples 8 --temperature 1.0 --top-p 1.0 --top-k 0 --max-new-tokens 128` directory "
+                    "moved to DIR/sampled is reused")
+    va.add_argument("--from", dest="from_dir", metavar="DIR", help="print and rewrite the table from DIR's four "
+                    "finished evaluations, generating nothing (no model is loaded)")
+
+
+def _eval_args(argv: list[str]) -> argparse.Namespace:
+    """`argv` parsed by `grail eval`'s own parser: its defaults for everything `argv` leaves out."""
+    sub = argparse.ArgumentParser(prog="grail").add_subparsers(dest="command")
+    add_parsers(sub)
+    return sub.choices["eval"].parse_args(argv)
+
+
+def _references(loaded) -> dict[tuple[str, str], str]:
+    return {(p.source, p.id): p.answer for bench in loaded for p in bench.problems}
+
+
+def _loaded_from_run(path: Path):
+    """The benchmarks an evaluation's run.json names, loaded as it loaded them."""
+    from grail.evaluation.benchmarks import load_benchmarks
+
+    if not path.is_file():
+        raise ValueError(f"{path} is missing: {path.parent} is not a grail eval directory; make it with grail "
+                         f"validity --model M --output-dir {path.parent.parent}.")
+    run = json.loads(path.read_text())
+    return load_benchmarks(run["benchmarks"], data_dir=run["data_dir"], size=run["size"], seed=run["subset_seed"],
+                           release_subsets_dir=run["release_subsets_dir"])
+
+
+def run_validity(args) -> int:
+    from grail.evaluation.validity import LEGS, read_leg, validity_table, write_table
+
+    if args.from_dir and (args.model or args.output_dir):
+        raise ValueError("grail validity --from DIR re-renders a finished table; drop --model and --output-dir, or "
+                         "drop --from to evaluate.")
+    if not args.from_dir and not (args.model and args.output_dir):
+        raise ValueError("grail validity needs --model and --output-dir (or --from DIR to re-render a table).")
+    directory = Path(args.from_dir or args.output_dir)
+    if not args.from_dir:
+        if args.backend == "vllm" and (missing := _vllm_missing()):
+            print(f"grail validity: error: {missing}", file=sys.stderr)
+            return 2
+        loaded, model = None, None
+        for leg in LEGS:
+            leg_args = _eval_args(["--model", args.model, "--benchmarks", args.benchmarks, "--size", args.size,
+                                   *leg.eval_flags(args.samples, args.max_new_tokens), "--seed", str(args.seed),
+                                   "--batch-size", str(args.batch_size), "--backend", args.backend,
+                                   "--output-dir", str(directory / leg.name)]
+                                  + (["--workers", str(args.workers)] if args.workers else []))
+            spec, loaded = _eval_spec(leg_args, loaded)
+            model = model or _Model(args.model, args.backend, args.batch_size)
+            report = _evaluate(leg_args, model, spec, loaded, leg_args.output_dir)
+            print(f"{leg.name}: {report.new_samples} new samples")
+    legs = {leg.name: read_leg(directory / leg.name) for leg in LEGS}
+    table = validity_table(legs, _references(_loaded_from_run(directory / "sampled" / "run.json")))
+    print(write_table(directory, table))
+    print(f"table: {directory}/validity.json, {directory}/validity.md")
     return 0
 
 

@@ -11,9 +11,12 @@ reference text `Problem.release_answer`, its mean tokens over samples with a box
 table. results.json and results.md name the scoring that produced them.
 
 Output directory:
-    run.json        the arguments (a rerun with other arguments into the same directory is refused)
+    run.json        the arguments (a rerun with other arguments into the same directory is refused; a field added
+                    since, absent from an older run.json, reads as its default: RECORD_DEFAULTS)
     samples.jsonl   one line per sample: benchmark, problem_id, sample_index, completion, extracted, correct,
-                    reason, tokens — appended batch by batch, flushed and fsync'ed
+                    reason, tokens — appended batch by batch, flushed and fsync'ed. With a response prefix
+                    (`EvalSpec.response_prefix`, prefilled after the generation prompt) the completion, and what
+                    is graded, is prefix + generated text; tokens counts the generated tokens only
     results.json    metrics per benchmark and both averages (written atomically: temp file + rename), and
                     "timing": this call's wall seconds of sampling and grading and its new samples (a resumed
                     evaluation's covers only what this call did)
@@ -43,9 +46,13 @@ from grail.options.prompts import PromptFormat
 from grail.options.sampling import Sampler, SamplingParams
 from grail.tasks.synthetic import SyntheticSet
 
-__all__ = ["EvalReport", "EvalSpec", "Log", "parse_size", "read_samples", "run_evaluation", "sampling_batches"]
+__all__ = ["EvalReport", "EvalSpec", "Log", "parse_size", "read_samples", "RECORD_DEFAULTS", "run_evaluation",
+           "sampling_batches"]
 
 Log = Callable[[str], None]
+# run.json fields added after its first release, with the value a record written before them means, so that an older
+# evaluation directory resumes with the same arguments
+RECORD_DEFAULTS = {"response_prefix": ""}
 
 
 @dataclass(frozen=True)
@@ -63,6 +70,8 @@ class EvalSpec:
     prompt: PromptFormat = field(default_factory=PromptFormat)
     release_subsets_dir: str | None = None  # folder of the release subsets' identity lists; None = data_dir
     scoring: str = "grail"  # a key of SCORINGS
+    # text every response starts with, prefilled after the generation prompt (PromptFormat.render); "" = none
+    response_prefix: str = ""
 
     def __post_init__(self):
         if self.scoring not in SCORINGS:
@@ -146,7 +155,7 @@ def _check_run_record(out_dir: Path, spec: EvalSpec) -> None:
     record = spec.record()
     if path.is_file():
         try:
-            previous = json.loads(path.read_text(encoding="utf-8"))
+            previous = {**RECORD_DEFAULTS, **json.loads(path.read_text(encoding="utf-8"))}
         except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
             raise ValueError(f"{path} is damaged ({err}), so this evaluation's arguments are unknown: move {out_dir} "
                              f"away (or delete run.json to resume with the current arguments) and rerun.") from err
@@ -232,15 +241,16 @@ def _sample_and_grade(sampler: Sampler, tokenizer, spec: EvalSpec, batches: list
         missing = [(p, j) for p in batch for j in range(n) if _key(p.source, p.id, j) not in recorded]
         if not missing:
             continue
-        prompts = [spec.prompt.render(tokenizer, p.problem) for p in batch]
+        prompts = [spec.prompt.render(tokenizer, p.problem, spec.response_prefix) for p in batch]
         samples = sampler.generate(prompts, spec.sampling, seed=spec.seed + b)  # the whole batch: same samples
         row = {(p.source, p.id): i for i, p in enumerate(batch)}
         chosen = [(p, j, samples[row[p.source, p.id]][j]) for p, j in missing]
         references = [scoring_reference(p, spec.scoring) for p, _, _ in chosen]
-        grades = pool.grade_many([s.text for _, _, s in chosen], references, scoring=SCORINGS[spec.scoring])
-        records = [{"benchmark": p.source, "problem_id": p.id, "sample_index": j, "completion": s.text,
+        texts = [spec.response_prefix + s.text for _, _, s in chosen]  # the response as the model wrote it
+        grades = pool.grade_many(texts, references, scoring=SCORINGS[spec.scoring])
+        records = [{"benchmark": p.source, "problem_id": p.id, "sample_index": j, "completion": text,
                     "extracted": g.extracted, "correct": bool(g.correct), "reason": g.reason, "tokens": s.num_tokens}
-                   for (p, j, s), g in zip(chosen, grades, strict=True)]
+                   for (p, j, s), text, g in zip(chosen, texts, grades, strict=True)]
         _append(samples_path, records)
         recorded.update({_key(r["benchmark"], r["problem_id"], r["sample_index"]): r for r in records})
         new_samples += len(records)

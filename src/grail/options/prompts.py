@@ -16,6 +16,11 @@ Named suffixes (`resolve_suffix`, the one place where names become text; trainin
            backspace, chr(8): the models read "\x08oxed{}", not "\boxed{}".
 Any other text is used as it is.
 
+Named response prefixes (`resolve_response_prefix`; `grail eval --response-prefix`): the text a response starts with,
+prefilled right after the generation prompt (`render(..., response_prefix=...)`), so the model continues it:
+  answer-only  "\\boxed{": the model must box an answer at once, without reasoning (`grail validity`'s answer-only
+               accuracy: how much of the accuracy the reasoning does not explain).
+
 Chat messages in a plain format (a base model without a chat template, e.g. Gemma 3 270M on the words task's few-shot
 prompts) are rendered by `render_plain` ("Question: ...\n\nAnswer: ..." turns); `render` prefixes plain text with the
 BOS text the tokenizer adds (`plain_prefix`), since TRL tokenises plain prompts with special tokens.
@@ -34,14 +39,17 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "AUTO", "empty_completions_warning", "FORMAT_FILE", "has_chat_template", "NAMED_SUFFIXES", "PAPER_PROMPT_SUFFIX",
-    "plain_prefix", "PLAIN_ASSISTANT", "PLAIN_USER", "PromptFormat", "RELEASE_PROMPT_SUFFIX", "render_plain",
-    "resolve_prompt_format", "resolve_suffix", "synthetic_task"
+    "ANSWER_ONLY_PREFIX", "AUTO", "empty_completions_warning", "FORMAT_FILE", "has_chat_template",
+    "NAMED_RESPONSE_PREFIXES", "NAMED_SUFFIXES", "PAPER_PROMPT_SUFFIX", "plain_prefix", "PLAIN_ASSISTANT", "PLAIN_USER",
+    "PromptFormat", "RELEASE_PROMPT_SUFFIX", "render_plain", "resolve_prompt_format", "resolve_response_prefix",
+    "resolve_suffix", "synthetic_task"
 ]
 
 PAPER_PROMPT_SUFFIX = " Please reason step by step, and put your final answer within \\boxed{}."
 RELEASE_PROMPT_SUFFIX = " Please reason step by step, and put your final answer within \x08oxed{}."
 NAMED_SUFFIXES = {"paper": PAPER_PROMPT_SUFFIX, "release": RELEASE_PROMPT_SUFFIX}
+ANSWER_ONLY_PREFIX = "\\boxed{"
+NAMED_RESPONSE_PREFIXES = {"answer-only": ANSWER_ONLY_PREFIX}
 FORMAT_FILE = "grail_prompt.json"
 AUTO = "auto"  # conversational / prompt_suffix: decided by `resolve_prompt_format`
 THINKING_OFF = {"enable_thinking": False}  # chat_template_kwargs of a chat format that sets none (Qwen3's switch)
@@ -85,6 +93,12 @@ def plain_prefix(tokenizer) -> str:
 def resolve_suffix(text: str) -> str:
     """A suffix name from NAMED_SUFFIXES ("paper", "release") as its text; any other text unchanged."""
     return NAMED_SUFFIXES.get(text, text)
+
+
+def resolve_response_prefix(text: str | None) -> str:
+    """A response-prefix name from NAMED_RESPONSE_PREFIXES ("answer-only") as its text; None as ""; any other text
+    unchanged."""
+    return "" if text is None else NAMED_RESPONSE_PREFIXES.get(text, text)
 
 
 def has_chat_template(tokenizer) -> bool:
@@ -197,14 +211,17 @@ class PromptFormat:
         text = prompt + self.suffix
         return [{"role": "user", "content": text}] if self.chat else text
 
-    def render(self, tokenizer, prompt: str | list[dict]) -> str:
+    def render(self, tokenizer, prompt: str | list[dict], response_prefix: str = "") -> str:
         """The text the model reads, to be tokenised without special tokens: `training_prompt` rendered as TRL
-        renders it (plain text after `plain_prefix`, the BOS text a tokenizer such as Gemma's adds)."""
+        renders it (plain text after `plain_prefix`, the BOS text a tokenizer such as Gemma's adds).
+        `response_prefix`: text the response starts with, put as it is right after the generation prompt (the chat
+        template's assistant turn start, or the plain format's "Answer:"), so that the model continues it; the
+        caller grades prefix + completion."""
         prompt = self.training_prompt(prompt)
         if isinstance(prompt, str):  # TRL tokenises plain text with the special tokens: Gemma's BOS
-            return plain_prefix(tokenizer) + prompt
+            return plain_prefix(tokenizer) + prompt + response_prefix
         if getattr(tokenizer, "chat_template", None) is None:
             raise ValueError("the prompt format asks for the chat template, but the tokenizer has none; use a plain "
                              "format (--prompt-format plain).")
         return tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False,
-                                             **self.chat_template_kwargs)
+                                             **self.chat_template_kwargs) + response_prefix
