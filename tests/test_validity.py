@@ -169,13 +169,14 @@ def test_the_response_prefix_follows_the_generation_prompt_and_is_graded(tmp_pat
     else:
         generation_prompt = fmt.render(tokenizer, MESSAGES)
         assert generation_prompt.endswith(PLAIN_ASSISTANT)  # the plain format's answer start
-    assert fmt.render(tokenizer, MESSAGES, prefix) == generation_prompt + prefix
+    start = generation_prompt + ("" if chat else " ")  # plain answers follow "Answer:" after a space (render_plain)
+    assert fmt.render(tokenizer, MESSAGES, prefix) == start + prefix
     loaded = [LoadedBenchmark(BENCH, (Problem("0", MESSAGES, "42", BENCH),), 1, (), "all")]
     spec = EvalSpec(benchmarks=(BENCH,), sampling=SamplingParams(n=2, max_new_tokens=8), prompt=fmt,
                     response_prefix=prefix)
     sampler = PromptRecorder()
     run_evaluation(sampler, tokenizer, spec, tmp_path, workers=1, log=lambda s: None, progress=False, loaded=loaded)
-    assert sampler.prompts == [generation_prompt + prefix]
+    assert sampler.prompts == [start + prefix]
     records = list(read_samples(tmp_path / "samples.jsonl").values())
     assert [(r["completion"], r["correct"], r["tokens"]) for r in records] == [(prefix + "42}", True, 3)] * 2
     assert json.loads((tmp_path / "run.json").read_text())["response_prefix"] == prefix

@@ -215,11 +215,11 @@ class PromptFormat:
         """The text the model reads, to be tokenised without special tokens: `training_prompt` rendered as TRL
         renders it (plain text after `plain_prefix`, the BOS text a tokenizer such as Gemma's adds).
         `response_prefix`: text the response starts with, put as it is right after the generation prompt (the chat
-        template's assistant turn start, or the plain format's "Answer:"), so that the model continues it; the
-        caller grades prefix + completion."""
+        template's assistant turn start, or the plain format's "Answer:" and the space its worked answers have after
+        it, as in render_plain), so that the model continues it; the caller grades prefix + completion."""
         prompt = self.training_prompt(prompt)
         if isinstance(prompt, str):  # TRL tokenises plain text with the special tokens: Gemma's BOS
-            return plain_prefix(tokenizer) + prompt + response_prefix
+            return plain_prefix(tokenizer) + prompt + (" " + response_prefix if response_prefix else "")
         if getattr(tokenizer, "chat_template", None) is None:
             raise ValueError("the prompt format asks for the chat template, but the tokenizer has none; use a plain "
                              "format (--prompt-format plain).")
