@@ -78,8 +78,8 @@ def add_parsers(sub) -> None:
     ev.add_argument("--response-prefix", help="text the model's response starts with, prefilled right after the "
                     "generation prompt (the chat template's assistant turn start, or the plain format's `Answer:` and "
                     "a space), so the model continues it; the grader and samples.jsonl's completion see prefix + "
-                    "generated text, and tokens counts the generated ones. A name: `answer-only` (`\\boxed{`: the answer "
-                    "without reasoning, as `grail validity` measures it). Default: none")
+                    "generated text, and tokens counts the generated ones. A name: `answer-only` (`\\boxed{`: the "
+                    "answer without reasoning, as `grail validity` measures it). Default: none")
     ev.add_argument("--scoring", choices=SCORING_NAMES, default="grail",
                     help="grail: grail's grader, which reads every reference correctly. release: the GRAIL "
                     "release's scoring reproduced (its box extraction, its $...$ parse without normalisation, "
