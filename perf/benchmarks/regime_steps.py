@@ -44,7 +44,7 @@ def _config(name: str, method: str, steps: int, seed: int, out: Path):
 def _lengths(cfg, run_dir: Path, model_path: str) -> dict:
     from transformers import AutoTokenizer
 
-    from grail.training.data import format_prompts, load_prompts
+    from grail.training.data import load_prompts
     from grail.training.run import resolve_prompt_fields
 
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
@@ -52,8 +52,7 @@ def _lengths(cfg, run_dir: Path, model_path: str) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     data = load_prompts(cfg)
     fmt = resolve_prompt_fields(cfg, tokenizer, data)
-    prompts = format_prompts(data.select(range(min(32, len(data)))), fmt)["prompt"]
-    rendered = [fmt.render(tokenizer, p) for p in prompts]
+    rendered = [fmt.render(tokenizer, p) for p in data.select(range(min(32, len(data))))["prompt"]]  # as TRL renders
     tokens = [len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in rendered]
     return {"prompt_tokens_mean": statistics.fmean(tokens), "completion_tokens_mean": statistics.fmean(completion)}
 
