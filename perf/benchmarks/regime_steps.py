@@ -17,6 +17,7 @@ Prints one JSON object on stdout (progress on stderr). Needs the warm start (`gr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -64,16 +65,17 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--method", default="none", help="token_weighting of both regimes (default: GRPO)")
     args = parser.parse_args(argv)
 
-    import torch
-
-    from grail.training.run import resolve_model_path, train
-
     def log(line: str) -> None:
         print(line, file=sys.stderr)
 
     seconds: dict[str, list[float]] = {name: [] for name in REGIMES}
     lengths: dict[str, dict] = {}
-    with tempfile.TemporaryDirectory(prefix="regime-steps-") as tmp:
+    # stdout holds the JSON object alone: what the libraries print on import and while training goes to stderr
+    with contextlib.redirect_stdout(sys.stderr), tempfile.TemporaryDirectory(prefix="regime-steps-") as tmp:
+        import torch
+
+        from grail.training.run import resolve_model_path, train
+
         for r in range(args.rounds):
             order = list(REGIMES) if r % 2 == 0 else list(reversed(REGIMES))
             for name in order:
