@@ -16,6 +16,7 @@ from grail.evaluation.validity import (
     LEGS,
     Thresholds,
     best_constant,
+    format_markdown,
     leg_result,
     length_stats,
     mixed_share,
@@ -235,3 +236,17 @@ def test_grail_validity_reuses_a_grail_eval_directory_writes_the_table_and_recom
     assert json.loads((out / "validity.json").read_text()) == table
     assert main(["validity", "--from", str(out), "--model", str(tiny_dir)]) == 2
     assert "drop --model" in capsys.readouterr().err
+
+
+def test_on_a_subset_the_best_constant_is_counted_on_the_whole_split():
+    """Gemma's 128-problem table: one answer covered 5 of them (3.9%), none more than 2.0% of the 256."""
+    legs = _boundary_legs()
+    subset = ["7"] * 4 + [str(100 + p) for p in range(P - 4)]  # 4 of the 100 evaluated: 4%, over the 3% bar
+    whole = subset + [str(1000 + p) for p in range(100)]  # the same 4 among 200: 2%
+    on_subset = validity_table(legs, _references(subset))
+    on_split = validity_table(legs, _references(subset), split_references=whole)
+    assert on_subset["best_constant"]["accuracy"] == 4 / P and not on_subset["qualifies"]
+    assert on_split["best_constant"] == {"answer": "7", "accuracy": 4 / len(whole), "problems": len(whole),
+                                         "evaluated": {"answer": "7", "accuracy": 4 / P}}
+    assert on_split["qualifies"]
+    assert f"on the whole split of {len(whole)} problems" in format_markdown(on_split)

@@ -238,15 +238,16 @@ def _references(loaded) -> dict[tuple[str, str], str]:
     return {(p.source, p.id): p.answer for bench in loaded for p in bench.problems}
 
 
-def _loaded_from_run(path: Path):
-    """The benchmarks an evaluation's run.json names, loaded as it loaded them."""
+def _loaded_from_run(path: Path, all_rows: bool = False):
+    """The benchmarks an evaluation's run.json names, loaded as it loaded them (`all_rows`: every row instead)."""
     from grail.evaluation.benchmarks import load_benchmarks
 
     if not path.is_file():
         raise ValueError(f"{path} is missing: {path.parent} is not a grail eval directory; make it with grail "
                          f"validity --model M --output-dir {path.parent.parent}.")
     run = json.loads(path.read_text())
-    return load_benchmarks(run["benchmarks"], data_dir=run["data_dir"], size=run["size"], seed=run["subset_seed"],
+    return load_benchmarks(run["benchmarks"], data_dir=run["data_dir"], size=None if all_rows else run["size"],
+                           seed=run["subset_seed"],
                            release_subsets_dir=run["release_subsets_dir"])
 
 
@@ -275,7 +276,9 @@ def run_validity(args) -> int:
             report = _evaluate(leg_args, model, spec, loaded, leg_args.output_dir)
             print(f"{leg.name}: {report.new_samples} new samples")
     legs = {leg.name: read_leg(directory / leg.name) for leg in LEGS}
-    table = validity_table(legs, _references(_loaded_from_run(directory / "sampled" / "run.json")))
+    run_json = directory / "sampled" / "run.json"
+    whole = list(_references(_loaded_from_run(run_json, all_rows=True)).values())  # the best constant's split
+    table = validity_table(legs, _references(_loaded_from_run(run_json)), split_references=whole)
     print(write_table(directory, table))
     print(f"table: {directory}/validity.json, {directory}/validity.md")
     return 0

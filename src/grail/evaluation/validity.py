@@ -15,7 +15,9 @@ The table (`validity_table`):
     mixed groups        share of problems whose n sampled answers are neither all right nor all wrong (0 < c < n):
                         GRPO's group-relative advantage is zero on the others, so only these carry any credit
     best constant       the largest share of problems sharing one reference answer (the exact text): what
-                        answering that one value to every problem scores
+                        answering that one value to every problem scores; counted on the whole split when the
+                        evaluation took a subset (`split_references`: a subset can hold a repeated answer by chance),
+                        the subset's own figure beside it
     completion lengths  tokens of the sampled and greedy completions: mean, median, 95th percentile (nearest rank:
                         the ⌈0.95·N⌉-th smallest); share with no box; share truncated (tokens = max_new_tokens: a
                         completion whose end-of-sequence token is the last one allowed counts too)
@@ -155,13 +157,16 @@ def _criterion(name: str, value: float, low: float | None, high: float | None, b
 
 
 def validity_table(legs: Mapping[str, LegResult], references: Mapping[tuple[str, str], str],
-                   thresholds: Thresholds = Thresholds()) -> dict:
+                   thresholds: Thresholds = Thresholds(),
+                   split_references: Sequence[str] | None = None) -> dict:
     """The table as JSON-ready data: each leg's accuracy, the mixed share, the best constant, the completion lengths
     of the reasoning legs, each criterion (value, threshold, pass) and whether the regime qualifies.
 
     Args:
         legs: a LegResult for each of LEGS' names; all on the same problems.
         references: each problem's reference answer, by (benchmark, problem id).
+        split_references: every reference answer of the whole split the problems were drawn from, when the
+            evaluation took a subset: the best constant is counted on them (None: on `references`).
     """
     missing = [leg.name for leg in LEGS if leg.name not in legs]
     if missing:
@@ -176,7 +181,9 @@ def validity_table(legs: Mapping[str, LegResult], references: Mapping[tuple[str,
                          f"subset.")
     acc = {leg.name: legs[leg.name].accuracy["value"] for leg in LEGS}
     mixed = mixed_share(legs["sampled"].correct_PN)
-    constant_answer, constant = best_constant(list(references.values()))
+    evaluated_answer, evaluated = best_constant(list(references.values()))
+    whole = list(split_references) if split_references is not None else list(references.values())
+    constant_answer, constant = best_constant(whole)
     t = thresholds
     ratio = t.answer_only_ratio_max
     criteria = [
@@ -191,7 +198,8 @@ def validity_table(legs: Mapping[str, LegResult], references: Mapping[tuple[str,
     ]
     return {"problems": len(problems), "samples": len(next(iter(legs["sampled"].correct_PN.values()))),
             "accuracy": {leg.name: legs[leg.name].accuracy for leg in LEGS}, "mixed_share": mixed,
-            "best_constant": {"answer": constant_answer, "accuracy": constant},
+            "best_constant": {"answer": constant_answer, "accuracy": constant, "problems": len(whole),
+                              "evaluated": {"answer": evaluated_answer, "accuracy": evaluated}},
             "lengths": {name: length_stats(legs[name]) for name in ("sampled", "greedy")},
             "thresholds": asdict(thresholds), "criteria": criteria,
             "qualifies": all(c["pass"] for c in criteria)}
@@ -214,7 +222,10 @@ def format_markdown(table: dict) -> str:
     lines += [f"| {c['criterion']} | {c['value']:.1%} | {c['threshold']} | {'pass' if c['pass'] else 'FAIL'} |"
               for c in table["criteria"]]
     constant = table["best_constant"]
-    lines += ["", f"Best constant answer: {constant['answer']}. The regime "
+    subset = constant["evaluated"]
+    on = (f" (on the whole split of {constant['problems']} problems; on the {table['problems']} evaluated: "
+          f"{subset['answer']}, {subset['accuracy']:.1%})" if constant["problems"] != table["problems"] else "")
+    lines += ["", f"Best constant answer: {constant['answer']}{on}. The regime "
               + ("qualifies: every criterion passes." if table["qualifies"] else "does NOT qualify.")]
     return "\n".join(lines)
 

@@ -205,7 +205,8 @@ _UNTUNED = "untuned: "
 CHAIN_NOTES = {
     "model_name_or_path": "the `grail sft` warm start of the model on this task (default SFT settings: 40 steps), "
                           "found in the cache; a run without it names the command that makes it. On SmolLM2 it "
-                          "solves 30% of held-out problems sampled, 64.5% of groups of 8 mixed (docs/results/regime.md)",
+                          "solves 30% of held-out problems sampled, 64.5% of groups of 8 mixed "
+                          "(docs/results/regime.md)",
     "task_num_steps": "the chain task's defaults (grail.tasks.chain_problems.ChainConfig), down to task_operations: "
                       "120 distinct held-out answers, the best constant 2.0%",
     "task_num_sft": "the chain task's split sizes (grail.tasks.chains.ChainSet)",
