@@ -31,6 +31,36 @@ def model64(model):
     return copy.deepcopy(model).double().eval()
 
 
+WINDOW = 6  # the tiny Gemma 3's sliding window: shorter than every row of the test batches
+
+
+def tiny_gemma3(tokenizer, softcap: float | None = None, attention: str = "sdpa"):
+    """A float64 Gemma 3 (scaled embeddings, QK norm, sliding and full layers, optional logit soft-capping) small
+    enough for a unit test: sliding layers before and after a full one, so a copy's states beyond the window reach it
+    through the full layer."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    config = Gemma3TextConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
+                              sliding_window=WINDOW, final_logit_softcapping=softcap, pad_token_id=PAD,
+                              bos_token_id=None, eos_token_id=tokenizer.eos_token_id, attn_implementation=attention,
+                              layer_types=["sliding_attention", "full_attention", "sliding_attention",
+                                           "sliding_attention"])
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = Gemma3ForCausalLM(config)
+    with torch.no_grad():
+        model.get_input_embeddings().weight.mul_(4.0)  # sharper distributions, as for the Qwen3 above
+    return model.double().eval()
+
+
+@pytest.fixture(scope="module")
+def models64(tokenizer, model64):
+    """name → a float64 model: the tiny Qwen3, the tiny Gemma 3 as the real 270M has it (no soft-cap), and with a
+    soft-cap low enough to bind on its logits (its P_final is pooled per position)."""
+    return {"qwen3": model64, "gemma3": tiny_gemma3(tokenizer), "gemma3_softcap": tiny_gemma3(tokenizer, softcap=1.0)}
+
+
 def _batch():
     """Three rows in TRL's layout (P = 6 left-padded prompt, T = 10 right-padded completion):
     row 0 full; row 1 prompt left-padded by 2, completion of 7; row 2 prompt left-padded by 1, completion of 5.
@@ -328,8 +358,10 @@ def oar_p_importance_loop(model, ids, attn, scored, answer, *, distribution, pad
     return importance
 
 
+@pytest.mark.parametrize("family", ["qwen3", "gemma3", "gemma3_softcap"])
 @pytest.mark.parametrize("distribution", ["last_position", "answer_mean"])
-def test_oar_p_batched_and_prefix_shared_match_the_loop(model64, distribution):
+def test_oar_p_batched_and_prefix_shared_match_the_loop(models64, family, distribution, monkeypatch):
+    model64 = models64[family]
     ids, attn, answer, scored = _scored()
     kwargs = dict(distribution=distribution, pad_token_id=PAD, temperature=0.7)
     expected = oar_p_importance_loop(model64, ids, attn, scored, answer, **kwargs)
@@ -338,12 +370,80 @@ def test_oar_p_batched_and_prefix_shared_match_the_loop(model64, distribution):
     # chunk_tokens: 1 → one copy per chunk; 40 → 2–3 copies, a row's copies split across chunks; 10_000 → one chunk
     for chunk_tokens in (1, 40, 10_000):
         for name in ("_oar_p_batched", "_oar_p_prefix_shared"):
-            got = getattr(oar_probes, name)(model64, ids, attn, scored, answer, chunk_tokens=chunk_tokens, **kwargs)
+            with monkeypatch.context() as patch:
+                if name == "_oar_p_prefix_shared":  # the cache is shared on every family: no fallback
+                    patch.setattr(oar_probes, "_oar_p_batched", None)
+                got = getattr(oar_probes, name)(model64, ids, attn, scored, answer, chunk_tokens=chunk_tokens,
+                                                **kwargs)
             scale = expected.amax(1, keepdim=True).clamp(min=1e-30)
             assert ((got - expected).abs() / scale).max() < 1e-5, (name, chunk_tokens)
             assert got[0, 2] == 0 and (got[2] == 0).all() and (got[~_completion_mask(attn)] == 0).all()
     assert torch.equal(oar_probes.oar_p_importance(model64, ids, attn, scored, answer, chunk_tokens=40, **kwargs),
                        oar_probes._oar_p_prefix_shared(model64, ids, attn, scored, answer, chunk_tokens=40, **kwargs))
+
+
+def _long_batch():
+    """Three rows longer than Gemma's window (P = 4, T = 24): row 0 full (28 real tokens), row 1 prompt left-padded by
+    1 and a completion of 18 (21), row 2 left-padded by 2, completion of 22 (24). Every completion token scored but
+    one; answers late in each completion."""
+    P_, T_ = 4, 24
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, 300, (3, P_ + T_), generator=g)
+    attn = torch.ones(3, P_ + T_, dtype=torch.long)
+    attn[1, :1], attn[1, P_ + 18:] = 0, 0
+    attn[2, :2], attn[2, P_ + 22:] = 0, 0
+    ids[attn == 0] = PAD
+    answer = torch.zeros(3, T_, dtype=torch.bool)
+    answer[0, 20:23], answer[1, 15:17], answer[2, 12] = True, True, True
+    scored = attn[:, P_:].bool().clone()
+    scored[0, 9] = False
+    return ids, attn, answer, scored
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("softcap", [None, 1.0])
+def test_oar_p_prefix_sharing_is_exact_across_gemma3_sliding_windows(tokenizer, attention, softcap, monkeypatch):
+    """Rows of 21–28 tokens against a window of 6: the chunks' first substitutions lie inside the first window and far
+    beyond it, so the sliding layers' prefix cache is cut; equal to the whole-forward path in float64."""
+    model = tiny_gemma3(tokenizer, softcap=softcap, attention=attention)
+    ids, attn, answer, scored = _long_batch()
+    prompts = attn[:, :4].sum(1)  # stripped position of completion token t: prompt + t
+    positions = [int(p) + t for p, row in zip(prompts, scored, strict=True) for t in row.nonzero().flatten()]
+    assert min(positions) < WINDOW <= 2 * WINDOW < max(positions) and attn.sum(1).min() > 3 * WINDOW
+    kwargs = dict(pad_token_id=PAD, temperature=0.7)
+    for distribution in oar_probes.DISTRIBUTIONS:
+        # one copy per whole forward: no right padding, which eager attention turns into NaN on the padded rows
+        # (a fully masked sliding window row; transformers' own behaviour, not the probes')
+        expected = oar_probes._oar_p_batched(model, ids, attn, scored, answer, distribution=distribution,
+                                             chunk_tokens=1, **kwargs)
+        assert (expected[scored] > 0).sum() > 40  # the signal is there to compare
+        # 28 → one copy per chunk; 90 → three copies, each row split over many chunks; 10_000 → few, wasteful chunks
+        for chunk_tokens in (28, 90, 10_000):
+            with monkeypatch.context() as patch:
+                patch.setattr(oar_probes, "_oar_p_batched", None)  # sharing ran: no fallback
+                got = oar_probes._oar_p_prefix_shared(model, ids, attn, scored, answer, distribution=distribution,
+                                                      chunk_tokens=chunk_tokens, **kwargs)
+            scale = expected.amax(1, keepdim=True).clamp(min=1e-30)
+            assert ((got - expected).abs() / scale).max() < 1e-5, (distribution, chunk_tokens)
+            assert (got[~scored] == 0).all()
+
+
+def test_oar_p_falls_back_where_the_cache_cannot_be_cut(tokenizer, monkeypatch):
+    """A bidirectional Gemma 3 (its states before p depend on the token at p) takes the whole-forward path."""
+    model = tiny_gemma3(tokenizer)
+    ids, attn, answer, scored = _scored()
+    calls = []
+    plain = oar_probes._oar_p_batched
+    monkeypatch.setattr(oar_probes, "_oar_p_batched", lambda *a, **k: calls.append(1) or plain(*a, **k))
+    kwargs = dict(distribution="last_position", pad_token_id=PAD, temperature=0.7, chunk_tokens=40)
+    oar_probes.oar_p_importance(model, ids, attn, scored, answer, **kwargs)
+    assert calls == []
+    model.config.use_bidirectional_attention = True
+    try:
+        oar_probes.oar_p_importance(model, ids, attn, scored, answer, **kwargs)
+    finally:
+        model.config.use_bidirectional_attention = False
+    assert calls == [1]
 
 
 def test_oar_p_answer_mean_row_without_answer_is_zero(model64):

@@ -17,9 +17,13 @@ Departures from the specification (docs/methods/; choices it leaves open, or mak
   5. OAR-P computes P_final of the clean row from the same padding-stripped row its perturbed copies are built from,
      so clean and perturbed distributions come from identical computations apart from the substitution.
   6. OAR-P reuses the clean row's KV cache for the prefix that precedes every substitution of a chunk (exact: a
-     causal model's states before position p do not depend on the token at p). It falls back to the plain batched
-     version when the cache is not a plain full-attention `DynamicCache` (sliding-window layers) or is dropped
-     (gradient checkpointing in training mode).
+     causal model's states before position p do not depend on the token at p). The clean forward keeps every
+     position's keys and values in every layer (a config-less `DynamicCache`); a chunk's prefix cache is then built
+     as the model's own cache for p0 positions (`_prefix_cache`), so a sliding-window layer (Gemma 3) holds the
+     window − 1 positions before p0, and the model's mask functions place the window, as in generation. It falls
+     back to the plain batched version when the model's cache has other kinds of layers (chunked or linear
+     attention, layers sharing another's cache), attends bidirectionally, or drops the cache (gradient
+     checkpointing in training mode).
 """
 
 from __future__ import annotations
@@ -237,12 +241,40 @@ def _oar_p_batched(model, input_ids_BL, attention_mask_BL, scored_BT, answer_BT,
     return importance_BT
 
 
-def _plain_dynamic_cache(cache, length: int) -> bool:
+def _shareable(model: nn.Module) -> bool:
+    """Whether `_prefix_cache` rebuilds the model's own cache exactly at any prefix length: a causal model whose cache
+    (`DynamicCache(config=...)`) has only full-attention and sliding-window layers (Llama, Qwen3, Gemma 3, Mistral);
+    not chunked or linear attention, nor layers that read another layer's cache."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+    if getattr(model.config.get_text_config(decoder=True), "use_bidirectional_attention", False):
+        return False
+    return all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer)
+               for layer in DynamicCache(config=model.config).layers)
+
+
+def _full_length(cache, length: int) -> bool:
+    """Whether `cache` holds all `length` positions' keys and values in every layer (a config-less `DynamicCache`
+    after the clean forward; gradient checkpointing in training mode leaves it empty)."""
     from transformers.cache_utils import DynamicLayer
 
     layers = getattr(cache, "layers", None)
-    return (cache is not None and bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
-            and cache.get_seq_length() == length)
+    return bool(layers) and all(type(layer) is DynamicLayer and layer.get_seq_length() == length for layer in layers)
+
+
+def _prefix_cache(model: nn.Module, kv: list[tuple[torch.Tensor, torch.Tensor]], p0: int, copies: int):
+    """The model's own cache after positions [0, p0) of the clean row, for `copies` copies.
+
+    `kv`: each layer's (1, heads, n, head_dim) keys and values of the whole clean row. The cache is filled as a forward
+    fills `DynamicCache(config=...)`: a full-attention layer keeps all p0 positions; a sliding-window layer keeps the
+    last window − 1 of them and counts p0, which is what the model's mask functions read (the window's offset) and
+    what its next positions continue from, exactly as in generation."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(ddp_cache_data=[(k[:, :, :p0], v[:, :, :p0]) for k, v in kv], config=model.config)
+    cache.batch_repeat_interleave(copies)  # after the window's cut: a sliding layer copies only what it keeps
+    return cache
 
 
 MAX_PREFIX_WASTE = 0.25
@@ -272,51 +304,48 @@ def _prefix_chunks(positions: list[int], length: int, chunk_tokens: int,
 
 def _oar_p_prefix_shared(model, input_ids_BL, attention_mask_BL, scored_BT, answer_BT, *, distribution,
                          pad_token_id, temperature, chunk_tokens) -> torch.Tensor:
-    """OAR-P with prefix sharing: per row, one clean forward that keeps its KV cache; its copies, sorted by
-    substituted position, in the chunks of `_prefix_chunks`; a chunk whose first substitution is at p0 reuses the
-    clean cache for positions [0, p0) (expanded to the chunk's copies) and runs only positions [p0, n)."""
+    """OAR-P with prefix sharing: per row, one clean forward that keeps every layer's keys and values; its copies,
+    sorted by substituted position, in the chunks of `_prefix_chunks`; a chunk whose first substitution is at p0 runs
+    only positions [p0, n), against the clean row's cache for [0, p0) (`_prefix_cache`), and reads P_final's positions
+    before p0 from the clean forward."""
     from transformers import DynamicCache
 
     T = scored_BT.shape[1]
     importance_BT = zeros_BT(input_ids_BL, T)
     S = input_ids_BL.shape[1] - T
-    if not output_is_linear(model) or (model.training and any(getattr(module, "gradient_checkpointing", False)
-                                                                  for module in model.modules())):
-        # soft-capped logits are pooled per position (`_pooled_logits`), not from a pooled hidden state; and
+    batched = dict(distribution=distribution, pad_token_id=pad_token_id, temperature=temperature,
+                   chunk_tokens=chunk_tokens)
+    if not _shareable(model) or (model.training and any(getattr(module, "gradient_checkpointing", False)
+                                                        for module in model.modules())):
         # checkpointed layers drop the KV cache in training mode: nothing to share
-        return _oar_p_batched(model, input_ids_BL, attention_mask_BL, scored_BT, answer_BT, distribution=distribution,
-                              pad_token_id=pad_token_id, temperature=temperature, chunk_tokens=chunk_tokens)
+        return _oar_p_batched(model, input_ids_BL, attention_mask_BL, scored_BT, answer_BT, **batched)
     with torch.no_grad():
         for i, ids_n, pool_n, positions in _stripped_rows(input_ids_BL, attention_mask_BL, scored_BT, answer_BT,
                                                           distribution):
             n = ids_n.shape[0]
             ones_1N = torch.ones(1, n, dtype=attention_mask_BL.dtype, device=ids_n.device)
-            out = backbone_output(model, ones_1N, use_cache=True, input_ids=ids_n[None])
-            cache = out.past_key_values
-            if not _plain_dynamic_cache(cache, n):  # sliding-window layers, or the cache was dropped: no sharing
-                return _oar_p_batched(model, input_ids_BL, attention_mask_BL, scored_BT, answer_BT,
-                                      distribution=distribution, pad_token_id=pad_token_id, temperature=temperature,
-                                      chunk_tokens=chunk_tokens)
+            # config-less: every layer keeps every position, a sliding one too (its mask still applies the window)
+            out = backbone_output(model, ones_1N, use_cache=True, input_ids=ids_n[None],
+                                  past_key_values=DynamicCache())
+            if not _full_length(out.past_key_values, n):  # the cache was dropped: nothing to share
+                return _oar_p_batched(model, input_ids_BL, attention_mask_BL, scored_BT, answer_BT, **batched)
             clean_hidden_ND = out.last_hidden_state[0]  # (n, D)
             clean_1V = _pooled_logits(model, clean_hidden_ND[None], pool_n[None], temperature)
-            kv = [(layer.keys, layer.values) for layer in cache.layers]
+            kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+            read_K = pool_n.nonzero().squeeze(1)  # the positions P_final reads, ascending
             for start, stop in _prefix_chunks(positions.tolist(), n, chunk_tokens):
                 p_C = positions[start:stop]
                 C, p0 = p_C.numel(), int(p_C[0])
                 ids_CS = ids_n[p0:].expand(C, n - p0).clone()  # (C, n − p0): the suffix each copy runs
                 ids_CS[torch.arange(C, device=ids_CS.device), p_C - p0] = pad_token_id
-                prefix = None
-                if p0 > 0:
-                    prefix = DynamicCache(ddp_cache_data=[(k[:, :, :p0].expand(C, -1, -1, -1),
-                                                           v[:, :, :p0].expand(C, -1, -1, -1)) for k, v in kv],
-                                          config=model.config)
+                prefix = _prefix_cache(model, kv, p0, C) if p0 > 0 else None
                 hidden_CSD = backbone_output(model, ones_1N.expand(C, n), use_cache=prefix is not None,
                                              input_ids=ids_CS, past_key_values=prefix).last_hidden_state
-                # Σ_l pool_l h_l = (clean prefix part, shared) + (suffix part, per copy)
-                dtype = at_least_float32(hidden_CSD)
-                pooled_CD = (pool_n[:p0, None].to(dtype) * clean_hidden_ND[:p0].to(dtype)).sum(0) + torch.einsum(
-                    "s,csd->cd", pool_n[p0:].to(dtype), hidden_CSD.to(dtype))
-                logits_CV = output_logits(model, pooled_CD, temperature)
+                # the hidden states P_final reads: before p0 the clean row's (shared), from p0 on each copy's own
+                before_K = read_K < p0
+                hidden_CKD = torch.cat([clean_hidden_ND[read_K[before_K]].expand(C, -1, -1),
+                                        hidden_CSD[:, read_K[~before_K] - p0]], dim=1)  # (C, K, D)
+                logits_CV = _pooled_logits(model, hidden_CKD, pool_n[read_K].expand(C, -1), temperature)
                 prompt_length = int(attention_mask_BL[i, :S].sum())  # stripped position of token t: prompt + t
                 kl_C = kl_divergence(clean_1V.expand_as(logits_CV), logits_CV).clamp(min=0)  # rounding can dip < 0
                 importance_BT[i, p_C - prompt_length] = kl_C.to(importance_BT.dtype)
