@@ -400,12 +400,9 @@ def _long_batch():
     return ids, attn, answer, scored
 
 
-@pytest.mark.parametrize("attention", ["sdpa", "eager"])
-@pytest.mark.parametrize("softcap", [None, 1.0])
-def test_oar_p_prefix_sharing_is_exact_across_gemma3_sliding_windows(tokenizer, attention, softcap, monkeypatch):
-    """Rows of 21–28 tokens against a window of 6: the chunks' first substitutions lie inside the first window and far
-    beyond it, so the sliding layers' prefix cache is cut; equal to the whole-forward path in float64."""
-    model = tiny_gemma3(tokenizer, softcap=softcap, attention=attention)
+def _assert_sharing_equals_whole_forwards(model, monkeypatch):
+    """On `_long_batch`, for both distributions and three chunk sizes: OAR-P with prefix sharing equals OAR-P with a
+    whole forward per copy in float64, and sharing ran (no fallback)."""
     ids, attn, answer, scored = _long_batch()
     prompts = attn[:, :4].sum(1)  # stripped position of completion token t: prompt + t
     positions = [int(p) + t for p, row in zip(prompts, scored, strict=True) for t in row.nonzero().flatten()]
@@ -426,6 +423,30 @@ def test_oar_p_prefix_sharing_is_exact_across_gemma3_sliding_windows(tokenizer, 
             scale = expected.amax(1, keepdim=True).clamp(min=1e-30)
             assert ((got - expected).abs() / scale).max() < 1e-5, (distribution, chunk_tokens)
             assert (got[~scored] == 0).all()
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("softcap", [None, 1.0])
+def test_oar_p_prefix_sharing_is_exact_across_gemma3_sliding_windows(tokenizer, attention, softcap, monkeypatch):
+    """Rows of 21–28 tokens against a window of 6: the chunks' first substitutions lie inside the first window and far
+    beyond it, so the sliding layers' prefix cache is cut."""
+    _assert_sharing_equals_whole_forwards(tiny_gemma3(tokenizer, softcap=softcap, attention=attention), monkeypatch)
+
+
+def test_oar_p_prefix_sharing_is_exact_on_mistral_sliding_windows(tokenizer, monkeypatch):
+    """Mistral: every layer slides (its cache has no full-attention layer)."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    config = MistralConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                           sliding_window=WINDOW, pad_token_id=PAD, bos_token_id=None,
+                           eos_token_id=tokenizer.eos_token_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = MistralForCausalLM(config)
+    with torch.no_grad():
+        model.get_input_embeddings().weight.mul_(4.0)
+    _assert_sharing_equals_whole_forwards(model.double().eval(), monkeypatch)
 
 
 def test_oar_p_falls_back_where_the_cache_cannot_be_cut(tokenizer, monkeypatch):
