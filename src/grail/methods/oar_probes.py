@@ -248,10 +248,12 @@ def _shareable(model: nn.Module) -> bool:
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-    if getattr(model.config.get_text_config(decoder=True), "use_bidirectional_attention", False):
+    config = getattr(model, "config", None)
+    if not callable(getattr(config, "get_text_config", None)):  # not a transformers model: no cache to rebuild
         return False
-    return all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer)
-               for layer in DynamicCache(config=model.config).layers)
+    if getattr(config.get_text_config(decoder=True), "use_bidirectional_attention", False):
+        return False
+    return all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in DynamicCache(config=config).layers)
 
 
 def _full_length(cache, length: int) -> bool:
@@ -317,7 +319,8 @@ def _oar_p_prefix_shared(model, input_ids_BL, attention_mask_BL, scored_BT, answ
                    chunk_tokens=chunk_tokens)
     if not _shareable(model) or (model.training and any(getattr(module, "gradient_checkpointing", False)
                                                         for module in model.modules())):
-        # checkpointed layers drop the KV cache in training mode: nothing to share
+        # a cache `_prefix_cache` cannot rebuild, or checkpointed layers, which drop the cache in training mode:
+        # nothing to share
         return _oar_p_batched(model, input_ids_BL, attention_mask_BL, scored_BT, answer_BT, **batched)
     with torch.no_grad():
         for i, ids_n, pool_n, positions in _stripped_rows(input_ids_BL, attention_mask_BL, scored_BT, answer_BT,
@@ -373,12 +376,13 @@ def oar_p_importance(model: nn.Module, input_ids_BL: torch.Tensor, attention_mas
 
     Memory per chunk, roughly: the chunk's KV cache, chunk_tokens × num_layers × 2 × num_kv_heads × head_dim entries
     (Qwen3-4B in bf16: ~147 KB per token, ~4.8 GB at chunk_tokens = 32768; transiently up to twice one layer's share
-    while it is extended), plus one layer's activations for the positions run (at most chunk_tokens) and C × V
-    logits. That is an estimate: `perf/benchmarks/oar_p_memory.py` measures 1.2-1.7x it on a CPU in float32 (T = 4096,
-    256 copies; allocator overhead and transient copies), while the peak grows in proportion to chunk_tokens and does
-    not depend on the number of copies. Where the cache cannot be shared (see module docstring, 6) the plain
-    batched path runs instead: no cache, copies of any rows right-padded to the chunk's longest, copies × longest
-    ≤ chunk_tokens, so only one layer's activations for chunk_tokens positions.
+    while it is extended; a sliding-window layer keeps only window − 1 prefix positions per copy), plus one layer's
+    activations for the positions run (at most chunk_tokens) and C × V logits, and the clean row's own cache (every
+    position of every layer, one copy). That is an estimate: `perf/benchmarks/oar_p_memory.py` measures 1.2-1.7x it
+    on a CPU in float32 (T = 4096, 256 copies; allocator overhead and transient copies), while the peak grows in
+    proportion to chunk_tokens and does not depend on the number of copies. Where the cache cannot be shared (see
+    module docstring, 6) the plain batched path runs instead: no cache, copies of any rows right-padded to the
+    chunk's longest, copies × longest ≤ chunk_tokens, so only one layer's activations for chunk_tokens positions.
 
     Args:
         input_ids_BL, attention_mask_BL: (B, L) TRL layout; each row's real tokens are contiguous.
