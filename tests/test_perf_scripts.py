@@ -9,6 +9,7 @@ from pathlib import Path
 import gpu_check
 import gpu_curves
 import grader_fuzz
+import oar_p_sharing
 import position_claim
 import pytest
 import shared_prefill_eval
@@ -244,6 +245,32 @@ def test_tiny_warmstart_paths_trains_both_ways_on_the_same_traces(capsys):
     assert result["time_ratio_sft_trainer_to_loop"] == median["sft_trainer"] / median["loop"]
     assert result["extra_share_of_demo"] == (median["sft_trainer"] - median["loop"]) / 100
     assert result["within_issue_bar"] == (result["extra_share_of_demo"] <= 0.10)
+
+
+def test_oar_p_sharing_times_both_ways_on_the_same_rows(capsys):
+    """perf/benchmarks/oar_p_sharing.py on the tiny Gemma 3 (window 32) in float64, rows of 48-80 tokens and chunks of
+    300 tokens (a row's copies over several chunks): both ways give the same importances, the shared way runs fewer
+    positions, and the printed figures are the ones derived from the seconds."""
+    result = oar_p_sharing.main(["--model", "tiny-gemma", "--rows", "3", "--prompt-tokens", "8", "--min-completion",
+                                 "40", "--max-completion", "72", "--chunk-tokens", "300", "--rounds", "2", "--dtype",
+                                 "float64"])
+    assert json.loads(capsys.readouterr().out) == result  # stdout holds the JSON object
+    assert result["row_tokens"] == [48, 64, 80] and result["sliding_window"] < min(result["row_tokens"])
+    assert result["sharing_applies"] is True and result["finite"] is True and result["max_rel_diff"] < 1e-5
+    work = result["work_per_call"]
+    assert work["shared"]["positions"] < work["whole"]["positions"] and work["whole"]["forwards"] > 3
+    assert all(len(times) == 2 and min(times) > 0 for times in result["seconds"].values())
+    median = result["median_s"]
+    assert result["time_ratio_whole_to_shared"] == median["whole"] / median["shared"]
+    assert result["min_s"] == {name: min(times) for name, times in result["seconds"].items()}
+
+
+def test_oar_p_sharing_names_the_fix_for_bad_arguments_and_an_unfetched_model(cache_dir, capsys):
+    with pytest.raises(SystemExit):
+        oar_p_sharing.main(["--min-completion", "4", "--answer-tokens", "4"])
+    assert "raise --min-completion or lower --answer-tokens" in capsys.readouterr().err
+    with pytest.raises(FileNotFoundError, match="grail models fetch gemma3-270m"):  # GRAIL_CACHE: an empty folder
+        oar_p_sharing.main(["--model", "gemma3-270m"])
 
 
 def test_perf_loads_shared_code_one_way_and_never_the_tests():
