@@ -271,7 +271,10 @@ def _prefix_cache(model: nn.Module, kv: list[tuple[torch.Tensor, torch.Tensor]],
     `kv`: each layer's (1, heads, n, head_dim) keys and values of the whole clean row. The cache is filled as a forward
     fills `DynamicCache(config=...)`: a full-attention layer keeps all p0 positions; a sliding-window layer keeps the
     last window − 1 of them and counts p0, which is what the model's mask functions read (the window's offset) and
-    what its next positions continue from, exactly as in generation."""
+    what its next positions continue from, exactly as in generation. Relied on in transformers (5.x): each layer of
+    `DynamicCache(ddp_cache_data=..., config=...)` is filled through its own `update`; a config-less `DynamicCache`
+    holds plain `DynamicLayer`s; the masks and positions come from the cache's `get_mask_sizes` and
+    `get_seq_length`. The float64 tests against whole forwards (tests/test_probes.py) fail if any of it changes."""
     from transformers import DynamicCache
 
     cache = DynamicCache(ddp_cache_data=[(k[:, :, :p0], v[:, :, :p0]) for k, v in kv], config=model.config)
