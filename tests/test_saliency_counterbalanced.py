@@ -213,3 +213,76 @@ def test_bad_inputs_are_refused_or_reported():
     result = fixed_position_auroc_result(torch.arange(4.0), torch.tensor([C, F, C, F]), torch.zeros(4).long(),
                                          torch.tensor([0, 0, 1, 1]), torch.tensor([0, 1, 0, 1]))
     assert math.isnan(result.auroc) and "no stratum" in result.note and "0 of 2 critical" in result.note, result
+
+
+# ---- through saliency quality, with the tiny model ----------------------------------------------------------------
+def test_saliency_auroc_reports_the_fixed_auroc_and_the_position_null_sits_at_one_half(tokenizer):
+    from grail.analysis.saliency.quality import SaliencyQualityOptions, as_json, saliency_auroc
+    from grail.models.tiny import build_tiny_model
+
+    model = build_tiny_model(tokenizer, seed=0)
+    rows = counterbalanced_filler_rows(2, seed=0, words=4, shots=0)
+    results = saliency_auroc(model, tokenizer, rows, ["grail", "position"], SaliencyQualityOptions(num_bootstrap=50))
+    for part, result in results["position"].items():  # the null's signal AND its weights (z-scored, clipped)
+        assert (result.fixed.auroc, result.fixed.ci_low, result.fixed.ci_high) == (0.5, 0.5, 0.5), (part, result)
+    fixed = results["grail"]["signal"].fixed
+    assert 0 <= fixed.auroc <= 1 and 0 < fixed.n_critical <= fixed.labelled_critical, fixed
+    assert fixed.labelled_critical == results["grail"]["signal"].n_critical  # every labelled token, entered or not
+    assert "entered:" in as_json(results)["grail"]["signal"]["fixed"]["note"]
+    # rows without a group: each row is its own group, whose two traces share one layout: no pair, said so
+    plain = [{k: v for k, v in r.items() if k != "group"} for r in rows]
+    alone = saliency_auroc(model, tokenizer, plain, ["position"], SaliencyQualityOptions(num_bootstrap=0))
+    fixed = alone["position"]["signal"].fixed
+    assert math.isnan(fixed.auroc) and "no stratum" in fixed.note, fixed
+    pooled = saliency_auroc(model, tokenizer, plain, ["position"],
+                            SaliencyQualityOptions(num_bootstrap=0, fixed_group="all"))
+    assert pooled["position"]["signal"].fixed.auroc == 0.5  # one group: the rows of equal length pair again
+    with pytest.raises(ValueError, match="fixed_group='some'"):
+        SaliencyQualityOptions(fixed_group="some")
+
+
+# ---- the rollout labeller -----------------------------------------------------------------------------------------
+def _spans(row):
+    return _texts(row, "critical_spans"), _texts(row, "filler_spans")
+
+
+def test_a_correct_rollout_is_labelled_by_its_own_arithmetic():
+    from grail.analysis.saliency.rollout_labels import rollout_row
+
+    completion = ("Lily has 16 + 26 = 42 toy cars. Max has 42 + 49 = 91 toy cars. Tom has 91 - 14 = 77 toy cars. "
+                  "\\boxed{77}")
+    row = rollout_row("prompt", completion, group=3, answer="77")
+    check_row(row, 0)
+    critical, contrast = _spans(row)
+    assert critical == ["+", "42", "+", "91", "-", "77"]  # operators and results, not operands or the box
+    assert contrast == ["Lily", "has", "toy", "cars.", "Max", "has", "toy", "cars.", "Tom", "has", "toy", "cars."]
+    assert row["arithmetic_ok"] and row["correct"] and row["group"] == 3
+
+
+def test_wrong_arithmetic_is_labelled_as_written_and_flagged():
+    from grail.analysis.saliency.rollout_labels import rollout_row
+
+    # 91 - 14 is 77: the model wrote 87, and the role of "87" in ITS arithmetic is still the result
+    row = rollout_row("p", "Lily has 16 + 26 = 42 toy cars. Tom has 42 * 2 + 3 = 87 toy cars. Let me check.\n"
+                           "\\boxed{87} or \\boxed{88}", answer="87")
+    critical, contrast = _spans(row)
+    assert critical == ["+", "42", "*", "+", "87"]
+    assert "Let" not in contrast and "check." not in contrast  # a sentence without an equation: unlabelled
+    assert row["arithmetic_ok"] and not row["correct"]  # 42 * 2 + 3 = 87 holds; the LAST box (88) is graded
+    wrong = rollout_row("p", "Tom has 91 - 14 = 87 toy cars. \\boxed{87}", answer="77")
+    assert _spans(wrong)[0] == ["-", "87"] and not wrong["arithmetic_ok"] and not wrong["correct"]
+
+
+def test_malformed_rollouts_are_skipped_and_counted():
+    from grail.analysis.saliency.rollout_labels import rollout_row, rollout_rows
+
+    samples = [("p", "Lily has 16 + 26 = 42 toy cars. Max has", 0),          # truncated: no box
+               ("p", "Lily has 16 + 26 = 42 toy cars. \\boxed{42", 0),       # an unclosed box
+               ("p", "I think the answer is 42. \\boxed{42}", 0),            # no equation
+               ("p", "16 + 26 = 42 \\boxed{42}", 1),                         # an equation, no format word
+               ("p", "", 1),
+               ("p", "Max has 5 + 3 = 8 cars. \\boxed{8}", 1)]
+    rows, skipped = rollout_rows(samples)
+    assert [r["group"] for r in rows] == [1] and _spans(rows[0])[0] == ["+", "8"]
+    assert skipped == {"no box": 3, "no equation": 1, "no format word": 1}
+    assert "group" not in rollout_row("p", "Max has 5 + 3 = 8 cars. \\boxed{8}")  # no group given, none kept

@@ -35,6 +35,12 @@ What is measured, per example (`prompt`, `solution`, `critical_spans`, `filler_s
      Within a row every pipeline's weights are a non-decreasing function of its signal (GRAIL's z-score and clip,
      OAR's bi-level map), so with within-trace pairs "weights" differs from "signal" only by the rows it scores,
      the ties that clipping or OAR's floor create, and (random) the permutation.
+     Beside it, `matched` (the distance-matched AUROC, `grail.analysis.saliency.position`) and `fixed` (position
+     fixed in every sense: strata (group, reasoning length, position), pairs across the traces of a group,
+     `grail.analysis.saliency.fixed_position`; the group is the row's `group` key, `options.fixed_group`), whose
+     result counts the labelled tokens that entered it.
+Rows may carry `group` (the fixed AUROC's group: `grail.analysis.saliency.counterbalanced`'s groups, a sampled
+rollout's prompt) and `advantage` (the reference trace's A instead of +1: a sampled rollout's graded advantage).
 GRAIL's per-token signal (leaf = embeddings) is the saliency of the input that PREDICTS the token, i.e. of the previous
 token's embedding (docs/methods/grail.md, step 4); OAR-P's and OAR-G's (oar_excerpt) are of the token itself (the
 GRAIL release's OAR-G, oar_variant="grail_release", also reads the predicting position). The AUROC reads each signal
@@ -55,6 +61,7 @@ from typing import Literal
 
 import torch
 
+from grail.analysis.saliency.fixed_position import fixed_position_auroc_result
 from grail.analysis.saliency.position import (
     box_distance_BT,
     matched_auroc_result,
@@ -85,6 +92,7 @@ __all__ = ["AurocResult", "SaliencyQualityOptions", "as_json", "checkpoints_sali
            "model_dir_saliency_auroc", "render_messages", "saliency_auroc", "saliency_row", "synthetic_rows"]
 
 Traces = Literal["both", "reference", "corrupted"]
+FixedGroup = Literal["row", "all"]
 
 
 @dataclass(frozen=True)
@@ -97,7 +105,10 @@ class SaliencyQualityOptions:
     seed: seeds the CI, the corrupted answers, OAR-G's noise and the random control.
     bin_width, window: the position-matched AUROC's distance bins and reference window
     (`grail.analysis.saliency.position.matched_auroc_result`; 1 = exact distances, None = the shortest trace).
-    profile_bins: relative-position bins of the position profile (`position.position_profile`)."""
+    profile_bins: relative-position bins of the position profile (`position.position_profile`).
+    fixed_group: the fixed-position AUROC's group (`grail.analysis.saliency.fixed_position`): "row" = each row's
+    `group` key (a counterbalanced group, a sampled rollout's prompt), else the row itself (then a row's traces, of
+    one layout, give no pair); "all" = one group (pairs across rows of equal reasoning length)."""
 
     weighting: WeightingOptions = field(default_factory=WeightingOptions)
     traces: Traces = "both"
@@ -109,12 +120,15 @@ class SaliencyQualityOptions:
     bin_width: int = 1
     window: int | None = None
     profile_bins: int = 10
+    fixed_group: FixedGroup = "row"
 
     def __post_init__(self):
         if self.traces not in ("both", "reference", "corrupted"):
             raise ValueError(f"traces={self.traces!r}: choose 'both', 'reference' or 'corrupted'.")
         if self.pairs not in ("within_trace", "all"):
             raise ValueError(f"pairs={self.pairs!r}: choose 'within_trace' or 'all'.")
+        if self.fixed_group not in ("row", "all"):
+            raise ValueError(f"fixed_group={self.fixed_group!r}: choose 'row' (the rows' group key) or 'all'.")
         if self.batch_size < 1 or self.num_bootstrap < 0 or not 0 < self.confidence < 1:
             raise ValueError(f"batch_size={self.batch_size} must be >= 1, num_bootstrap={self.num_bootstrap} >= 0 "
                              f"and confidence={self.confidence} in (0, 1).")
@@ -126,6 +140,7 @@ class SaliencyQualityOptions:
 @dataclass
 class _Trace:
     example: int
+    group: int  # the fixed-position AUROC's group (`row["group"]`, else the row's index)
     prompt_ids: list[int]
     completion_ids: list[int]
     labels: list[int]  # per completion token
@@ -166,11 +181,12 @@ def _traces(tokenizer, rows: Sequence[dict], options: SaliencyQualityOptions) ->
         labels_N = token_labels(row["solution"], labels_C, offsets)
         check_spans_map(row, i, offsets, labels_N)
         if options.traces in ("both", "reference"):
-            traces.append(_Trace(i, prompt_ids, ids, labels_N, 1.0))
+            group = 0 if options.fixed_group == "all" else int(row.get("group", i))
+            traces.append(_Trace(i, group, prompt_ids, ids, labels_N, float(row.get("advantage", 1.0))))
         if options.traces in ("both", "corrupted"):
             text, labels = corrupted_solution(row["solution"], labels_C, f"{options.seed}:{i}", box)
             ids, offsets = _encode(tokenizer, text)
-            traces.append(_Trace(i, prompt_ids, ids, token_labels(text, labels, offsets), -1.0))
+            traces.append(_Trace(i, group, prompt_ids, ids, token_labels(text, labels, offsets), -1.0))
     counts = {kind: sum(t.labels.count(kind) for t in traces) for kind in (1, 0)}
     if not counts[0] or not counts[1]:
         missing = "filler" if not counts[0] else "critical"
@@ -231,6 +247,8 @@ def saliency_auroc(model, tokenizer, rows: Sequence[dict], methods: Sequence[str
             ids_BL, attn_BL, mask_BT, labels_BT = _batch(chunk, pad_id, device)
             adv_B = torch.tensor([t.advantage for t in chunk], device=device)
             example_BT = torch.tensor([t.example for t in chunk])[:, None].expand(labels_BT.shape)
+            group_BT = torch.tensor([t.group for t in chunk])[:, None].expand(labels_BT.shape)
+            index_BT = torch.arange(labels_BT.shape[1]).expand(labels_BT.shape)  # t: completion index
             trace_BT = torch.arange(start, start + len(chunk))[:, None].expand(labels_BT.shape)
             spans = batch_spans(tokenizer, ids_BL[:, -mask_BT.shape[1]:], mask_BT, options.weighting)
             lost = [chunk[b].example for b in (~spans.has_box_B).nonzero().flatten().tolist()]
@@ -260,20 +278,24 @@ def saliency_auroc(model, tokenizer, rows: Sequence[dict], methods: Sequence[str
                 for part, values_BT, keep_BT in (("signal", signal_BT, reasoning_BT),
                                                  ("weights", weights_BT, reasoning_BT & rows_B.cpu()[:, None])):
                     collected[m][part].append(tuple(x[keep_BT] for x in (
-                        values_BT.detach().float().cpu(), labels_BT, example_BT, trace_BT, distance_BT, position_BT)))
+                        values_BT.detach().float().cpu(), labels_BT, example_BT, trace_BT, distance_BT, position_BT,
+                        group_BT, index_BT)))
     finally:
         model.train(was_training)
     results = {}
     for m, parts in collected.items():
         results[m] = {}
         for part, pieces in parts.items():
-            scores, labels, examples, traces_N, distance, position = (torch.cat(x) for x in zip(*pieces, strict=True))
+            scores, labels, examples, traces_N, distance, position, groups, index = (
+                torch.cat(x) for x in zip(*pieces, strict=True))
             ci = {"num_bootstrap": options.num_bootstrap, "confidence": options.confidence, "seed": options.seed}
             result = auroc_result(scores, labels, examples, traces_N, pairs=options.pairs, **ci)
             matched = matched_auroc_result(scores, labels, examples, distance, traces_N, bin_width=options.bin_width,
                                            scale="window" if options.pairs == "within_trace" else "raw",
                                            window=options.window, **ci)
-            result = replace(result, matched=matched,
+            fixed = fixed_position_auroc_result(scores, labels, groups, traces_N, index,
+                                                scale="trace" if options.pairs == "within_trace" else "raw", **ci)
+            result = replace(result, matched=matched, fixed=fixed,
                              profile=position_profile(scores, labels, position, traces_N, options.profile_bins))
             if part == "weights" and result.n_examples == 0:
                 result = replace(result, note=f"no row reweighted: {m} with rollout_symmetry="
