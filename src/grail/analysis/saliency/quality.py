@@ -180,8 +180,8 @@ def _traces(tokenizer, rows: Sequence[dict], options: SaliencyQualityOptions) ->
         ids, offsets = _encode(tokenizer, row["solution"])
         labels_N = token_labels(row["solution"], labels_C, offsets)
         check_spans_map(row, i, offsets, labels_N)
+        group = 0 if options.fixed_group == "all" else int(row.get("group", i))
         if options.traces in ("both", "reference"):
-            group = 0 if options.fixed_group == "all" else int(row.get("group", i))
             traces.append(_Trace(i, group, prompt_ids, ids, labels_N, float(row.get("advantage", 1.0))))
         if options.traces in ("both", "corrupted"):
             text, labels = corrupted_solution(row["solution"], labels_C, f"{options.seed}:{i}", box)
