@@ -286,3 +286,25 @@ def test_malformed_rollouts_are_skipped_and_counted():
     assert [r["group"] for r in rows] == [1] and _spans(rows[0])[0] == ["+", "8"]
     assert skipped == {"no box": 3, "no equation": 1, "no format word": 1}
     assert "group" not in rollout_row("p", "Max has 5 + 3 = 8 cars. \\boxed{8}")  # no group given, none kept
+
+
+def test_the_script_labels_sampled_chain_rollouts_with_their_group_advantage(tokenizer, monkeypatch):
+    import saliency_auroc  # perf/experiments
+
+    import grail.analysis.explain.compute as compute
+    from grail.tasks.chains import ChainSet
+
+    problems = ChainSet(num_train=2, seed=0).rows("train")[:2]
+    answers = [p["answer"] for p in problems]
+
+    def fake_samples(model, tok, prompt, params, seed):  # per prompt: right, wrong, truncated
+        answer = answers[seed]
+        texts = [f"Mia has 1 + 2 = 3 cars. \\boxed{{{answer}}}", "Mia has 1 + 2 = 4 cars. \\boxed{0}", "Mia has 1"]
+        return [tok(t, add_special_tokens=False)["input_ids"] for t in texts][:params.n]
+
+    monkeypatch.setattr(compute, "sample_completions", fake_samples)
+    rows, skipped = saliency_auroc.chain_rollout_rows(None, tokenizer, prompts=2, samples=3, seed=0, max_new_tokens=8)
+    assert skipped == {"no box": 2} and [r["group"] for r in rows] == [0, 0, 1, 1]
+    assert [r["correct"] for r in rows] == [True, False] * 2 and [r["arithmetic_ok"] for r in rows] == [True, False] * 2
+    assert [r["advantage"] for r in rows] == pytest.approx([2 / 3, -1 / 3] * 2)  # reward minus the prompt's mean
+    assert rows[0]["prompt"] == problems[0]["prompt"]
