@@ -308,3 +308,30 @@ def test_the_script_labels_sampled_chain_rollouts_with_their_group_advantage(tok
     assert [r["correct"] for r in rows] == [True, False] * 2 and [r["arithmetic_ok"] for r in rows] == [True, False] * 2
     assert [r["advantage"] for r in rows] == pytest.approx([2 / 3, -1 / 3] * 2)  # reward minus the prompt's mean
     assert rows[0]["prompt"] == problems[0]["prompt"]
+
+
+# ---- GRAIL's saliency read at the token's own position ------------------------------------------------------------
+def test_predicting_to_token_reads_the_values_at_each_tokens_own_position():
+    from grail.methods.spans import align_to_completion, predicting_to_token
+
+    values_BL = torch.arange(2 * 7, dtype=torch.float32).reshape(2, 7)  # L = 7: prompt S = 3, completion T = 4
+    predicting_BT = align_to_completion(values_BL, 4, at="predicting")  # positions 2..5
+    own_BT = predicting_to_token(predicting_BT)
+    assert own_BT[:, :-1].tolist() == align_to_completion(values_BL, 4, at="token")[:, :-1].tolist()  # 3..5
+    assert own_BT.tolist() == [[3, 4, 5, 0], [10, 11, 12, 0]]  # the last token's own position (6) is not held
+
+
+def test_grail_is_also_reported_at_the_tokens_own_position_on_the_tiny_model(tokenizer):
+    from grail.analysis.saliency.quality import SaliencyQualityOptions, saliency_auroc
+    from grail.models.tiny import build_tiny_model
+
+    model = build_tiny_model(tokenizer, seed=0)
+    rows = counterbalanced_format_rows(1, seed=0, words=3, shots=0)
+    options = SaliencyQualityOptions(num_bootstrap=0, read_at_token=("grail",))
+    results = saliency_auroc(model, tokenizer, rows, ["grail", "oar_g"], options)
+    own, predicting = results["grail@token"]["signal"], results["grail"]["signal"]
+    assert set(results["grail@token"]) == {"signal"}  # the weights are GRAIL's, wherever its signal is read
+    assert (own.n_critical, own.n_filler) == (predicting.n_critical, predicting.n_filler)
+    assert own.auroc != predicting.auroc and own.fixed.labelled_critical == predicting.fixed.labelled_critical
+    with pytest.raises(ValueError, match=r"read_at_token=\['oar_g'\]"):  # OAR reads the token's own position already
+        saliency_auroc(model, tokenizer, rows, ["grail", "oar_g"], SaliencyQualityOptions(read_at_token=("oar_g",)))

@@ -27,7 +27,8 @@ grail.analysis.saliency.rollout_labels (skips counted and printed); each referen
 (reward minus the prompt's mean, exact answer on the last box), group = the prompt (--fixed-group all: one group).
 Each row of the table: the pooled AUROC, the position-matched one (grail.analysis.saliency.position) and the
 fixed-position one (grail.analysis.saliency.fixed_position, with the shares of labelled critical / contrast tokens
-that entered it).
+that entered it). --read-at-token grail: GRAIL's saliency also read at each token's own position (OAR's), as the row
+grail@token (its signal only); by default it is read at the position that predicts the token.
 --json: the full results (as_json: matched AUROC and position profile included); --plot: the profile figure.
 """
 
@@ -97,6 +98,8 @@ def main() -> None:
     parser.add_argument("--words", type=int, default=14, help="counterbalanced sets: the moved block's words")
     parser.add_argument("--samples", type=int, default=8, help="chain_rollouts: completions per prompt")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="chain_rollouts: sampling limit")
+    parser.add_argument("--read-at-token", default="", help="comma-separated methods whose signal is GRAIL's saliency "
+                        "(grail) to report also read at the token's own position, as '<method>@token'")
     parser.add_argument("--fixed-group", default="row", choices=("row", "all"),
                         help="the fixed AUROC's group: the rows' own (a counterbalanced group, a prompt) or one")
     parser.add_argument("--seed", type=int, default=0)
@@ -129,7 +132,8 @@ def main() -> None:
         rows = label_set_rows(args.label_set, args.rows, args.seed)
         what = f"{args.rows} rows of label set {args.label_set} (seed {args.seed})"
     methods = [m.strip() for m in args.methods.split(",")]
-    options = SaliencyQualityOptions(pairs=args.pairs, fixed_group=args.fixed_group,
+    at_token = tuple(m.strip() for m in args.read_at_token.split(",") if m.strip())
+    options = SaliencyQualityOptions(pairs=args.pairs, fixed_group=args.fixed_group, read_at_token=at_token,
                                      traces="reference" if args.label_set == "chain_rollouts" else "both")
     if args.label_set == "chain_rollouts":  # the model is loaded already; its own completions, their own advantages
         results = saliency_auroc(model, tokenizer, rows, methods, options)
@@ -140,8 +144,8 @@ def main() -> None:
     print("| method | signal | signal, matched | signal, fixed | weights | weights, matched | weights, fixed |\n"
           "|---|---|---|---|---|---|---|")
     for method, parts in results.items():
-        print(f"| {method} | " + " | ".join(f"{_cell(r)} | {_cell(r.matched)} | {_cell(r.fixed)}"
-                                           for r in parts.values()) + " |")
+        cells = [f"{_cell(r)} | {_cell(r.matched)} | {_cell(r.fixed)}" for r in parts.values()]
+        print(f"| {method} | " + " | ".join(cells + ["- | - | -"] * (2 - len(cells))) + " |")  # @token: signal only
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"model": str(path), "rows": what, "results": as_json(results)}, f, indent=1)

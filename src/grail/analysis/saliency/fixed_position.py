@@ -145,7 +145,9 @@ def fixed_position_auroc_result(scores_N: torch.Tensor, labels_N: torch.Tensor, 
         draws.append(torch.where(pairs_R > 0, wins_RS.sum(1) / pairs_R.clamp_min(1e-300),
                                  torch.full_like(pairs_R, math.nan)))
     low, high, dropped = percentile_interval(torch.cat(draws), confidence)
-    return AurocResult(point, low, high, n_c, n_f, E, note="; ".join(x for x in (shares, dropped) if x), **counts)
+    few = f"only {E} group: every resample is that group, so the interval has no width" if E == 1 else ""
+    return AurocResult(point, low, high, n_c, n_f, E, note="; ".join(x for x in (shares, dropped, few) if x),
+                       **counts)
 
 
 def _share(k: int, n: int) -> str:

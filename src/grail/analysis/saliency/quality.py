@@ -44,7 +44,7 @@ rollout's prompt) and `advantage` (the reference trace's A instead of +1: a samp
 GRAIL's per-token signal (leaf = embeddings) is the saliency of the input that PREDICTS the token, i.e. of the previous
 token's embedding (docs/methods/grail.md, step 4); OAR-P's and OAR-G's (oar_excerpt) are of the token itself (the
 GRAIL release's OAR-G, oar_variant="grail_release", also reads the predicting position). The AUROC reads each signal
-where the method puts it.
+where the method puts it; `options.read_at_token=("grail",)` also reports GRAIL's read at the token's own position.
 
 Errors: rows lacking a key, with bad spans or without a box → ValueError naming the row; no filler (or no critical)
 token at all → ValueError (the AUROC is undefined; for the synthetic task set filler_rate > 0). A method/part with
@@ -82,6 +82,7 @@ from grail.analysis.saliency.token_labels import (
     synthetic_rows,
     token_labels,
 )
+from grail.methods.spans import predicting_to_token
 from grail.methods.table import method_names, method_spec, options_for
 from grail.methods.weighting import batch_spans, probe_rows, run_probe, weights_from_signal
 from grail.options.checkpoint_dirs import checkpoint_dirs
@@ -108,7 +109,10 @@ class SaliencyQualityOptions:
     profile_bins: relative-position bins of the position profile (`position.position_profile`).
     fixed_group: the fixed-position AUROC's group (`grail.analysis.saliency.fixed_position`): "row" = each row's
     `group` key (a counterbalanced group, a sampled rollout's prompt), else the row itself (then a row's traces, of
-    one layout, give no pair); "all" = one group (pairs across rows of equal reasoning length)."""
+    one layout, give no pair); "all" = one group (pairs across rows of equal reasoning length).
+    read_at_token: methods whose signal is GRAIL's saliency (fuse="saliency": grail), read at the position that
+    PREDICTS each token, to report also read at the token's OWN position (the embedding of the token itself, where
+    OAR reads), as results[f"{method}@token"]["signal"] (`grail.methods.spans.predicting_to_token`; no extra pass)."""
 
     weighting: WeightingOptions = field(default_factory=WeightingOptions)
     traces: Traces = "both"
@@ -121,6 +125,7 @@ class SaliencyQualityOptions:
     window: int | None = None
     profile_bins: int = 10
     fixed_group: FixedGroup = "row"
+    read_at_token: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.traces not in ("both", "reference", "corrupted"):
@@ -232,12 +237,19 @@ def saliency_auroc(model, tokenizer, rows: Sequence[dict], methods: Sequence[str
     if no_probe:
         raise ValueError(f"methods {no_probe} have no per-token signal; choose from "
                          f"{', '.join(method_names(probed=True))}.")
+    at_token = [m for m in options.read_at_token if m not in specs or specs[m].fuse != "saliency" or
+                specs[m].permutes]
+    if at_token:
+        raise ValueError(f"read_at_token={at_token}: only a scored method whose signal is GRAIL's saliency (read at "
+                         f"the predicting position) can be read at the token's own one; e.g. ('grail',) with grail "
+                         f"among the methods.")
     traces = _traces(tokenizer, rows, options)
     device = next(model.parameters()).device
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     generators = {m: torch.Generator(device=device).manual_seed(options.seed + zlib.crc32(m.encode())) for m in specs}
     collected = {m: {"signal": [], "weights": []} for m in specs}  # (scores, labels, example, trace, distance,
-    # relative position) per batch
+    # relative position, group, completion index) per batch
+    collected |= {f"{m}@token": {"signal": []} for m in options.read_at_token}
     method_options = {m: options_for(spec, options.weighting) for m, spec in specs.items()}  # each method's, once
     was_training = model.training
     model.eval()
@@ -271,6 +283,10 @@ def saliency_auroc(model, tokenizer, rows: Sequence[dict], methods: Sequence[str
                 floor = spec.min_importance(model, opts) if spec.min_importance is not None else 0.0
                 weights_BT = weights_from_signal(signal_BT, adv_B, spans, mask_BT, rows_B, opts, generators[m],
                                                  floor, spec).weights_BT
+                if m in options.read_at_token:
+                    collected[f"{m}@token"]["signal"].append(tuple(x[reasoning_BT] for x in (
+                        predicting_to_token(signal_BT).detach().float().cpu(), labels_BT, example_BT, trace_BT,
+                        distance_BT, position_BT, group_BT, index_BT)))
                 if spec.importance is not None:  # how the method's signal reads as importance (KTAE: |kt|)
                     signal_BT = spec.importance(signal_BT)
                 if spec.permutes:  # the random control: its own signal is a random score, not GRAIL's saliency
