@@ -69,7 +69,7 @@ def reasoning_lengths(trace_N: torch.Tensor, position_N: torch.Tensor) -> torch.
     G = len(count_G)
     high_G = torch.full((G,), -1, dtype=torch.long).scatter_reduce_(0, trace, position, "amax")
     low_G = torch.full((G,), 1 << 62, dtype=torch.long).scatter_reduce_(0, trace, position, "amin")
-    # positions 0..R-1 with R = the count: no gap iff no repeat, so a repeat shows as high + 1 != count or below
+    # without a repeat, a trace's R distinct positions are exactly 0..R-1 iff the lowest is 0 and the highest R-1
     repeated = len(torch.unique(torch.stack([trace, position], 1), dim=0)) != len(trace) if len(trace) else False
     if repeated:
         raise ValueError("fixed_position_auroc_result: a trace holds two tokens at one position; pass every "
