@@ -25,7 +25,8 @@ both: each step's operator and result (`grail.tasks.arithmetic.CRITICAL_ROLES`).
 
 Rows also carry `answer`, `expression`, `num_steps` and `label_set` (ignored by the AUROC). Row i of a set depends
 only on (seed, i): `rows(n, seed)` is a prefix of `rows(n + k, seed)`. Use `label_set_rows(name, n, seed)` to pick a
-set by name (`LABEL_SETS`).
+set by name (`LABEL_SETS`). Groups of rows in which role and position are counterbalanced by construction, for the
+fixed-position AUROC: `grail.analysis.saliency.counterbalanced`.
 """
 
 from __future__ import annotations
