@@ -112,7 +112,8 @@ class SaliencyQualityOptions:
     one layout, give no pair); "all" = one group (pairs across rows of equal reasoning length).
     read_at_token: methods whose signal is GRAIL's saliency (fuse="saliency": grail), read at the position that
     PREDICTS each token, to report also read at the token's OWN position (the embedding of the token itself, where
-    OAR reads), as results[f"{method}@token"]["signal"] (`grail.methods.spans.predicting_to_token`; no extra pass)."""
+    OAR reads), as the method `<method>@token` of the results, its signal only
+    (`grail.methods.spans.predicting_to_token`; no extra pass)."""
 
     weighting: WeightingOptions = field(default_factory=WeightingOptions)
     traces: Traces = "both"
