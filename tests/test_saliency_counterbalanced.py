@@ -311,16 +311,6 @@ def test_the_script_labels_sampled_chain_rollouts_with_their_group_advantage(tok
 
 
 # ---- GRAIL's saliency read at the token's own position ------------------------------------------------------------
-def test_predicting_to_token_reads_the_values_at_each_tokens_own_position():
-    from grail.methods.spans import align_to_completion, predicting_to_token
-
-    values_BL = torch.arange(2 * 7, dtype=torch.float32).reshape(2, 7)  # L = 7: prompt S = 3, completion T = 4
-    predicting_BT = align_to_completion(values_BL, 4, at="predicting")  # positions 2..5
-    own_BT = predicting_to_token(predicting_BT)
-    assert own_BT[:, :-1].tolist() == align_to_completion(values_BL, 4, at="token")[:, :-1].tolist()  # 3..5
-    assert own_BT.tolist() == [[3, 4, 5, 0], [10, 11, 12, 0]]  # the last token's own position (6) is not held
-
-
 def test_grail_is_also_reported_at_the_tokens_own_position_on_the_tiny_model(tokenizer):
     from grail.analysis.saliency.quality import SaliencyQualityOptions, saliency_auroc
     from grail.models.tiny import build_tiny_model
