@@ -96,6 +96,7 @@ def test_each_group_tokenizes_to_one_length_and_most_tokens_enter(tokens, tokeni
     assert result.n_critical / result.labelled_critical > 0.85, result.note
     assert result.n_filler / result.labelled_filler > 0.5, result.note
     assert "entered:" in result.note and "strata (group, length, position)" in result.note
+    assert "more than one reasoning length" not in result.note
 
 
 def test_a_row_that_tokenizes_to_another_length_falls_out_and_is_counted(tokenizer):
@@ -105,6 +106,10 @@ def test_a_row_that_tokenizes_to_another_length_falls_out_and_is_counted(tokeniz
     changed["filler_spans"] = [[a + 1, b + 1] for a, b in rows[0]["filler_spans"]]
     full, lost = entered_shares(tokenizer, rows), entered_shares(tokenizer, [changed, *rows[1:]])
     assert lost[0] < full[0] and lost[1] < full[1]  # its tokens sit in strata of their own: no pair
+    x = reasoning_tokens(tokenizer, [changed, *rows[1:]])
+    note = fixed_position_auroc_result(x["position"].double(), x["label"], x["group"], x["trace"], x["position"],
+                                       num_bootstrap=0).note
+    assert "1 of 1 groups hold traces of more than one reasoning length" in note, note
 
 
 # ---- the estimator ------------------------------------------------------------------------------------------------

@@ -129,6 +129,10 @@ def fixed_position_auroc_result(scores_N: torch.Tensor, labels_N: torch.Tensor, 
     shares = (f"entered: {n_c} of {all_c} critical ({_share(n_c, all_c)}) and {n_f} of {all_f} contrast "
               f"({_share(n_f, all_f)}) labelled tokens, in {int(((crit_S > 0) & (fill_S > 0)).sum())} of {S} strata "
               f"(group, length, position)")
+    layouts = torch.unique(torch.stack([group, length], 1), dim=0)[:, 0] if len(group) else group
+    split = int((torch.unique(layouts, return_counts=True)[1] > 1).sum()) if len(layouts) else 0
+    if split:  # a group's rows that tokenize to other lengths: they pair only with rows of their own length
+        shares += f"; {split} of {len(torch.unique(group))} groups hold traces of more than one reasoning length"
     counts = {"labelled_critical": all_c, "labelled_filler": all_f}
     if not n_c:
         why = "no critical token" if not all_c else "no contrast token" if not all_f else \
