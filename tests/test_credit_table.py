@@ -59,3 +59,19 @@ def test_a_file_that_is_not_label_set_output_is_refused(tmp_path, capsys):
     (tmp_path / "torn.json").write_text('{"model": ')
     assert _script().main([str(tmp_path / "torn.json")]) == 2
     assert "torn.json" in capsys.readouterr().err
+
+
+def test_the_fixed_figure_with_its_shares_fills_the_second_column_on_request(tmp_path, capsys):
+    path = tmp_path / "f.json"
+    fixed = {"auroc": 0.5, "ci_low": 0.5, "ci_high": 0.5, "n_critical": 90, "n_filler": 60, "labelled_critical": 100,
+             "labelled_filler": 80}
+    data = {"model": "smollm2-135m", "rows": "8 groups of label set counterbalanced_filler (seed 0)",
+            "results": {"position": {"signal": {**_result(0.52, 0.5), "fixed": fixed}}}}
+    path.write_text(json.dumps(data))
+    assert _script().main([str(path), "--held", "fixed"]) == 0
+    out = capsys.readouterr().out
+    assert "counterbalanced groups, critical vs moved filler" in out and "smollm2-135m fixed" in out
+    assert "| position | 0.520 [0.470, 0.570] | 0.500 [0.500, 0.500] (90% / 75%) |" in out
+    old = _write(tmp_path / "old.json", "smollm2-135m", "natural_contrast", {"grail": (0.5, 0.5)})
+    assert _script().main([old, "--held", "fixed"]) == 2  # a file from before the fixed estimator: said, not a crash
+    assert "--held matched" in capsys.readouterr().err

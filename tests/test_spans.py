@@ -8,7 +8,14 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 import grail.methods.spans
-from grail.methods.spans import BOX_CHOICES, AnswerBox, align_to_completion, answer_spans, token_char_offsets
+from grail.methods.spans import (
+    BOX_CHOICES,
+    AnswerBox,
+    align_to_completion,
+    answer_spans,
+    predicting_to_token,
+    token_char_offsets,
+)
 from grail.tasks.boxed import char_span_to_token_positions, first_boxed, last_boxed
 
 EOS = "<|endoftext|>"
@@ -47,6 +54,13 @@ def test_align_to_completion_shifts_by_one():
     assert align_to_completion(values_BL, 4, at="token").tolist() == [[3, 4, 5, 6], [103, 104, 105, 106]]
     values_BLD = values_BL[:, :, None].expand(2, 7, 3)  # trailing dimensions ride along
     assert align_to_completion(values_BLD, 4, at="predicting")[1, :, 2].tolist() == [102, 103, 104, 105]
+
+
+def test_predicting_to_token_reads_the_values_at_each_tokens_own_position():
+    values_BL = torch.arange(2 * 7, dtype=torch.float32).reshape(2, 7)  # L = 7: prompt S = 3, completion T = 4
+    own_BT = predicting_to_token(align_to_completion(values_BL, 4, at="predicting"))  # from positions 2..5
+    assert own_BT[:, :-1].tolist() == align_to_completion(values_BL, 4, at="token")[:, :-1].tolist()  # 3..5
+    assert own_BT.tolist() == [[3, 4, 5, 0], [10, 11, 12, 0]]  # the last token's own position (6) is not held
 
 
 def test_align_to_completion_rejects_bad_arguments():

@@ -3,7 +3,13 @@ one section per label set, one row per method, columns (model) x (pooled, positi
 critical over filler (or format) tokens with its 95% bootstrap CI over examples.
 
     python perf/experiments/credit_table.py A.json B.json ... [--part signal|weights] [--methods grail,oar_g,...]
-        [--json out.json]
+        [--held matched|fixed] [--json out.json]
+
+--held: which position-held figure fills each model's second column: `matched` (distance to the box,
+grail.analysis.saliency.position; the default, as the results page has it) or `fixed` (position fixed in every sense,
+grail.analysis.saliency.fixed_position; the cell adds the shares of labelled critical / contrast tokens that entered
+it). `fixed` needs files written since saliency_auroc.py reports it; on the counterbalanced and rollout sets it is the
+figure to read.
 
 A cell comes from exactly one file: two files holding the same (model, label set, method) are refused, naming both,
 so a table never mixes two runs silently. A cell no file holds prints as "not run".
@@ -16,7 +22,10 @@ import sys
 from pathlib import Path
 
 SET_TITLES = {"multi_step_filler": "multi-step stories, critical vs inserted filler",
-              "natural_contrast": "the solution's own words, critical vs format tokens"}
+              "natural_contrast": "the solution's own words, critical vs format tokens",
+              "counterbalanced_filler": "counterbalanced groups, critical vs moved filler",
+              "counterbalanced_format": "counterbalanced groups, critical vs frame words",
+              "chain_rollouts": "the model's own chain rollouts, critical vs format words"}
 
 
 class TableInputError(ValueError):
@@ -50,14 +59,26 @@ def read_cells(paths: list[str], part: str) -> tuple[dict, dict]:
 def _cell(result: dict | None) -> str:
     if result is None:
         return "not run"
-    return f"{result['auroc']:.3f} [{result['ci_low']:.3f}, {result['ci_high']:.3f}]"
+    text = f"{result['auroc']:.3f} [{result['ci_low']:.3f}, {result['ci_high']:.3f}]"
+    if result.get("labelled_critical") and result.get("labelled_filler"):  # the fixed AUROC: the shares it used
+        text += (f" ({100 * result['n_critical'] / result['labelled_critical']:.0f}% / "
+                 f"{100 * result['n_filler'] / result['labelled_filler']:.0f}%)")
+    return text
 
 
-def render(cells: dict, methods: list[str]) -> str:
-    """The markdown table: a header row per label set, a row per method, two columns per model."""
+def _held(result: dict, held: str, path: str = "") -> dict:
+    if held not in result or result[held] is None:
+        raise TableInputError(f"{path}: a result has no {held!r} figure; rerun saliency_auroc.py (it reports "
+                              f"'fixed' since the fixed-position estimator) or use --held matched")
+    return result[held]
+
+
+def render(cells: dict, methods: list[str], held: str = "matched") -> str:
+    """The markdown table: a header row per label set, a row per method, two columns per model (pooled, and the
+    `held` figure)."""
     models = sorted({m for m, _, _ in cells}, key=lambda name: (not name.startswith("smollm"), name))
     sets = [s for s in SET_TITLES if any(k[1] == s for k in cells)]
-    head = "| label set, method | " + " | ".join(f"{m} pooled | {m} matched" for m in models) + " |"
+    head = "| label set, method | " + " | ".join(f"{m} pooled | {m} {held}" for m in models) + " |"
     lines = [head, "|" + "---|" * (1 + 2 * len(models))]
     for label_set in sets:
         lines.append(f"| **{SET_TITLES[label_set]}** |" + " |" * (2 * len(models)))
@@ -65,7 +86,7 @@ def render(cells: dict, methods: list[str]) -> str:
             row = []
             for model in models:
                 result = cells.get((model, label_set, method))
-                row += [_cell(result), _cell(result["matched"] if result else None)]
+                row += [_cell(result), _cell(_held(result, held) if result else None)]
             lines.append(f"| {method} | " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -76,10 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--part", default="signal", choices=("signal", "weights"))
     parser.add_argument("--methods", help="comma-separated (default: every method the files hold, in the "
                         "method table's order)")
+    parser.add_argument("--held", default="matched", choices=("matched", "fixed"))
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     try:
         cells, sources = read_cells(args.files, args.part)
+        for key, result in cells.items():
+            _held(result, args.held, sources[key])
     except TableInputError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -88,9 +112,11 @@ def main(argv: list[str] | None = None) -> int:
     held = {k for _, _, k in cells}
     order = [m for m in method_names() if m in held] + sorted(held - set(method_names()))
     methods = [m.strip() for m in args.methods.split(",")] if args.methods else order
-    print(f"AUROC of the {args.part} (critical above filler/format = 1, chance = 0.5) [95% CI]; "
-          f"matched = within bins of distance to the box")
-    print(render(cells, methods))
+    what = ("matched = within bins of distance to the box" if args.held == "matched" else
+            "fixed = within (group, reasoning length, position), (shares of labelled critical / contrast tokens that "
+            "entered)")
+    print(f"AUROC of the {args.part} (critical above filler/format = 1, chance = 0.5) [95% CI]; {what}")
+    print(render(cells, methods, args.held))
     if args.json:
         Path(args.json).write_text(json.dumps([{"model": m, "label_set": s, "method": k, "part": args.part,
                                                 "source": sources[(m, s, k)], **cells[(m, s, k)]}

@@ -6,6 +6,10 @@ model or a real model.
     python perf/experiments/saliency_auroc.py --model smollm2-135m --task-style words [--rows 64]
     python perf/experiments/saliency_auroc.py --model smollm2-135m --label-set multi_step_filler|natural_contrast
         [--rows 32] [--json out.json] [--plot profile.png]
+    python perf/experiments/saliency_auroc.py --model smollm2-135m \
+        --label-set counterbalanced_filler|counterbalanced_format [--rows 8] [--words 14]
+    python perf/experiments/saliency_auroc.py --model runs/chains-sft --label-set chain_rollouts [--rows 16]
+        [--samples 8] [--fixed-group row|all]
 
 --warm-start-filler-rate: the filler rate of the tiny model's warm start's own training traces (default 0, the
 embedded default: the model has never seen a filler word; 0.6 warm-starts, or reuses from the cache, a model trained
@@ -15,21 +19,32 @@ one, no suffix on the synthetic task). --task-style words: the word-problem styl
 --label-set: rows of grail.analysis.saliency.label_sets instead of the task's held-out problems (multi-step stories
 with filler at every gap, or critical vs the solution's own format words; seed --seed); their chat messages are
 rendered by grail.analysis.saliency.quality (the chat template, or plain text for a model without one).
-Each row of the table: the pooled AUROC and the position-matched one (grail.analysis.saliency.position).
+--label-set counterbalanced_filler|counterbalanced_format: grail.analysis.saliency.counterbalanced, --rows GROUPS of
+k*words+1 rows each (one problem in several layouts of one length; --words: the moved block). --label-set
+chain_rollouts: the model samples --samples completions (temperature 1, top-p 1, top-k 0, --max-new-tokens) of each of
+--rows prompts of the chain task's train split (grail.tasks.chains.ChainSet, seed --seed), labelled by
+grail.analysis.saliency.rollout_labels (skips counted and printed); each reference trace carries its group advantage
+(reward minus the prompt's mean, exact answer on the last box), group = the prompt (--fixed-group all: one group).
+Each row of the table: the pooled AUROC, the position-matched one (grail.analysis.saliency.position) and the
+fixed-position one (grail.analysis.saliency.fixed_position, with the shares of labelled critical / contrast tokens
+that entered it). --read-at-token grail: GRAIL's saliency also read at each token's own position (OAR's), as the row
+grail@token (its signal only); by default it is read at the position that predicts the token.
 --json: the full results (as_json: matched AUROC and position profile included); --plot: the profile figure.
 """
 
 import argparse
 import json
+from collections import Counter
 from dataclasses import replace
 
 from transformers import AutoTokenizer
 
+from grail.analysis.saliency.counterbalanced import COUNTERBALANCED_SETS
 from grail.analysis.saliency.label_sets import LABEL_SETS, label_set_rows
-from grail.analysis.saliency.quality import SaliencyQualityOptions, as_json, model_dir_saliency_auroc
+from grail.analysis.saliency.quality import SaliencyQualityOptions, as_json, model_dir_saliency_auroc, saliency_auroc
 from grail.analysis.saliency.token_labels import synthetic_rows
 from grail.methods.table import method_names
-from grail.models.warmstart import resolve_model
+from grail.models.warmstart import load_inference_model, resolve_model
 from grail.options.choices import WarmStartConfig
 from grail.options.fields import TINY_MODEL
 from grail.options.prompts import resolve_prompt_format
@@ -38,7 +53,36 @@ from grail.tasks.word_problems import WORDS_TASK
 
 
 def _cell(result) -> str:
-    return f"{result.auroc:.3f} [{result.ci_low:.3f}, {result.ci_high:.3f}]"
+    text = f"{result.auroc:.3f} [{result.ci_low:.3f}, {result.ci_high:.3f}]"
+    if result.labelled_critical and result.labelled_filler:
+        text += f" ({result.n_critical}/{result.labelled_critical}, {result.n_filler}/{result.labelled_filler})"
+    return text
+
+
+def chain_rollout_rows(model, tokenizer, prompts: int, samples: int, seed: int, max_new_tokens: int):
+    """(rows, skipped): `samples` completions of each of the first `prompts` train-split chain problems, labelled by
+    grail.analysis.saliency.rollout_labels, each row with its group advantage (GRPO's, unscaled)."""
+    from grail.analysis.explain.compute import sample_completions
+    from grail.analysis.saliency.quality import render_messages
+    from grail.analysis.saliency.rollout_labels import rollout_row
+    from grail.evaluation.rewards import exact_int_reward
+    from grail.options.sampling import SamplingParams
+    from grail.tasks.chains import ChainSet
+
+    params = SamplingParams(n=samples, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=max_new_tokens)
+    rows, skipped = [], Counter()
+    for i, problem in enumerate(ChainSet(num_train=max(prompts, 1), seed=seed).rows("train")[:prompts]):
+        ids = sample_completions(model, tokenizer, render_messages(tokenizer, problem["prompt"]), params, seed + i)
+        texts = [tokenizer.decode(x, skip_special_tokens=True) for x in ids]
+        rewards = exact_int_reward(texts, [problem["answer"]] * len(texts))
+        mean = sum(rewards) / len(rewards)
+        for text, reward in zip(texts, rewards, strict=True):
+            out = rollout_row(problem["prompt"], text, group=i, answer=problem["answer"])
+            if isinstance(out, str):
+                skipped[out] += 1
+            else:
+                rows.append({**out, "advantage": reward - mean})
+    return rows, skipped
 
 
 def main() -> None:
@@ -49,7 +93,15 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--pairs", default="within_trace", choices=("within_trace", "all"))
     parser.add_argument("--methods", default=",".join(method_names(probed=True)))
-    parser.add_argument("--label-set", choices=("task", *LABEL_SETS), default="task")
+    parser.add_argument("--label-set", choices=("task", *LABEL_SETS, *COUNTERBALANCED_SETS, "chain_rollouts"),
+                        default="task")
+    parser.add_argument("--words", type=int, default=14, help="counterbalanced sets: the moved block's words")
+    parser.add_argument("--samples", type=int, default=8, help="chain_rollouts: completions per prompt")
+    parser.add_argument("--max-new-tokens", type=int, default=256, help="chain_rollouts: sampling limit")
+    parser.add_argument("--read-at-token", default="", help="comma-separated methods whose signal is GRAIL's saliency "
+                        "(grail) to report also read at the token's own position, as '<method>@token'")
+    parser.add_argument("--fixed-group", default="row", choices=("row", "all"),
+                        help="the fixed AUROC's group: the rows' own (a counterbalanced group, a prompt) or one")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json")
     parser.add_argument("--plot")
@@ -66,23 +118,41 @@ def main() -> None:
         rows = [{**r, "prompt": fmt.render(tokenizer, r["prompt"])}
                 for r in synthetic_rows(replace(task, filler_rate=0.6), n=args.rows, split="heldout", seed=args.seed)]
         what = f"{args.rows} held-out problems ({args.task_style}), filler rate 0.6, prompt {fmt.describe()}"
+    elif args.label_set in COUNTERBALANCED_SETS:
+        rows = COUNTERBALANCED_SETS[args.label_set](args.rows, args.seed, words=args.words)
+        what = f"{args.rows} groups ({len(rows)} rows) of label set {args.label_set} (seed {args.seed})"
+    elif args.label_set == "chain_rollouts":
+        model = load_inference_model(path, "cpu")
+        rows, skipped = chain_rollout_rows(model, tokenizer, args.rows, args.samples, args.seed, args.max_new_tokens)
+        what = (f"{args.rows} prompts x {args.samples} samples ({len(rows)} labelled; skipped {dict(skipped)}) of "
+                f"label set chain_rollouts (seed {args.seed})")
+        if not rows:
+            raise SystemExit(f"no completion could be labelled ({what}); is the model warm-started on the chain task?")
     else:
         rows = label_set_rows(args.label_set, args.rows, args.seed)
         what = f"{args.rows} rows of label set {args.label_set} (seed {args.seed})"
     methods = [m.strip() for m in args.methods.split(",")]
-    results = model_dir_saliency_auroc(path, rows, methods, options=SaliencyQualityOptions(pairs=args.pairs),
-                                       device="cpu")
-    print(f"model {path}; {what}, pairs={args.pairs}; AUROC [95% CI], pooled / position-matched")
-    print("| method | signal | signal, matched | weights | weights, matched |\n|---|---|---|---|---|")
+    at_token = tuple(m.strip() for m in args.read_at_token.split(",") if m.strip())
+    options = SaliencyQualityOptions(pairs=args.pairs, fixed_group=args.fixed_group, read_at_token=at_token,
+                                     traces="reference" if args.label_set == "chain_rollouts" else "both")
+    if args.label_set == "chain_rollouts":  # the model is loaded already; its own completions, their own advantages
+        results = saliency_auroc(model, tokenizer, rows, methods, options)
+    else:
+        results = model_dir_saliency_auroc(path, rows, methods, options=options, device="cpu")
+    print(f"model {path}; {what}, pairs={args.pairs}; AUROC [95% CI], pooled / position-matched / fixed (tokens "
+          f"entered / labelled: critical, contrast)")
+    print("| method | signal | signal, matched | signal, fixed | weights | weights, matched | weights, fixed |\n"
+          "|---|---|---|---|---|---|---|")
     for method, parts in results.items():
-        print(f"| {method} | " + " | ".join(f"{_cell(r)} | {_cell(r.matched)}" for r in parts.values()) + " |")
+        cells = [f"{_cell(r)} | {_cell(r.matched)} | {_cell(r.fixed)}" for r in parts.values()]
+        print(f"| {method} | " + " | ".join(cells + ["- | - | -"] * (2 - len(cells))) + " |")  # @token: signal only
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"model": str(path), "rows": what, "results": as_json(results)}, f, indent=1)
     if args.plot:
         from grail.analysis.saliency.plots import plot_position_profiles
 
-        contrast = "format" if args.label_set == "natural_contrast" else "filler"
+        contrast = "filler" if args.label_set in ("task", "multi_step_filler", "counterbalanced_filler") else "format"
         print(f"profile: {plot_position_profiles(results, args.model, args.plot, contrast=contrast)}")
 
 

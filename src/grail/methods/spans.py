@@ -33,7 +33,8 @@ from tokenizers.decoders import DecodeStream
 from grail.options.choices import AnswerBox
 from grail.tasks.boxed import BoxSpan, first_boxed, last_boxed
 
-__all__ = ["align_to_completion", "answer_spans", "AnswerSpans", "BOX_CHOICES", "token_char_offsets"]
+__all__ = ["align_to_completion", "answer_spans", "AnswerSpans", "BOX_CHOICES", "predicting_to_token",
+           "token_char_offsets"]
 
 BOX_CHOICES: tuple[str, ...] = get_args(AnswerBox)
 _PICK_BOX = {"first": first_boxed, "last": last_boxed}
@@ -66,6 +67,14 @@ def align_to_completion(values_BL: torch.Tensor, num_completion_tokens: int,
     if at == "token":
         return values_BL[:, length - T :]
     raise ValueError(f"align_to_completion: at must be 'predicting' or 'token', got {at!r}")
+
+
+def predicting_to_token(values_BT: torch.Tensor) -> torch.Tensor:
+    """(B, T, ...) values aligned `at="predicting"` → the same per-input-position values read at each token's own
+    position, as `at="token"` would give them: input position S + t is the one that predicts token t + 1, so token
+    t's own value is the predicting-aligned value of t + 1. The last column (input position L − 1, which predicts no
+    completion token and so is not in `values_BT`) is 0. Used to read GRAIL's saliency where OAR reads its signal."""
+    return torch.cat([values_BT[:, 1:], torch.zeros_like(values_BT[:, :1])], dim=1)
 
 
 def _backend(tokenizer) -> Tokenizer:

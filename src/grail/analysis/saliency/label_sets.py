@@ -25,7 +25,8 @@ both: each step's operator and result (`grail.tasks.arithmetic.CRITICAL_ROLES`).
 
 Rows also carry `answer`, `expression`, `num_steps` and `label_set` (ignored by the AUROC). Row i of a set depends
 only on (seed, i): `rows(n, seed)` is a prefix of `rows(n + k, seed)`. Use `label_set_rows(name, n, seed)` to pick a
-set by name (`LABEL_SETS`).
+set by name (`LABEL_SETS`). Groups of rows in which role and position are counterbalanced by construction, for the
+fixed-position AUROC: `grail.analysis.saliency.counterbalanced`.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ from grail.analysis.saliency.token_labels import span_runs
 from grail.tasks.arithmetic import CRITICAL_ROLES, FILLER_WORDS, TaskConfig, expression_of, sample_steps
 from grail.tasks.word_problems import NAMES, OBJECTS, PHRASES, PromptOptions, Story, render_prompt, solution_pieces
 
-__all__ = ["LABEL_SETS", "label_set_rows", "multi_step_filler_rows", "natural_contrast_rows", "STORY_TASK"]
+__all__ = ["draw_story", "LABEL_SETS", "label_set_rows", "multi_step_filler_rows", "natural_contrast_rows",
+           "STORY_TASK"]
 
 # Operands as the one-step default (1..20), values kept <= 99 so every number is at most two digits.
 STORY_TASK = TaskConfig(num_steps=2, operand_min=1, operand_max=20, max_value=99, style="words")
@@ -46,7 +48,7 @@ DEFAULT_STEPS = (2, 4)
 DEFAULT_SHOTS = 2  # two worked examples: the format is shown; more only lengthens every teacher-forced prompt
 
 
-def _story(steps: Sequence[tuple[str, int]], rng: random.Random, avoid: str | None = None) -> Story:
+def draw_story(steps: Sequence[tuple[str, int]], rng: random.Random, avoid: str | None = None) -> Story:
     name, pronoun = rng.choice([n for n in NAMES if n[0] != avoid])
     singular, plural = rng.choice(OBJECTS)
     return Story(name, pronoun, singular, plural, tuple(rng.randrange(len(PHRASES[op])) for op, _ in steps))
@@ -69,7 +71,7 @@ def _row(seed: int, i: int, label_set: str, steps: tuple[int, int], shots: int) 
     rng = random.Random(f"{label_set}:{seed}:{i}")
     num_steps = rng.randint(*steps)
     start, ops = sample_steps(replace(STORY_TASK, num_steps=num_steps), rng)
-    story = _story(ops, rng)
+    story = draw_story(ops, rng)
     examples = []
     for _ in range(shots):
         k = rng.randint(*steps)
@@ -77,7 +79,7 @@ def _row(seed: int, i: int, label_set: str, steps: tuple[int, int], shots: int) 
             ex_start, ex_ops = sample_steps(replace(STORY_TASK, num_steps=k), rng)
             if expression_of(ex_start, ex_ops) != expression_of(start, ops):
                 break
-        examples.append((ex_start, ex_ops, _story(ex_ops, rng, avoid=story.name)))
+        examples.append((ex_start, ex_ops, draw_story(ex_ops, rng, avoid=story.name)))
     filler = label_set == "multi_step_filler"
     lead = [(w, role) for word in _fillers(rng) for w, role in ((word, "filler"), (" ", "format"))] if filler else []
     after = [_fillers(rng) if filler else () for _ in ops]

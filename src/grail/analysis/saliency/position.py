@@ -42,6 +42,10 @@ within-trace pair at all in bins of up to 8). Across traces, wider bins leave th
 distance signal: 0.40 on the natural-contrast set in bins of 4, tests/test_saliency_position.py); exact bins compare
 tokens at the same distance, where a pure distance signal ties.
 
+What it does not hold fixed: the position from the start (a trace's length varies at a fixed distance), so a signal of
+that position alone can score far from 0.5 here; and a distance with one class drops its tokens. The stricter figure
+is `grail.analysis.saliency.fixed_position` (why, with the measurements, in its docstring).
+
 Position profile (`position_profile`): per class (critical, filler) and relative-position bin ⌊p_t · bins⌋, the
 mean score, the mean within-trace percentile u_t (scale-free: comparable across rows and methods) and the count.
 """

@@ -35,10 +35,16 @@ What is measured, per example (`prompt`, `solution`, `critical_spans`, `filler_s
      Within a row every pipeline's weights are a non-decreasing function of its signal (GRAIL's z-score and clip,
      OAR's bi-level map), so with within-trace pairs "weights" differs from "signal" only by the rows it scores,
      the ties that clipping or OAR's floor create, and (random) the permutation.
+     Beside it, `matched` (the distance-matched AUROC, `grail.analysis.saliency.position`) and `fixed` (position
+     fixed in every sense: strata (group, reasoning length, position), pairs across the traces of a group,
+     `grail.analysis.saliency.fixed_position`; the group is the row's `group` key, `options.fixed_group`), whose
+     result counts the labelled tokens that entered it.
+Rows may carry `group` (the fixed AUROC's group: `grail.analysis.saliency.counterbalanced`'s groups, a sampled
+rollout's prompt) and `advantage` (the reference trace's A instead of +1: a sampled rollout's graded advantage).
 GRAIL's per-token signal (leaf = embeddings) is the saliency of the input that PREDICTS the token, i.e. of the previous
 token's embedding (docs/methods/grail.md, step 4); OAR-P's and OAR-G's (oar_excerpt) are of the token itself (the
 GRAIL release's OAR-G, oar_variant="grail_release", also reads the predicting position). The AUROC reads each signal
-where the method puts it.
+where the method puts it; `options.read_at_token=("grail",)` also reports GRAIL's read at the token's own position.
 
 Errors: rows lacking a key, with bad spans or without a box → ValueError naming the row; no filler (or no critical)
 token at all → ValueError (the AUROC is undefined; for the synthetic task set filler_rate > 0). A method/part with
@@ -55,6 +61,7 @@ from typing import Literal
 
 import torch
 
+from grail.analysis.saliency.fixed_position import fixed_position_auroc_result
 from grail.analysis.saliency.position import (
     box_distance_BT,
     matched_auroc_result,
@@ -75,6 +82,7 @@ from grail.analysis.saliency.token_labels import (
     synthetic_rows,
     token_labels,
 )
+from grail.methods.spans import predicting_to_token
 from grail.methods.table import method_names, method_spec, options_for
 from grail.methods.weighting import batch_spans, probe_rows, run_probe, weights_from_signal
 from grail.options.checkpoint_dirs import checkpoint_dirs
@@ -85,6 +93,7 @@ __all__ = ["AurocResult", "SaliencyQualityOptions", "as_json", "checkpoints_sali
            "model_dir_saliency_auroc", "render_messages", "saliency_auroc", "saliency_row", "synthetic_rows"]
 
 Traces = Literal["both", "reference", "corrupted"]
+FixedGroup = Literal["row", "all"]
 
 
 @dataclass(frozen=True)
@@ -97,7 +106,14 @@ class SaliencyQualityOptions:
     seed: seeds the CI, the corrupted answers, OAR-G's noise and the random control.
     bin_width, window: the position-matched AUROC's distance bins and reference window
     (`grail.analysis.saliency.position.matched_auroc_result`; 1 = exact distances, None = the shortest trace).
-    profile_bins: relative-position bins of the position profile (`position.position_profile`)."""
+    profile_bins: relative-position bins of the position profile (`position.position_profile`).
+    fixed_group: the fixed-position AUROC's group (`grail.analysis.saliency.fixed_position`): "row" = each row's
+    `group` key (a counterbalanced group, a sampled rollout's prompt), else the row itself (then a row's traces, of
+    one layout, give no pair); "all" = one group (pairs across rows of equal reasoning length).
+    read_at_token: methods whose signal is GRAIL's saliency (fuse="saliency": grail), read at the position that
+    PREDICTS each token, to report also read at the token's OWN position (the embedding of the token itself, where
+    OAR reads), as the method `<method>@token` of the results, its signal only
+    (`grail.methods.spans.predicting_to_token`; no extra pass)."""
 
     weighting: WeightingOptions = field(default_factory=WeightingOptions)
     traces: Traces = "both"
@@ -109,12 +125,16 @@ class SaliencyQualityOptions:
     bin_width: int = 1
     window: int | None = None
     profile_bins: int = 10
+    fixed_group: FixedGroup = "row"
+    read_at_token: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.traces not in ("both", "reference", "corrupted"):
             raise ValueError(f"traces={self.traces!r}: choose 'both', 'reference' or 'corrupted'.")
         if self.pairs not in ("within_trace", "all"):
             raise ValueError(f"pairs={self.pairs!r}: choose 'within_trace' or 'all'.")
+        if self.fixed_group not in ("row", "all"):
+            raise ValueError(f"fixed_group={self.fixed_group!r}: choose 'row' (the rows' group key) or 'all'.")
         if self.batch_size < 1 or self.num_bootstrap < 0 or not 0 < self.confidence < 1:
             raise ValueError(f"batch_size={self.batch_size} must be >= 1, num_bootstrap={self.num_bootstrap} >= 0 "
                              f"and confidence={self.confidence} in (0, 1).")
@@ -126,6 +146,7 @@ class SaliencyQualityOptions:
 @dataclass
 class _Trace:
     example: int
+    group: int  # the fixed-position AUROC's group (`row["group"]`, else the row's index)
     prompt_ids: list[int]
     completion_ids: list[int]
     labels: list[int]  # per completion token
@@ -165,12 +186,13 @@ def _traces(tokenizer, rows: Sequence[dict], options: SaliencyQualityOptions) ->
         ids, offsets = _encode(tokenizer, row["solution"])
         labels_N = token_labels(row["solution"], labels_C, offsets)
         check_spans_map(row, i, offsets, labels_N)
+        group = 0 if options.fixed_group == "all" else int(row.get("group", i))
         if options.traces in ("both", "reference"):
-            traces.append(_Trace(i, prompt_ids, ids, labels_N, 1.0))
+            traces.append(_Trace(i, group, prompt_ids, ids, labels_N, float(row.get("advantage", 1.0))))
         if options.traces in ("both", "corrupted"):
             text, labels = corrupted_solution(row["solution"], labels_C, f"{options.seed}:{i}", box)
             ids, offsets = _encode(tokenizer, text)
-            traces.append(_Trace(i, prompt_ids, ids, token_labels(text, labels, offsets), -1.0))
+            traces.append(_Trace(i, group, prompt_ids, ids, token_labels(text, labels, offsets), -1.0))
     counts = {kind: sum(t.labels.count(kind) for t in traces) for kind in (1, 0)}
     if not counts[0] or not counts[1]:
         missing = "filler" if not counts[0] else "critical"
@@ -216,12 +238,19 @@ def saliency_auroc(model, tokenizer, rows: Sequence[dict], methods: Sequence[str
     if no_probe:
         raise ValueError(f"methods {no_probe} have no per-token signal; choose from "
                          f"{', '.join(method_names(probed=True))}.")
+    at_token = [m for m in options.read_at_token if m not in specs or specs[m].fuse != "saliency" or
+                specs[m].permutes]
+    if at_token:
+        raise ValueError(f"read_at_token={at_token}: only a scored method whose signal is GRAIL's saliency (read at "
+                         f"the predicting position) can be read at the token's own one; e.g. ('grail',) with grail "
+                         f"among the methods.")
     traces = _traces(tokenizer, rows, options)
     device = next(model.parameters()).device
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     generators = {m: torch.Generator(device=device).manual_seed(options.seed + zlib.crc32(m.encode())) for m in specs}
     collected = {m: {"signal": [], "weights": []} for m in specs}  # (scores, labels, example, trace, distance,
-    # relative position) per batch
+    # relative position, group, completion index) per batch
+    collected |= {f"{m}@token": {"signal": []} for m in options.read_at_token}
     method_options = {m: options_for(spec, options.weighting) for m, spec in specs.items()}  # each method's, once
     was_training = model.training
     model.eval()
@@ -231,6 +260,8 @@ def saliency_auroc(model, tokenizer, rows: Sequence[dict], methods: Sequence[str
             ids_BL, attn_BL, mask_BT, labels_BT = _batch(chunk, pad_id, device)
             adv_B = torch.tensor([t.advantage for t in chunk], device=device)
             example_BT = torch.tensor([t.example for t in chunk])[:, None].expand(labels_BT.shape)
+            group_BT = torch.tensor([t.group for t in chunk])[:, None].expand(labels_BT.shape)
+            index_BT = torch.arange(labels_BT.shape[1]).expand(labels_BT.shape)  # t: completion index
             trace_BT = torch.arange(start, start + len(chunk))[:, None].expand(labels_BT.shape)
             spans = batch_spans(tokenizer, ids_BL[:, -mask_BT.shape[1]:], mask_BT, options.weighting)
             lost = [chunk[b].example for b in (~spans.has_box_B).nonzero().flatten().tolist()]
@@ -253,6 +284,10 @@ def saliency_auroc(model, tokenizer, rows: Sequence[dict], methods: Sequence[str
                 floor = spec.min_importance(model, opts) if spec.min_importance is not None else 0.0
                 weights_BT = weights_from_signal(signal_BT, adv_B, spans, mask_BT, rows_B, opts, generators[m],
                                                  floor, spec).weights_BT
+                if m in options.read_at_token:
+                    collected[f"{m}@token"]["signal"].append(tuple(x[reasoning_BT] for x in (
+                        predicting_to_token(signal_BT).detach().float().cpu(), labels_BT, example_BT, trace_BT,
+                        distance_BT, position_BT, group_BT, index_BT)))
                 if spec.importance is not None:  # how the method's signal reads as importance (KTAE: |kt|)
                     signal_BT = spec.importance(signal_BT)
                 if spec.permutes:  # the random control: its own signal is a random score, not GRAIL's saliency
@@ -260,20 +295,24 @@ def saliency_auroc(model, tokenizer, rows: Sequence[dict], methods: Sequence[str
                 for part, values_BT, keep_BT in (("signal", signal_BT, reasoning_BT),
                                                  ("weights", weights_BT, reasoning_BT & rows_B.cpu()[:, None])):
                     collected[m][part].append(tuple(x[keep_BT] for x in (
-                        values_BT.detach().float().cpu(), labels_BT, example_BT, trace_BT, distance_BT, position_BT)))
+                        values_BT.detach().float().cpu(), labels_BT, example_BT, trace_BT, distance_BT, position_BT,
+                        group_BT, index_BT)))
     finally:
         model.train(was_training)
     results = {}
     for m, parts in collected.items():
         results[m] = {}
         for part, pieces in parts.items():
-            scores, labels, examples, traces_N, distance, position = (torch.cat(x) for x in zip(*pieces, strict=True))
+            scores, labels, examples, traces_N, distance, position, groups, index = (
+                torch.cat(x) for x in zip(*pieces, strict=True))
             ci = {"num_bootstrap": options.num_bootstrap, "confidence": options.confidence, "seed": options.seed}
             result = auroc_result(scores, labels, examples, traces_N, pairs=options.pairs, **ci)
             matched = matched_auroc_result(scores, labels, examples, distance, traces_N, bin_width=options.bin_width,
                                            scale="window" if options.pairs == "within_trace" else "raw",
                                            window=options.window, **ci)
-            result = replace(result, matched=matched,
+            fixed = fixed_position_auroc_result(scores, labels, groups, traces_N, index,
+                                                scale="trace" if options.pairs == "within_trace" else "raw", **ci)
+            result = replace(result, matched=matched, fixed=fixed,
                              profile=position_profile(scores, labels, position, traces_N, options.profile_bins))
             if part == "weights" and result.n_examples == 0:
                 result = replace(result, note=f"no row reweighted: {m} with rollout_symmetry="

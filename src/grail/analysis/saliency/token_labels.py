@@ -266,7 +266,7 @@ def _ratio(wins_R: torch.Tensor, pairs_R: torch.Tensor) -> torch.Tensor:
 class AurocResult:
     """AUROC of critical vs filler tokens with its bootstrap CI. `auroc` is NaN (and `note` says why) when there is
     no (critical, filler) pair; n_critical / n_filler count the scored tokens, n_examples the examples that have
-    labelled tokens among them. `saliency_auroc` adds `matched` and `profile` (`as_dict` nests them)."""
+    labelled tokens among them. `saliency_auroc` adds `matched`, `profile` and `fixed` (`as_dict` nests them)."""
 
     auroc: float
     ci_low: float
@@ -279,6 +279,12 @@ class AurocResult:
     # the mean score by relative position (a grail.analysis.saliency.position.PositionProfile, which imports this
     # module), if computed
     profile: object | None = None
+    # the AUROC with position fixed in every sense (grail.analysis.saliency.fixed_position), if computed
+    fixed: AurocResult | None = None
+    # all labelled tokens of each class, where the estimator scores only some of them (fixed_position: n_critical of
+    # labelled_critical entered); None where every labelled token is scored
+    labelled_critical: int | None = None
+    labelled_filler: int | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
