@@ -1,0 +1,27 @@
+"""Credit-signal candidates of issue 45, as method plug-ins for screening (not shipped methods): each module holds one
+`MethodSpec` (SPEC) registered through the public API (`grail.register_method`).
+
+    from credit_candidates import CANDIDATES, register_candidates
+    register_candidates()          # every candidate, once per process (again: nothing happens)
+"""
+
+from __future__ import annotations
+
+from grail import register_method
+from grail.methods.table import METHODS
+
+from credit_candidates import attr_patch, contrastive, grail_over_surprise
+
+CANDIDATES = {spec.name: spec for spec in (attr_patch.SPEC, contrastive.SPEC, grail_over_surprise.SPEC)}
+
+
+def register_candidates(names=None) -> list[str]:
+    """Register the candidates named (default: all) that are not registered yet; returns the names."""
+    names = list(CANDIDATES) if names is None else list(names)
+    unknown = [n for n in names if n not in CANDIDATES]
+    if unknown:
+        raise ValueError(f"unknown candidates {unknown}; choose from {', '.join(CANDIDATES)}")
+    for name in names:
+        if name not in METHODS:
+            register_method(CANDIDATES[name])
+    return names
