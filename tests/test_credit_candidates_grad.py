@@ -9,9 +9,9 @@ from collections import Counter
 
 import pytest
 import torch
+from credit_candidates import CANDIDATES, attr_patch, contrastive, grail_over_surprise
 
 import grail
-from credit_candidates import CANDIDATES, attr_patch, contrastive, grail_over_surprise
 from grail.methods import probes
 from grail.models.tiny import build_tiny_model
 
@@ -176,7 +176,8 @@ def test_contrastive_picks_the_farthest_advantage_and_counts_its_fallbacks(model
     assert counts == Counter(rows=7, contrasted=4, fallback=2, no_box=1)
     # the fallback row's target is its own answer (attr_patch's on content and brace): a signal, not zeros
     spans = _spans(tokenizer, ids, attn, T)
-    expected = attr_patch.attr_patch_signal(model, ids, attn, _content_and_brace(spans, T), temperature=1.0, pad_token_id=PAD)
+    expected = attr_patch.attr_patch_signal(model, ids, attn, _content_and_brace(spans, T), temperature=1.0,
+                                            pad_token_id=PAD)
     torch.testing.assert_close(signal[4:], expected[4:], rtol=1e-5, atol=1e-7)
     assert (signal[6] == 0).all()
 

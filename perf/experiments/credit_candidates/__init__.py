@@ -7,10 +7,9 @@
 
 from __future__ import annotations
 
+from credit_candidates import attr_patch, contrastive, grail_over_surprise
 from grail import register_method
 from grail.methods.table import METHODS
-
-from credit_candidates import attr_patch, contrastive, grail_over_surprise
 
 CANDIDATES = {spec.name: spec for spec in (attr_patch.SPEC, contrastive.SPEC, grail_over_surprise.SPEC)}
 

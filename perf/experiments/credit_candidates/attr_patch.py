@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import torch
 
+from credit_candidates.gradients import embedding_gradient, pad_embedding, patch_delta_BT
 from grail import MethodOption, MethodSpec
 from grail.methods import builtin, probes
-
-from credit_candidates.gradients import embedding_gradient, pad_embedding, patch_delta_BT
 
 SIGNALS = ("magnitude", "drop")
 

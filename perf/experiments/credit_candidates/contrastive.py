@@ -27,12 +27,11 @@ from collections import Counter
 
 import torch
 
+from credit_candidates.attr_patch import nonnegative_bilevel
+from credit_candidates.gradients import embedding_gradient, pad_embedding, patch_delta_BT, saliency_BT
 from grail import MethodOption, MethodSpec
 from grail.methods import builtin, probes
 from grail.methods.spans import answer_spans
-
-from credit_candidates.attr_patch import nonnegative_bilevel
-from credit_candidates.gradients import embedding_gradient, pad_embedding, patch_delta_BT, saliency_BT
 
 READS = ("patch", "saliency")
 COUNTS: Counter = Counter()  # rows probed, contrasted, fallback (no different answer in the group), no_box
@@ -66,8 +65,8 @@ def competitor_rows(tokenizer, input_ids_BL: torch.Tensor, attention_mask_BL: to
 
 
 def contrastive_signal(model, tokenizer, input_ids_BL: torch.Tensor, attention_mask_BL: torch.Tensor, adv_B,
-                       num_completion_tokens: int, *, temperature: float, pad_token_id: int, read: str = "patch", box: str = "first",
-                       counts: Counter | None = None) -> torch.Tensor:
+                       num_completion_tokens: int, *, temperature: float, pad_token_id: int, read: str = "patch",
+                       box: str = "first", counts: Counter | None = None) -> torch.Tensor:
     """(B, T) float32 signal of the module docstring, 0 on padding (T = num_completion_tokens, the completion block
     of TRL's layout); `counts` (default `COUNTS`) is incremented."""
     if read not in READS:
@@ -126,7 +125,8 @@ def contrastive_signal(model, tokenizer, input_ids_BL: torch.Tensor, attention_m
 
 def _probe(model, rows, options, generator):
     return contrastive_signal(model, rows.tokenizer, rows.input_ids_BL, rows.attention_mask_BL, rows.adv_B,
-                              rows.answer_BT.shape[1], temperature=options.temperature, pad_token_id=builtin.pad_token_id(model),
+                              rows.answer_BT.shape[1], temperature=options.temperature,
+                              pad_token_id=builtin.pad_token_id(model),
                               read=options.method_options["contrastive_read"], box=options.answer_box)
 
 
