@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 import torch
-from credit_candidates import CANDIDATES, attr_patch, contrastive, grail_over_surprise
+from credit_candidates import CANDIDATES, attr_patch, contrastive, grail_over_surprise, ig_patch
 
 import grail
 from grail.methods import probes
@@ -193,3 +193,32 @@ def test_grail_over_surprise_is_grails_saliency_over_the_surprise_of_full_logits
         logits = model(input_ids=ids, attention_mask=attn).logits[:, -T - 1:-1] / 0.7
     want = -torch.log_softmax(logits, -1).gather(-1, ids[:, -T:, None]).squeeze(-1) * attn[:, -T:]
     torch.testing.assert_close(surprise, want.float(), rtol=1e-4, atol=1e-5)
+
+
+def test_ig_patch_averages_each_tokens_directional_derivative_along_the_path(model64, tokenizer):
+    """Δ_t (K = 2) against (1/K) Σ_k (f_t(α_k + h) − f_t(α_k − h)) / 2h, f_t(a) = log π(box) at the path point
+    e(α_k) with token t's embedding moved a further (a − α_k)(e_pad − e_t): the path moves the reasoning only, and
+    each token's share is read at its own embedding in the direction of its own substitution. (Completeness against
+    J(padded) − J(clean) is not tested: on this random model J(α) jumps in the last 5% of the path, which a few
+    midpoint steps cannot integrate; that is a property of the candidate, reported, not a defect of the code.)"""
+    ids, attn, T = _batch(tokenizer, ["Q: 7*5-8\nA:", "Q: 9+6-4\nA:"],
+                          [" 7*5=35, 35-8=27. so \\boxed{27}", " 9+6=15 \\boxed{15}"])
+    spans = _spans(tokenizer, ids, attn, T)
+    K, h, S = 2, 1e-5, ids.shape[1] - T
+    got = ig_patch.ig_delta(model64, ids, attn, spans.box_BT, temperature=1.0, pad_token_id=PAD, steps=K)
+    path_BT = spans.reasoning_BT & attn[:, -T:].bool()
+    with torch.no_grad():
+        e = model64.get_input_embeddings()(ids)
+        direction = model64.get_input_embeddings()(torch.tensor([[PAD]]))[0, 0] - e  # (B, L, D)
+        path_BLD = direction * torch.cat([torch.zeros_like(path_BT[:, :S]), path_BT], 1)[..., None]
+        for b, t in [(0, 0), (0, 5), (1, 3), (0, int(path_BT[0].sum()) + 1)]:  # the last: a box token, off the path
+            want = 0.0
+            for k in range(K):
+                point = e + (k + 0.5) / K * path_BLD
+                f = []
+                for sign in (1, -1):
+                    moved = point.clone()
+                    moved[b, S + t] += sign * h * direction[b, S + t]
+                    f.append(_answer_logp(model64, ids, attn, T, spans.box_BT, moved)[b])
+                want += float(f[0] - f[1]) / (2 * h) / K
+            assert float(got[b, t]) == pytest.approx(want, rel=1e-4, abs=1e-7), (b, t)

@@ -7,11 +7,11 @@
 
 from __future__ import annotations
 
-from credit_candidates import attr_patch, contrastive, grail_over_surprise
+from credit_candidates import attr_patch, contrastive, grail_over_surprise, ig_patch
 from grail import register_method
 from grail.methods.table import METHODS
 
-CANDIDATES = {spec.name: spec for spec in (attr_patch.SPEC, contrastive.SPEC, grail_over_surprise.SPEC)}
+CANDIDATES = {spec.name: spec for spec in (attr_patch.SPEC, contrastive.SPEC, grail_over_surprise.SPEC, ig_patch.SPEC)}
 
 
 def register_candidates(names=None) -> list[str]:

@@ -18,17 +18,19 @@ from grail.methods.spans import align_to_completion
 
 
 def embedding_gradient(model, input_ids_BL: torch.Tensor, attention_mask_BL: torch.Tensor, target_BT: torch.Tensor,
-                       coef_B: torch.Tensor, *, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+                       coef_B: torch.Tensor, *, temperature: float,
+                       embeddings_BLD: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(e_BLD, grad_BLD): the input embeddings and ∂J/∂e, J = Σ_b coef_b Σ_{t: target_bt} log π(y_bt | y_<t).
 
     One forward and one backward to the embeddings. `target_BT`: (B, T) bool, the completion tokens whose log-probs
     enter J; `coef_B`: (B,) float, each row's sign or weight in J. Rows without a target token get a zero gradient.
-    Both tensors are detached, in the model's dtype (float64 stays float64)."""
+    `embeddings_BLD`: the point at which to differentiate (default: the clean embeddings E[input_ids]); the targets
+    stay `input_ids`. Both tensors are detached, in the model's dtype (float64 stays float64)."""
     T = target_BT.shape[1]
     embed = probes.leaf_module(model, "embeddings")
     rows, cols = target_BT.bool().nonzero(as_tuple=True)
     with torch.enable_grad(), unsharded(model):
-        e_BLD = embed(input_ids_BL).detach().requires_grad_()
+        e_BLD = (embed(input_ids_BL) if embeddings_BLD is None else embeddings_BLD).detach().requires_grad_()
         if rows.numel() == 0:
             return e_BLD.detach(), torch.zeros_like(e_BLD)
         hidden_BLD = probes.hidden_states_BLD(model, attention_mask_BL, inputs_embeds=e_BLD)
