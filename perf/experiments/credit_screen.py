@@ -6,7 +6,8 @@ critical / contrast tokens that entered it, and the seconds the method's probe t
     python perf/experiments/credit_screen.py [--model tiny|smollm2-135m|gemma3-270m|DIR] [--seed 0]
         [--methods grail,oar_p,attr_patch,contrastive,grail_over_surprise]
         [--label-sets counterbalanced_filler,counterbalanced_format,chain_rollouts]
-        [--rows 8] [--words 14] [--samples 8] [--max-new-tokens 256] [--device cpu] [--json out.json]
+        [--rows 8] [--words 14] [--samples 8] [--max-new-tokens 256] [--fixed-group row|all] [--device cpu]
+        [--json out.json]
 
 The label sets are built and scored exactly as `saliency_auroc.py --label-set NAME` builds and scores them (its
 `chain_rollout_rows`, grail.analysis.saliency.counterbalanced, `quality.saliency_auroc` with the same options): the
@@ -100,7 +101,7 @@ def screen(model, tokenizer, methods: list[str], label_sets: list[str], args) ->
             out[name]["skipped"] = "no labelled row (is the model warm-started on the chain task?)"
             continue
         options = SaliencyQualityOptions(traces="reference" if name == "chain_rollouts" else "both",
-                                         batch_size=args.batch_size)
+                                         batch_size=args.batch_size, fixed_group=args.fixed_group)
         seconds, probed, before = Counter(), Counter(), _counts()
         with timed_probes(seconds, probed):
             results = saliency_auroc(model, tokenizer, rows, methods, options)
@@ -156,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=8, help="chain_rollouts: completions per prompt")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="chain_rollouts: sampling limit")
     parser.add_argument("--batch-size", type=int, default=8, help="traces per probe call")
+    parser.add_argument("--fixed-group", default="row", choices=("row", "all"),
+                        help="the fixed AUROC's group: the rows' own (a counterbalanced group, a prompt) or one; "
+                             "`all` lets more of chain_rollouts' tokens enter (docs/guides/position-fixed.md)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
@@ -182,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = load_inference_model(path, args.device)
     start = time.perf_counter()
-    result = {"model": str(path), "seed": args.seed, "methods": methods,
+    result = {"model": str(path), "seed": args.seed, "methods": methods, "args": vars(args),
               "label_sets": screen(model, tokenizer, methods, label_sets, args)}
     result["wall_s"] = time.perf_counter() - start
     print(f"model {path}; seed {args.seed}; signal AUROC with position fixed (critical above contrast = 1, chance "
