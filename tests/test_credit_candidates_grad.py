@@ -222,3 +222,15 @@ def test_ig_patch_averages_each_tokens_directional_derivative_along_the_path(mod
                     f.append(_answer_logp(model64, ids, attn, T, spans.box_BT, moved)[b])
                 want += float(f[0] - f[1]) / (2 * h) / K
             assert float(got[b, t]) == pytest.approx(want, rel=1e-4, abs=1e-7), (b, t)
+
+
+def test_a_screening_variant_is_its_candidate_with_the_option_fixed(model, tokenizer):
+    from grail.methods.spec import ProbeBatch
+    from grail.options.choices import WeightingOptions
+
+    ids, attn, T = _batch(tokenizer, ["Q: 7*5-8\nA:"], [" 7*5=35, 35-8=27. so \\boxed{27}"])
+    box_BT = _spans(tokenizer, ids, attn, T).box_BT
+    got = CANDIDATES["attr_patch_drop"].probe(model, ProbeBatch(ids, attn, box_BT, box_BT), WeightingOptions(), None)
+    want = attr_patch.attr_patch_signal(model, ids, attn, box_BT, temperature=1.0, pad_token_id=PAD, signal="drop")
+    assert torch.equal(got, want) and (got < 0).any() and (got > 0).any()  # signed
+    assert CANDIDATES["attr_patch_drop"].options == () and CANDIDATES["contrastive_saliency"].options == ()

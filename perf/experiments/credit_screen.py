@@ -4,7 +4,7 @@ format tokens; grail.analysis.saliency.fixed_position) with its 95% bootstrap in
 critical / contrast tokens that entered it, and the seconds the method's probe took per row.
 
     python perf/experiments/credit_screen.py [--model tiny|smollm2-135m|gemma3-270m|DIR] [--seed 0]
-        [--methods grail,oar_p,attr_patch,contrastive,grail_over_surprise]
+        [--methods grail,oar_p,attr_patch,attr_patch_drop,contrastive,contrastive_saliency,grail_over_surprise,ig_patch]
         [--label-sets counterbalanced_filler,counterbalanced_format,chain_rollouts]
         [--rows 8] [--words 14] [--samples 8] [--max-new-tokens 256] [--fixed-group row|all] [--device cpu]
         [--json out.json]
@@ -32,11 +32,12 @@ import time
 from collections import Counter
 from contextlib import contextmanager
 
-from credit_candidates import CANDIDATES, register_candidates
+from credit_candidates import CANDIDATES, COUNTERS, register_candidates
 from saliency_auroc import chain_rollout_rows
 
 LABEL_SETS = ("counterbalanced_filler", "counterbalanced_format", "chain_rollouts")
-DEFAULT_METHODS = "grail,oar_p,attr_patch,contrastive,grail_over_surprise"
+DEFAULT_METHODS = ("grail,oar_p,attr_patch,attr_patch_drop,contrastive,contrastive_saliency,grail_over_surprise,"
+                   "ig_patch")
 
 
 @contextmanager
@@ -76,15 +77,8 @@ def label_rows(name: str, model, tokenizer, args) -> tuple[list[dict], str]:
 
 
 def _counts():
-    """{candidate: a copy of its fallback counter} for the candidates that keep one."""
-    import importlib
-
-    out = {}
-    for name in CANDIDATES:
-        counts = getattr(importlib.import_module(f"credit_candidates.{name}"), "COUNTS", None)
-        if counts is not None:
-            out[name] = Counter(counts)
-    return out
+    """{candidate: a copy of its fallback counter} for the candidates that keep one (`credit_candidates.COUNTERS`)."""
+    return {name: Counter(counts) for name, counts in COUNTERS.items()}
 
 
 def screen(model, tokenizer, methods: list[str], label_sets: list[str], args) -> dict:
