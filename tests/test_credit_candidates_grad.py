@@ -74,8 +74,9 @@ def test_every_candidate_passes_the_public_checker(name):
     assert report.ok, report.text()
 
 
-def test_signals_have_the_batch_shape_and_are_zero_on_padding_and_without_an_answer(model, tokenizer):
-    ids, attn, T = _batch(tokenizer, ["Q: 7*5-8\nA:", "Q: 9+6-4\nA:", "Q: 9+6-4\nA:"],
+@pytest.mark.parametrize("question", ["Q: 7*5-8\nA:", "Q: 7*5-8, a prompt longer than every completion here\nA:"])
+def test_signals_have_the_batch_shape_and_are_zero_on_padding_and_without_an_answer(model, tokenizer, question):
+    ids, attn, T = _batch(tokenizer, [question, "Q: 9+6-4\nA:", "Q: 9+6-4\nA:"],
                           [" 7*5=35, 35-8=27. so \\boxed{27}", " 9+6=15 \\boxed{15}", " 9+6=14. 14-4=10."])
     spans = _spans(tokenizer, ids, attn, T)
     mask_BT = attn[:, -T:].bool()
@@ -86,6 +87,7 @@ def test_signals_have_the_batch_shape_and_are_zero_on_padding_and_without_an_ans
                                                       pad_token_id=PAD, counts=Counter()),
         "grail_over_surprise": grail_over_surprise.saliency_and_surprise(model, ids, attn, spans.box_BT,
                                                                          temperature=1.0)[0],
+        "ig_patch": ig_patch.ig_delta(model, ids, attn, spans.box_BT, temperature=1.0, pad_token_id=PAD, steps=2),
     }
     for name, signal in signals.items():
         assert signal.shape == mask_BT.shape and signal.dtype == torch.float32 and not signal.requires_grad, name
@@ -210,7 +212,7 @@ def test_ig_patch_averages_each_tokens_directional_derivative_along_the_path(mod
     with torch.no_grad():
         e = model64.get_input_embeddings()(ids)
         direction = model64.get_input_embeddings()(torch.tensor([[PAD]]))[0, 0] - e  # (B, L, D)
-        path_BLD = direction * torch.cat([torch.zeros_like(path_BT[:, :S]), path_BT], 1)[..., None]
+        path_BLD = direction * torch.cat([path_BT.new_zeros(2, S), path_BT], 1)[..., None]
         for b, t in [(0, 0), (0, 5), (1, 3), (0, int(path_BT[0].sum()) + 1)]:  # the last: a box token, off the path
             want = 0.0
             for k in range(K):

@@ -45,7 +45,7 @@ def ig_delta(model, input_ids_BL: torch.Tensor, attention_mask_BL: torch.Tensor,
         e_BLD = embed(input_ids_BL)
     e_pad_D = pad_embedding(model, pad_token_id, e_BLD)
     S = input_ids_BL.shape[1] - T
-    path_BL = torch.cat([torch.zeros_like(path_BT[:, :S]), path_BT], 1)
+    path_BL = torch.cat([path_BT.new_zeros(path_BT.shape[0], S), path_BT], 1)  # the prompt stays clean
     move_BLD = (e_pad_D - e_BLD) * path_BL[..., None].to(e_BLD.dtype)  # (B, L, D)
     ones_B = torch.ones(input_ids_BL.shape[0], device=input_ids_BL.device)
     total_BT = None
