@@ -236,3 +236,23 @@ def test_a_screening_variant_is_its_candidate_with_the_option_fixed(model, token
     want = attr_patch.attr_patch_signal(model, ids, attn, box_BT, temperature=1.0, pad_token_id=PAD, signal="drop")
     assert torch.equal(got, want) and (got < 0).any() and (got > 0).any()  # signed
     assert CANDIDATES["attr_patch_drop"].options == () and CANDIDATES["contrastive_saliency"].options == ()
+
+
+def test_contrastive_counts_each_method_under_its_own_name(model, tokenizer):
+    """The probe counts under `token_weighting`, so contrastive and its screening variant run side by side (one
+    `saliency_auroc` call) keep separate counts."""
+    from grail.methods.spec import ProbeBatch
+    from grail.options.choices import WeightingOptions
+
+    ids, attn, T = _batch(tokenizer, ["Q: 7*5-8\nA:"] * 2, [" 7*5=35 so \\boxed{27}", " 7*5=35 so \\boxed{28}"])
+    box_BT = _spans(tokenizer, ids, attn, T).box_BT
+    rows = ProbeBatch(ids, attn, box_BT, box_BT, torch.tensor([1.0, -1.0]), None, tokenizer)
+    contrastive.COUNTS.pop("contrastive_saliency", None)
+    before = Counter(contrastive.COUNTS["contrastive"])
+    options = WeightingOptions(token_weighting="contrastive_saliency")
+    signal = CANDIDATES["contrastive_saliency"].probe(model, rows, options, None)
+    want = contrastive.contrastive_signal(model, tokenizer, ids, attn, rows.adv_B, T, temperature=1.0,
+                                          pad_token_id=PAD, read="saliency", counts=Counter())
+    assert torch.equal(signal, want)
+    assert contrastive.COUNTS["contrastive_saliency"] == Counter(rows=2, contrasted=2, no_box=0, fallback=0)
+    assert contrastive.COUNTS["contrastive"] == before

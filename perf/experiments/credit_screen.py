@@ -19,8 +19,8 @@ Time per row: wall seconds inside each method's probe (`weighting.run_probe`, ti
 `quality.saliency_auroc` calls, for this process only) over the rows it probed; methods that share a probe function
 (grail and random) are timed once and report the same figure. It is the probe alone on the label set's batches
 (--batch-size traces), not a training step: the step-cost benchmarks measure that. A candidate that counts its
-fallbacks (contrastive's `COUNTS`) adds them to its cell. A label set with no labelled row (chain_rollouts on a model
-never warm-started on the chain task) is reported as skipped, with the reason, and the others still run.
+fallbacks (contrastive's `COUNTS`, by method) adds them to its cell. A label set with no labelled row (chain_rollouts
+on a model never warm-started on the chain task) is reported as skipped, with the reason, and the others still run.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ import time
 from collections import Counter
 from contextlib import contextmanager
 
-from credit_candidates import CANDIDATES, COUNTERS, register_candidates
+from credit_candidates import CANDIDATES, register_candidates
+from credit_candidates.contrastive import COUNTS as FALLBACK_COUNTS
 from saliency_auroc import chain_rollout_rows
 
 LABEL_SETS = ("counterbalanced_filler", "counterbalanced_format", "chain_rollouts")
@@ -77,8 +78,8 @@ def label_rows(name: str, model, tokenizer, args) -> tuple[list[dict], str]:
 
 
 def _counts():
-    """{candidate: a copy of its fallback counter} for the candidates that keep one (`credit_candidates.COUNTERS`)."""
-    return {name: Counter(counts) for name, counts in COUNTERS.items()}
+    """{method: a copy of its fallback counter} (contrastive's and its variant's, `contrastive.COUNTS`)."""
+    return {name: Counter(counts) for name, counts in FALLBACK_COUNTS.items()}
 
 
 def screen(model, tokenizer, methods: list[str], label_sets: list[str], args) -> dict:
@@ -110,7 +111,7 @@ def screen(model, tokenizer, methods: list[str], label_sets: list[str], args) ->
                     "probe_seconds": seconds[probe], "probed_rows": probed[probe],
                     "seconds_per_row": seconds[probe] / probed[probe] if probed[probe] else None}
             if m in after:
-                cell["counts"] = {k: after[m][k] - before[m][k] for k in after[m]}  # zeros kept
+                cell["counts"] = {k: after[m][k] - before.get(m, Counter())[k] for k in after[m]}  # zeros kept
             out[name]["methods"][m] = cell
     return out
 

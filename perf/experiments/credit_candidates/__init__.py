@@ -16,7 +16,6 @@ CANDIDATES = {spec.name: spec for spec in (
     attr_patch.SPEC, variant(attr_patch.SPEC, "attr_patch_drop", attr_patch_signal="drop"),
     contrastive.SPEC, variant(contrastive.SPEC, "contrastive_saliency", contrastive_read="saliency"),
     grail_over_surprise.SPEC, ig_patch.SPEC)}  # variants: an option fixed, under a name the screening can run
-COUNTERS = {"contrastive": contrastive.COUNTS, "contrastive_saliency": contrastive.COUNTS}  # fallbacks, by method
 
 
 def register_candidates(names=None) -> list[str]:

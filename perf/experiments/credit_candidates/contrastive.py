@@ -11,7 +11,7 @@ them the one farthest in advantage: the lowest A for a row with A > 0 (its most 
 A otherwise (its best answer); the first such row on ties. Fallback: a row with a box but no different answer in its
 group (every other row agrees, or has no box) takes J_b = log π(a_b | x_b), attr_patch's target on its content;
 a row without a box has no answer and gets signal 0 (uniform weights). Both are counted in `COUNTS` ("fallback",
-"no_box", beside "rows" and "contrasted"), which the screening script prints.
+"no_box", beside "rows" and "contrasted"; by method name), which the screening script prints.
 
 Read (`contrastive_read`): `patch` (default) |∇_{e_t} J · (e_pad − e_t)| at the token's own embedding, as attr_patch;
 `saliency` GRAIL's ‖∇_e J ⊙ e‖₂ at the position that predicts the token. The prefix x_b is shared by the row and its
@@ -23,7 +23,7 @@ are computed at rollout time on the whole batch, so that every row sees its grou
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 
 import torch
 
@@ -34,7 +34,9 @@ from grail.methods import builtin, probes
 from grail.methods.spans import answer_spans
 
 READS = ("patch", "saliency")
-COUNTS: Counter = Counter()  # rows probed, contrasted, fallback (no different answer in the group), no_box
+# by method name (a screening variant counts under its own): rows probed, contrasted, fallback (a box but no different
+# answer in the group), no_box
+COUNTS: defaultdict[str, Counter] = defaultdict(Counter)
 
 
 def competitor_rows(tokenizer, input_ids_BL: torch.Tensor, attention_mask_BL: torch.Tensor, adv_B, T: int, *,
@@ -68,13 +70,13 @@ def contrastive_signal(model, tokenizer, input_ids_BL: torch.Tensor, attention_m
                        num_completion_tokens: int, *, temperature: float, pad_token_id: int, read: str = "patch",
                        box: str = "first", counts: Counter | None = None) -> torch.Tensor:
     """(B, T) float32 signal of the module docstring, 0 on padding (T = num_completion_tokens, the completion block
-    of TRL's layout); `counts` (default `COUNTS`) is incremented."""
+    of TRL's layout); `counts` (default `COUNTS["contrastive"]`) is incremented."""
     if read not in READS:
         raise ValueError(f"contrastive_read={read!r}: choose one of {READS}")
     if tokenizer is None:
         raise ValueError("contrastive reads the boxed answers' text: the probe needs the tokenizer (ProbeBatch."
                          "tokenizer); pass it to token_weights / run_probe.")
-    counts = COUNTS if counts is None else counts
+    counts = COUNTS["contrastive"] if counts is None else counts
     B, L = input_ids_BL.shape
     T = num_completion_tokens
     S = L - T
@@ -127,7 +129,8 @@ def _probe(model, rows, options, generator):
     return contrastive_signal(model, rows.tokenizer, rows.input_ids_BL, rows.attention_mask_BL, rows.adv_B,
                               rows.answer_BT.shape[1], temperature=options.temperature,
                               pad_token_id=builtin.pad_token_id(model),
-                              read=options.method_options["contrastive_read"], box=options.answer_box)
+                              read=options.method_options["contrastive_read"], box=options.answer_box,
+                              counts=COUNTS[options.token_weighting])
 
 
 SPEC = MethodSpec(

@@ -15,7 +15,7 @@ def variant(spec: MethodSpec, name: str, **fixed) -> MethodSpec:
     base = spec.probe
 
     def probe(model, rows, options, generator):
-        return base(model, rows, replace(options, token_weighting=spec.name, method_options=own), generator)
+        return base(model, rows, replace(options, method_options=own), generator)  # token_weighting: the variant's
 
     setting = ", ".join(f"{k}={v!r}" for k, v in fixed.items())
     return replace(spec, name=name, label=f"{spec.label} ({setting})", probe=probe, options=(),
