@@ -1,0 +1,30 @@
+"""Credit-signal candidates of issue 45, as method plug-ins for screening (not shipped methods): each module holds one
+`MethodSpec` (SPEC) registered through the public API (`grail.register_method`).
+
+    from credit_candidates import CANDIDATES, register_candidates
+    register_candidates()          # every candidate, once per process (again: nothing happens)
+"""
+
+from __future__ import annotations
+
+from credit_candidates import attr_patch, contrastive, grail_over_surprise, ig_patch
+from credit_candidates.variants import variant
+from grail import register_method
+from grail.methods.table import METHODS
+
+CANDIDATES = {spec.name: spec for spec in (
+    attr_patch.SPEC, variant(attr_patch.SPEC, "attr_patch_drop", attr_patch_signal="drop"),
+    contrastive.SPEC, variant(contrastive.SPEC, "contrastive_saliency", contrastive_read="saliency"),
+    grail_over_surprise.SPEC, ig_patch.SPEC)}  # variants: an option fixed, under a name the screening can run
+
+
+def register_candidates(names=None) -> list[str]:
+    """Register the candidates named (default: all) that are not registered yet; returns the names."""
+    names = list(CANDIDATES) if names is None else list(names)
+    unknown = [n for n in names if n not in CANDIDATES]
+    if unknown:
+        raise ValueError(f"unknown candidates {unknown}; choose from {', '.join(CANDIDATES)}")
+    for name in names:
+        if name not in METHODS:
+            register_method(CANDIDATES[name])
+    return names
