@@ -92,12 +92,12 @@ def group_references(input_ids_BL: torch.Tensor, attention_mask_BL: torch.Tensor
     best: dict[tuple[int, ...], tuple[float, str]] = {}
     keys = []
     for b in range(len(ids)):
-        key = tuple(i for i, m in zip(ids[b][:S], masks[b][:S]) if m)
+        key = tuple(i for i, m in zip(ids[b][:S], masks[b][:S], strict=True) if m)
         keys.append(key)
         if advs[b] <= 0:
             continue
-        text = tokenizer.decode([i for i, m in zip(ids[b][S:], masks[b][S:]) if m], skip_special_tokens=True)
-        answer = last_boxed_content(text)
+        completion = [i for i, m in zip(ids[b][S:], masks[b][S:], strict=True) if m]
+        answer = last_boxed_content(tokenizer.decode(completion, skip_special_tokens=True))
         if answer and (key not in best or advs[b] > best[key][0]):
             best[key] = (advs[b], answer)
     return [best[key][1] if key in best else None for key in keys]
