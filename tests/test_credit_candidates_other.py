@@ -1,7 +1,8 @@
 """Issue 45's credit candidates outside the gradient family (perf/experiments/credit_candidates/): answer_attention
-and teacher_ratio, on tiny models built here. Each passes `grail.check_method`; each signal is checked against a
-reference computed another way (transformers' own eager attention weights; separate unpadded forwards of the text
-with and without the hint), and against a control that fixes its value (an empty hint adds nothing: r = 0 exactly)."""
+and teacher_ratio, on tiny models built here (a 2-layer Qwen3; for the attention also a Gemma 3 with sliding windows).
+Each passes `grail.check_method`; each signal is checked against a reference computed another way (transformers' own
+eager attention weights; separate unpadded forwards of the text with and without the hint), and against a control
+that fixes its value (an empty hint adds nothing: r = 0 exactly)."""
 
 import pytest
 import torch
@@ -22,6 +23,23 @@ def model(tokenizer):
     with torch.no_grad():
         model.get_input_embeddings().weight.mul_(3.0)
     return model.eval()
+
+
+@pytest.fixture(scope="module")
+def gemma3(tokenizer):
+    """A 4-layer Gemma 3 with sliding-window layers (window 6, shorter than the batch's rows) around a full one:
+    right-padding queries beyond the window see no real key, which eager attention turns into NaN weights."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    config = Gemma3TextConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
+                              sliding_window=6, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
+                              eos_token_id=tokenizer.eos_token_id, attn_implementation="sdpa",
+                              layer_types=["sliding_attention", "full_attention", "sliding_attention",
+                                           "sliding_attention"])
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return Gemma3ForCausalLM(config).double().eval()
 
 
 @pytest.fixture(scope="module")
@@ -59,32 +77,37 @@ def test_signals_are_per_token_detached_and_zero_on_padding(module, model, token
 
 @pytest.mark.parametrize("queries", ["predicting", "token"])
 @pytest.mark.parametrize("last_layers", [0, 1])
-def test_answer_attention_is_the_eager_attention_averaged_by_hand(model, batch, queries, last_layers):
-    """Reference: transformers' own `output_attentions` of an eager copy, averaged with explicit loops over rows,
-    answer queries, layers and heads. The probe runs on the sdpa model and must leave it on sdpa."""
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+def test_answer_attention_is_the_eager_attention_averaged_by_hand(request, batch, family, queries, last_layers):
+    """Reference: transformers' own `output_attentions` of an eager copy, run on each row alone without its padding,
+    averaged with explicit loops over answer queries, layers and heads. The probe runs on the padded batch of the sdpa
+    model and must leave it on sdpa. In float64, the Gemma 3's padded eager forward gives NaN on rows whose right
+    padding lies beyond a sliding window (a query with no key): the probe must not let it reach the real tokens."""
     import copy
 
+    model = request.getfixturevalue({"qwen3": "model", "gemma3": "gemma3"}[family])
     ids, attn, mask, _, spans = batch
     answer_BT = spans.box_BT
     T, L = answer_BT.shape[1], ids.shape[1]
     S = L - T
     eager = copy.deepcopy(model)
     eager.set_attn_implementation("eager")
-    with torch.no_grad():
-        attentions = eager(input_ids=ids, attention_mask=attn, output_attentions=True).attentions  # layers × (B,H,L,L)
-    layers = attentions[-last_layers:] if last_layers else attentions
-    expected_BT = torch.zeros(answer_BT.shape)
+    expected_BT = torch.zeros(answer_BT.shape, dtype=torch.float64)
     for b in range(ids.shape[0]):
+        p = int(attn[b, :S].sum())  # the row's real prompt tokens: completion token t is at p + t once unpadded
+        with torch.no_grad():
+            attentions = eager(input_ids=ids[b][attn[b].bool()][None], output_attentions=True).attentions
+        layers = attentions[-last_layers:] if last_layers else attentions  # each (1, H, n, n)
         answer = answer_BT[b].nonzero().flatten().tolist()
-        queries_b = [S + t - 1 if queries == "predicting" else S + t for t in answer]
-        for t in range(T):
-            values = [layer[b, h, q, S + t] for layer in layers for h in range(layer.shape[1]) for q in queries_b]
+        queries_b = [p + t - 1 if queries == "predicting" else p + t for t in answer]
+        for t in range(int(mask[b].sum())):
+            values = [layer[0, h, q, p + t] for layer in layers for h in range(layer.shape[1]) for q in queries_b]
             expected_BT[b, t] = sum(values) / len(values) if values else 0.0
 
     got_BL = answer_attention.answer_attention_BL(model, ids, attn, answer_BT, queries=queries,
                                                   last_layers=last_layers)
     assert model.config._attn_implementation == "sdpa"
-    torch.testing.assert_close(got_BL[:, S:], expected_BT, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(got_BL[:, S:].double(), expected_BT, atol=1e-5, rtol=1e-4)
     has_answer_B = answer_BT.any(1)
     # each query's attention sums to 1 over the L positions, so does their average; rows without an answer: 0
     torch.testing.assert_close(got_BL.sum(1)[has_answer_B], torch.ones(int(has_answer_B.sum())))

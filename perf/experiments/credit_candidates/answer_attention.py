@@ -62,7 +62,7 @@ def answer_attention_BL(model, input_ids_BL: torch.Tensor, attention_mask_BL: to
     align_to_completion(query_BL, T, at=queries)[:] = answer_BT.to(query_BL.device)  # a view: writes query_BL
     query_weight_BL = query_BL.float() / query_BL.sum(1, keepdim=True).clamp(min=1)  # mean over a row's queries
     modules = attention_modules(model)
-    modules = modules[-last_layers:] if last_layers else modules
+    read = {id(module) for module in (modules[-last_layers:] if last_layers else modules)}
     total_BL = torch.zeros(B, L, dtype=torch.float32, device=input_ids_BL.device)
 
     def reduce(module, args, output):
@@ -70,9 +70,18 @@ def answer_attention_BL(model, input_ids_BL: torch.Tensor, attention_mask_BL: to
         if weights_BHLL is None:
             raise RuntimeError("answer_attention: the attention module returned no weights; eager attention did "
                                "not take effect (a model class that ignores set_attn_implementation?).")
-        heads = weights_BHLL.shape[1]
-        # Σ_q w_q Σ_h α[b, h, q, k] / H: the answer queries' mean attention to key k, this layer.
-        total_BL.add_(torch.einsum("bq,bhqk->bk", query_weight_BL, weights_BHLL.float()) / heads)
+        if id(module) in read:
+            mean_BLL = weights_BHLL.float().mean(1)  # (B, L, L) over heads: query × key
+            # A query with every key masked (padding; under a sliding window, a right-pad position far from the last
+            # real token) can have NaN weights in eager attention: select the answer queries, do not multiply by 0.
+            answer_BLL = torch.where(query_BL[:, :, None], mean_BLL, torch.zeros_like(mean_BLL))
+            total_BL.add_((answer_BLL * query_weight_BL[:, :, None]).sum(1))  # Σ_q w_q α[b, q, k]
+        # That NaN also reaches the query's output and, through the next layer's values (0 weight × NaN = NaN), every
+        # real token (seen in float64 with sliding windows), in every layer, read or not. sdpa's output there is
+        # finite: zero it on padding.
+        out_BLD = output[0]
+        padding_BL1 = ~attention_mask_BL.bool()[:, :, None]
+        return (torch.where(padding_BL1, out_BLD.nan_to_num(0.0), out_BLD), None, *output[2:])
 
     previous = model.config._attn_implementation
     handles = [module.register_forward_hook(reduce) for module in modules]
@@ -86,7 +95,7 @@ def answer_attention_BL(model, input_ids_BL: torch.Tensor, attention_mask_BL: to
             handle.remove()
         if previous != "eager":
             model.set_attn_implementation(previous)
-    return total_BL / len(modules)
+    return total_BL / len(read)
 
 
 def _probe(model, rows, options, generator) -> torch.Tensor:
