@@ -4,12 +4,15 @@ Each passes `grail.check_method`; each signal is checked against a reference com
 eager attention weights; separate unpadded forwards of the text with and without the hint), and against a control
 that fixes its value (an empty hint adds nothing: r = 0 exactly)."""
 
+import json
+
 import pytest
 import torch
 from credit_candidates import answer_attention, teacher_ratio
 
 import grail
 from grail.analysis.checks import check_batch
+from grail.cli import main
 from grail.methods.weighting import batch_spans, run_probe
 from grail.models.tiny import build_tiny_model
 from grail.options.choices import WeightingOptions
@@ -71,6 +74,29 @@ def test_signals_are_per_token_detached_and_zero_on_padding(module, model, token
     assert torch.isfinite(signal_BT).all() and (signal_BT >= 0).all()
     assert (signal_BT[~mask] == 0).all() and (signal_BT[mask] > 0).any()
     assert all(p.grad is None for p in model.parameters())
+
+
+@pytest.mark.parametrize("module", [answer_attention, teacher_ratio], ids=lambda m: m.__name__.split(".")[-1])
+def test_candidates_train_two_steps_through_grail_train(module, tmp_path, warm_cache):
+    """Registered from a script, each trains through `grail train` (the trainer's own path: answer_attention per
+    micro-batch with the current policy, teacher_ratio at rollout time since it reads whole groups) and reweights."""
+    from conftest import WARM_STEPS
+
+    cache, _ = warm_cache
+    name = module.SPEC.name
+    grail.register_method(module.SPEC, replace=True)
+    try:
+        out = tmp_path / "run"
+        assert main(["train", "--preset", "tiny-cpu", "--token_weighting", name, "--max_steps", "2",
+                     "--warmstart_steps", str(WARM_STEPS), "--cache_dir", str(cache), "--output_dir", str(out),
+                     "--report_to", "none"]) == 0
+    finally:
+        grail.unregister_method(name)
+    resolved = json.loads((out / "resolved_config.json").read_text())
+    assert resolved["weights_from"] == ("rollout_policy" if module is teacher_ratio else "current_policy")
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    described = [line for line in lines if "weights/mean" in line]
+    assert described and any(line["weights/ess_ratio"] < 1.0 for line in described), lines
 
 
 # ---- answer_attention ----------------------------------------------------------------------------------------------
@@ -185,6 +211,11 @@ def test_teacher_ratio_equals_separate_forwards_of_the_two_texts(model, tokenize
     torch.testing.assert_close(signal_BT[b, :n], ratio.abs(), atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(raw_BT[b, :n], ratio.clamp(min=0), atol=1e-5, rtol=1e-4)
     assert ratio.abs().max() > 1e-2  # the hint does move this model's predictions: the comparison is not 0 = 0
+
+
+def test_teacher_ratio_chunks_give_the_rows_of_one_forward(model, tokenizer, batch):
+    one = _signal(teacher_ratio.SPEC, model, tokenizer, batch, teacher_ratio_chunk_rows=1)
+    torch.testing.assert_close(one, _signal(teacher_ratio.SPEC, model, tokenizer, batch), atol=1e-5, rtol=1e-4)
 
 
 def test_teacher_ratio_refuses_a_hint_that_is_not_a_template(model, tokenizer):
