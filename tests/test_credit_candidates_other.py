@@ -30,8 +30,8 @@ def model(tokenizer):
 
 @pytest.fixture(scope="module")
 def gemma3(tokenizer):
-    """A 4-layer Gemma 3 with sliding-window layers (window 6, shorter than the batch's rows) around a full one:
-    right-padding queries beyond the window see no real key, which eager attention turns into NaN weights."""
+    """A float64 4-layer Gemma 3 with sliding-window layers (window 6, shorter than the batch's rows) around a full
+    one: right-padding queries beyond the window see no real key, which eager attention turns into NaN weights."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     config = Gemma3TextConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=4,
@@ -187,9 +187,11 @@ def test_teacher_ratio_is_exactly_zero_when_the_hint_adds_nothing(model, tokeniz
     assert (signal_BT[:4] == 0).all() and (signal_BT[4:][mask[4:]] > 0).any()
 
 
-def test_teacher_ratio_equals_separate_forwards_of_the_two_texts(model, tokenizer, batch):
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+def test_teacher_ratio_equals_separate_forwards_of_the_two_texts(request, tokenizer, batch, family):
     """Row 1 (wrong, \\boxed{28}) is told its group's correct answer 27: its signal is |log p(y_t | prompt, hint,
     y_<t) − log p(y_t | prompt, y_<t)| from two unpadded single-row forwards of the token lists."""
+    model = request.getfixturevalue({"qwen3": "model", "gemma3": "gemma3"}[family])
     ids, attn, mask, _, _ = batch
     S = ids.shape[1] - mask.shape[1]
     signal_BT = _signal(teacher_ratio.SPEC, model, tokenizer, batch, teacher_ratio_hint="The answer is {answer}. ")
