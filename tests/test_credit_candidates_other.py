@@ -101,14 +101,18 @@ def test_candidates_train_two_steps_through_grail_train(module, tmp_path, warm_c
 
 # ---- answer_attention ----------------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("weighting", ["attention", "value_norm"])
 @pytest.mark.parametrize("queries", ["predicting", "token"])
 @pytest.mark.parametrize("last_layers", [0, 1])
 @pytest.mark.parametrize("family", ["qwen3", "gemma3"])
-def test_answer_attention_is_the_eager_attention_averaged_by_hand(request, batch, family, queries, last_layers):
+def test_answer_attention_is_the_eager_attention_averaged_by_hand(request, batch, family, queries, last_layers,
+                                                                  weighting):
     """Reference: transformers' own `output_attentions` of an eager copy, run on each row alone without its padding,
-    averaged with explicit loops over answer queries, layers and heads. The probe runs on the padded batch of the sdpa
-    model and must leave it on sdpa. In float64, the Gemma 3's padded eager forward gives NaN on rows whose right
-    padding lies beyond a sliding window (a query with no key): the probe must not let it reach the real tokens."""
+    averaged with explicit loops over answer queries, layers and heads; for "value_norm" each weight is multiplied by
+    ‖W_O^h v^h_k‖, computed head by head from the unpadded forward's `v_proj` output and `o_proj`'s weight. The probe
+    runs on the padded batch of the sdpa model and must leave it on sdpa. In float64, the Gemma 3's padded eager
+    forward gives NaN on rows whose right padding lies beyond a sliding window (a query with no key): the probe must
+    not let it reach the real tokens."""
     import copy
 
     model = request.getfixturevalue({"qwen3": "model", "gemma3": "gemma3"}[family])
@@ -118,26 +122,41 @@ def test_answer_attention_is_the_eager_attention_averaged_by_hand(request, batch
     S = L - T
     eager = copy.deepcopy(model)
     eager.set_attn_implementation("eager")
+    modules = answer_attention.attention_modules(eager)
+    heads, kv_heads = model.config.num_attention_heads, model.config.num_key_value_heads
+    size = model.config.head_dim
     expected_BT = torch.zeros(answer_BT.shape, dtype=torch.float64)
     for b in range(ids.shape[0]):
         p = int(attn[b, :S].sum())  # the row's real prompt tokens: completion token t is at p + t once unpadded
+        values = []  # each layer's v_proj output (1, n, K·E)
+        hooks = [m.v_proj.register_forward_hook(lambda _m, _a, out, keep=values.append: keep(out)) for m in modules]
         with torch.no_grad():
             attentions = eager(input_ids=ids[b][attn[b].bool()][None], output_attentions=True).attentions
-        layers = attentions[-last_layers:] if last_layers else attentions  # each (1, H, n, n)
+        for hook in hooks:
+            hook.remove()
+        chosen = range(len(modules))[-last_layers:] if last_layers else range(len(modules))
         answer = answer_BT[b].nonzero().flatten().tolist()
         queries_b = [p + t - 1 if queries == "predicting" else p + t for t in answer]
         for t in range(int(mask[b].sum())):
-            values = [layer[0, h, q, p + t] for layer in layers for h in range(layer.shape[1]) for q in queries_b]
-            expected_BT[b, t] = sum(values) / len(values) if values else 0.0
+            terms = []
+            for layer in chosen:
+                for h in range(heads):
+                    norm = 1.0
+                    if weighting == "value_norm":
+                        kv = h // (heads // kv_heads)
+                        v = values[layer][0, p + t, kv * size:(kv + 1) * size]
+                        norm = (modules[layer].o_proj.weight[:, h * size:(h + 1) * size].double() @ v.double()).norm()
+                    terms += [attentions[layer][0, h, q, p + t] * norm for q in queries_b]
+            expected_BT[b, t] = sum(terms) / len(terms) if terms else 0.0
 
     got_BL = answer_attention.answer_attention_BL(model, ids, attn, answer_BT, queries=queries,
-                                                  last_layers=last_layers)
+                                                  last_layers=last_layers, weighting=weighting)
     assert model.config._attn_implementation == "sdpa"
     torch.testing.assert_close(got_BL[:, S:].double(), expected_BT, atol=1e-5, rtol=1e-4)
     has_answer_B = answer_BT.any(1)
-    # each query's attention sums to 1 over the L positions, so does their average; rows without an answer: 0
-    torch.testing.assert_close(got_BL.sum(1)[has_answer_B], torch.ones(int(has_answer_B.sum())))
     assert (got_BL[~has_answer_B] == 0).all()
+    if weighting == "attention":  # each query's attention sums to 1 over the L positions, so does their average
+        torch.testing.assert_close(got_BL.sum(1)[has_answer_B], torch.ones(int(has_answer_B.sum())))
 
 
 def test_answer_attention_restores_the_attention_implementation_when_the_forward_fails(model, batch):
