@@ -57,9 +57,10 @@ def value_norms_BLH(module: torch.nn.Module, values_BLX: torch.Tensor, heads: in
     weight_DX = module.o_proj.weight  # (D, H·E): column block h is head h's W_O^h
     B, L, width = values_BLX.shape
     size = weight_DX.shape[1] // heads  # E
-    values_BLHE = values_BLX.view(B, L, width // size, size).repeat_interleave(heads // (width // size), dim=2)
-    out_BLHD = torch.einsum("blhe,dhe->blhd", values_BLHE.float(), weight_DX.float().view(-1, heads, size))
-    return out_BLHD.norm(dim=-1)
+    values_HNE = (values_BLX.view(B * L, width // size, size).repeat_interleave(heads // (width // size), dim=1)
+                  .transpose(0, 1).float())  # N = B·L positions
+    weight_HED = weight_DX.float().view(-1, heads, size).permute(1, 2, 0)
+    return torch.bmm(values_HNE, weight_HED).norm(dim=-1).T.reshape(B, L, heads)  # (H, N, D) → (B, L, H)
 
 
 def answer_attention_BL(model, input_ids_BL: torch.Tensor, attention_mask_BL: torch.Tensor, answer_BT: torch.Tensor,
