@@ -24,9 +24,9 @@ model is switched to eager attention (`set_attn_implementation("eager")`, transf
 `finally`), and a forward hook on each `self_attn` module reduces that layer's (B, H, L, L) weights to the answer
 queries' average as soon as the layer returns, so at most one layer's weights are alive at a time (what eager
 attention allocates anyway); `"value_norm"` also hooks each `v_proj`. Cost: one no-grad forward with eager
-attention: O(B·H·L²) memory for one layer, and the unfused attention's time (measured on CPU, the embedded tiny model,
-8 rows of 249 tokens: 233 ms against 202 ms for one sdpa forward; on a GPU the fused kernels' advantage is larger,
-not measured here).
+attention: O(B·H·L²) memory for one layer, and the unfused attention's time (on CPU, the embedded tiny model, 8 rows of
+249 tokens: 1.1–1.2× one sdpa forward in three runs on a loaded machine, "value_norm" about 8% more; on a GPU the
+fused kernels' advantage is larger, not measured here).
 
 Shape letters beyond grail's: H attention heads, K key/value heads, E head size.
 """
