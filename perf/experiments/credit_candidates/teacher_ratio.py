@@ -27,8 +27,17 @@ trainer from TRL's batch (not done here).
 Sign: |r| by default. A token the answer makes more likely (the teacher endorses it) and one it makes less likely (on a
 wrong row, the intermediate result that contradicts the answer) both depend on the outcome; filler and format tokens do
 not move. GRAIL's pipeline reads the signal as importance (log, z-score), and the AUROC as a ranking of importance, so
-the magnitude is what both need; the positive part keeps only the endorsed tokens and would miss a wrong row's errors.
+the magnitude is what both need; the positive part keeps only the endorsed tokens and would miss a wrong row's errors
+(on the tiny model below it ranks filler above the critical tokens: pooled AUROC 0.27).
 The answer's own tokens get the largest |r| (the teacher copies them); GRAIL's overrides fix their weights anyway.
+
+Control: |r| measures how much a token's likelihood moves when the context changes, and any change moves the
+context-dependent tokens (digits, results) more than filler. A hint without `{answer}` ("Think step by step.\n") or
+with a wrong one gives the same kind of ratio without the answer's information; the candidate is only an
+answer-aware teacher where it beats that control (the control hint goes to the same rows, those with a reference).
+On the warm-started tiny model (perf/experiments/saliency_auroc.py's default set: 64 held-out symbolic problems,
+filler rate 0.6; signal AUROC pooled / position-matched) it does not: 0.73 / 0.73 with the answer, 0.76 / 0.71 with
+"Think step by step.", 0.75 / 0.72 with "The answer is 12345.".
 
 Cost: once per rollout batch, two no-grad forwards on the rows that have a hint, `teacher_ratio_chunk_rows` rows at a
 time, with logits only at the completion (the student's repeats TRL's old log-probs and could be read from them; the
@@ -171,5 +180,7 @@ SPEC = MethodSpec(
     reference="self-distillation with privileged information (answer-conditioned teacher), issue 45 candidate",
     open_choices=("The hint is the group's best correct completion's last box, not the dataset's reference answer, "
                   "which probes cannot see.",
-                  "The hint goes after the prompt (the assistant's turn), not inside the user message."),
+                  "The hint goes after the prompt (the assistant's turn), not inside the user message.",
+                  "Needs its control in any screen: the same ratio with a hint that carries no answer "
+                  "(teacher_ratio_hint='Think step by step.\\n').",),
 )
