@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from credit_candidates import attr_patch, contrastive, grail_over_surprise, ig_patch
+from credit_candidates import answer_attention, attr_patch, contrastive, grail_over_surprise, ig_patch, teacher_ratio
 from credit_candidates.variants import variant
 from grail import register_method
 from grail.methods.table import METHODS
@@ -15,7 +15,7 @@ from grail.methods.table import METHODS
 CANDIDATES = {spec.name: spec for spec in (
     attr_patch.SPEC, variant(attr_patch.SPEC, "attr_patch_drop", attr_patch_signal="drop"),
     contrastive.SPEC, variant(contrastive.SPEC, "contrastive_saliency", contrastive_read="saliency"),
-    grail_over_surprise.SPEC, ig_patch.SPEC)}  # variants: an option fixed, under a name the screening can run
+    grail_over_surprise.SPEC, ig_patch.SPEC, answer_attention.SPEC, teacher_ratio.SPEC)}  # variants: an option fixed, under a name the screening can run
 
 
 def register_candidates(names=None) -> list[str]:
