@@ -343,3 +343,21 @@ def test_credit_screen_scores_every_method_on_each_label_set_and_times_its_probe
     chain = sets["chain_rollouts"]
     assert chain["skipped"] or list(chain["methods"]) == methods
     assert credit_screen.main(["--methods", "nope"]) == 2 and "not a method with a probe" in capsys.readouterr().err
+
+
+def test_position_signals_scores_every_position_only_signal_by_both_estimators(tmp_path):
+    """The tiny tokenizer, 3 groups: on a counterbalanced set the position-fixed AUROC of every position-only signal
+    is exactly 0.5; the distance-matched one moves on at least one (the prior over positions), as the credit page
+    says; shares are counted against the labelled tokens."""
+    import position_signals
+
+    out = position_signals.main(["--rows", "3", "--bootstrap", "50", "--label-sets",
+                                 "counterbalanced_filler,natural_contrast", "--json", str(tmp_path / "p.json")])
+    cells = out["sets"]["counterbalanced_filler"]
+    assert json.loads((tmp_path / "p.json").read_text())["sets"]["counterbalanced_filler"] == cells
+    assert {c["position_fixed"]["auroc"] for c in cells.values()} == {0.5}
+    assert cells["P(critical | position)"]["distance_matched"]["auroc"] > 0.55
+    entered, labelled = map(int, cells["increasing"]["position_fixed"]["critical_entered"].split("/"))
+    assert 0 < entered <= labelled
+    with pytest.raises(SystemExit):
+        position_signals.main(["--label-sets", "no_such_set"])

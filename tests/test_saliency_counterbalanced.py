@@ -20,7 +20,7 @@ from grail.analysis.saliency.counterbalanced import (
     entered_shares,
     reasoning_tokens,
 )
-from grail.analysis.saliency.fixed_position import fixed_position_auroc_result
+from grail.analysis.saliency.fixed_position import fixed_position_auroc_result, position_only_signals
 from grail.analysis.saliency.label_sets import natural_contrast_rows
 from grail.analysis.saliency.position import matched_auroc_result, trace_percentile
 from grail.analysis.saliency.token_labels import CRITICAL, FILLER, UNLABELLED, check_row
@@ -138,17 +138,7 @@ def test_fixed_position_auroc_matches_a_loop_over_same_stratum_pairs(scale):
 
 
 def _position_signals(x) -> dict[str, torch.Tensor]:
-    t, R = x["position"].double(), x["length"].double()
-    table = torch.rand(int(t.max()) + 1, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    labelled = x["label"] != U
-    critical = (x["label"] == C).double()
-    hits = torch.zeros(len(table), dtype=torch.float64).index_add_(0, x["position"][labelled], critical[labelled])
-    seen = torch.zeros(len(table), dtype=torch.float64).index_add_(0, x["position"][labelled],
-                                                                   torch.ones(int(labelled.sum()), dtype=torch.float64))
-    return {"increasing": t, "decreasing": -t, "towards the box": -(R - t), "U over t/R": (t / R - 0.5) ** 2,
-            "periodic": torch.sin(t), "random per position": table[x["position"]],
-            # the worst case: the share of critical tokens at each position from the start, a prior over positions
-            "P(critical | position)": (hits / seen.clamp_min(1))[x["position"]]}
+    return position_only_signals(x["position"], x["length"], x["label"])
 
 
 def test_every_signal_of_position_alone_scores_one_half_exactly(tokens):

@@ -55,7 +55,7 @@ from grail.analysis.saliency.token_labels import (
     stratified_wins_pairs,
 )
 
-__all__ = ["fixed_position_auroc_result", "FixedScale", "reasoning_lengths"]
+__all__ = ["fixed_position_auroc_result", "FixedScale", "position_only_signals", "reasoning_lengths"]
 
 FixedScale = Literal["trace", "raw"]
 
@@ -156,3 +156,25 @@ def fixed_position_auroc_result(scores_N: torch.Tensor, labels_N: torch.Tensor, 
 
 def _share(k: int, n: int) -> str:
     return f"{100 * k / n:.0f}%" if n else "n/a"
+
+
+def position_only_signals(position_N: torch.Tensor, length_N: torch.Tensor, labels_N: torch.Tensor,
+                          seed: int = 0) -> dict[str, torch.Tensor]:
+    """Signals that are functions of position alone, each (N,) float64, for tokens at `position_N` (t, from the
+    start of the reasoning) of traces of `length_N` (R) reasoning tokens: increasing and decreasing in t, rising
+    towards the box (−(R − t)), U-shaped over t / R, periodic (sin t), random per position (one seeded draw per t,
+    the same in every trace), and the worst case, the share of critical tokens among the labelled ones at each t
+    (`labels_N`: a prior over positions fitted to the labels, still a function of t alone). The position-fixed
+    AUROC scores each exactly 0.5; `grail.analysis.saliency.position.matched_auroc_result` need not
+    (perf/experiments/position_signals.py, tests/test_saliency_counterbalanced.py)."""
+    t, R = position_N.double(), length_N.double()
+    where = position_N.long()
+    table = torch.rand(int(where.max()) + 1 if len(where) else 1, generator=torch.Generator().manual_seed(seed),
+                       dtype=torch.float64)
+    labelled = labels_N != UNLABELLED
+    critical = (labels_N == CRITICAL).double()
+    hits = torch.zeros(len(table), dtype=torch.float64).index_add_(0, where[labelled], critical[labelled])
+    seen = torch.zeros(len(table), dtype=torch.float64).index_add_(0, where[labelled], labelled[labelled].double())
+    return {"increasing": t, "decreasing": -t, "towards the box": -(R - t), "U over t/R": (t / R - 0.5) ** 2,
+            "periodic": torch.sin(t), "random per position": table[where],
+            "P(critical | position)": (hits / seen.clamp_min(1))[where]}
