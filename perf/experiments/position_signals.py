@@ -4,8 +4,8 @@ decreasing, towards the box, U over t/R, periodic, random per position, the shar
 position) is scored by the distance-matched AUROC (`position.matched_auroc_result`, the estimator of
 docs/results/credit-lands.md's table) and by the position-fixed one (`fixed_position.fixed_position_auroc_result`),
 with the share of labelled tokens each lets in (on the older sets, whose rows are not grouped, the position-fixed
-strata pair rows of one reasoning length across the whole set). No model weights: the tokenizer only (the tiny one built in code, or
-a model directory's).
+strata pair rows of one reasoning length across the whole set). No model weights: the tokenizer only (the tiny one
+built in code, or a model directory's).
 
     python perf/experiments/position_signals.py --tokenizer ~/.cache/grail-rl/models/smollm2-135m --rows 32
 

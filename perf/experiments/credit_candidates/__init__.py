@@ -12,10 +12,11 @@ from credit_candidates.variants import variant
 from grail import register_method
 from grail.methods.table import METHODS
 
+# variants: an option fixed, under a name the screening can run
 CANDIDATES = {spec.name: spec for spec in (
     attr_patch.SPEC, variant(attr_patch.SPEC, "attr_patch_drop", attr_patch_signal="drop"),
     contrastive.SPEC, variant(contrastive.SPEC, "contrastive_saliency", contrastive_read="saliency"),
-    grail_over_surprise.SPEC, ig_patch.SPEC, answer_attention.SPEC, teacher_ratio.SPEC)}  # variants: an option fixed, under a name the screening can run
+    grail_over_surprise.SPEC, ig_patch.SPEC, answer_attention.SPEC, teacher_ratio.SPEC)}
 
 
 def register_candidates(names=None) -> list[str]:
