@@ -50,8 +50,7 @@ from grail.analysis.saliency.token_labels import (
     CRITICAL,
     UNLABELLED,
     AurocResult,
-    percentile_interval,
-    resample_counts,
+    stratified_interval,
     stratified_wins_pairs,
 )
 
@@ -142,13 +141,7 @@ def fixed_position_auroc_result(scores_N: torch.Tensor, labels_N: torch.Tensor, 
     point = float(wins_S.sum() / pairs_S.sum())
     if num_bootstrap == 0:
         return AurocResult(point, math.nan, math.nan, n_c, n_f, E, note=shares, **counts)
-    draws = []
-    for counts_RE in resample_counts(E, num_bootstrap, len(values), seed):
-        wins_RS, pairs_RS = stratified_wins_pairs(values, critical, stratum, counts_RE[:, example])
-        pairs_R = pairs_RS.sum(1)
-        draws.append(torch.where(pairs_R > 0, wins_RS.sum(1) / pairs_R.clamp_min(1e-300),
-                                 torch.full_like(pairs_R, math.nan)))
-    low, high, dropped = percentile_interval(torch.cat(draws), confidence)
+    low, high, dropped = stratified_interval(values, critical, stratum, example, E, num_bootstrap, confidence, seed)
     few = f"only {E} group: every resample is that group, so the interval has no width" if E == 1 else ""
     return AurocResult(point, low, high, n_c, n_f, E, note="; ".join(x for x in (shares, dropped, few) if x),
                        **counts)

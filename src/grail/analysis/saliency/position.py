@@ -63,8 +63,7 @@ from grail.analysis.saliency.token_labels import (
     FILLER,
     UNLABELLED,
     AurocResult,
-    percentile_interval,
-    resample_counts,
+    stratified_interval,
     stratified_wins_pairs,
 )
 
@@ -204,13 +203,7 @@ def matched_auroc_result(scores_N: torch.Tensor, labels_N: torch.Tensor, example
     point = float(wins_S.sum() / pairs_S.sum())
     if num_bootstrap == 0:
         return AurocResult(point, math.nan, math.nan, n_c, n_f, E, note=note)
-    draws = []
-    for counts_RE in resample_counts(E, num_bootstrap, len(values), seed):
-        wins_RS, pairs_RS = stratified_wins_pairs(values, critical, bin_N, counts_RE[:, example])
-        pairs_R = pairs_RS.sum(1)
-        draws.append(torch.where(pairs_R > 0, wins_RS.sum(1) / pairs_R.clamp_min(1e-300),
-                                 torch.full_like(pairs_R, math.nan)))
-    low, high, dropped = percentile_interval(torch.cat(draws), confidence)
+    low, high, dropped = stratified_interval(values, critical, bin_N, example, E, num_bootstrap, confidence, seed)
     return AurocResult(point, low, high, n_c, n_f, E, note="; ".join(x for x in (note, dropped) if x))
 
 

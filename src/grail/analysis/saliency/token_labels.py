@@ -49,8 +49,8 @@ from grail.tasks.synthetic import generate
 
 __all__ = ["CRITICAL", "FILLER", "ROW_KEYS", "UNLABELLED", "AurocResult", "auroc_result", "char_labels",
            "check_row", "check_spans_map", "corrupted_solution", "is_messages", "Pairs", "percentile_interval",
-           "pooled_auroc", "resample_counts", "saliency_row", "span_runs", "stratified_wins_pairs", "synthetic_rows",
-           "token_labels", "trace_wins_pairs"]
+           "pooled_auroc", "resample_counts", "saliency_row", "span_runs", "stratified_interval",
+           "stratified_wins_pairs", "synthetic_rows", "token_labels", "trace_wins_pairs"]
 
 CRITICAL, FILLER, UNLABELLED = 1, 0, -1
 ROW_KEYS = ("prompt", "solution", "critical_spans", "filler_spans")
@@ -348,6 +348,19 @@ def resample_counts(E: int, num_bootstrap: int, n_tokens: int, seed: int):
         picks_RE = torch.randint(E, (r, E), generator=generator)
         yield torch.zeros(r, E, dtype=torch.float64).scatter_add_(1, picks_RE, torch.ones_like(picks_RE,
                                                                                            dtype=torch.float64))
+
+
+def stratified_interval(scores_N: torch.Tensor, critical_N: torch.Tensor, stratum_N: torch.Tensor,
+                        example_N: torch.Tensor, E: int, num_bootstrap: int, confidence: float,
+                        seed: int) -> tuple[float, float, str]:
+    """(low, high, note): the percentile interval of the stratified AUROC (`stratified_wins_pairs`) over
+    `num_bootstrap` resamples of the E examples (`example_N`: (N,) ids in 0..E-1; a drawn example brings all its
+    tokens, in their strata), as `percentile_interval` reads them (a resample without a pair is dropped)."""
+    draws = []
+    for counts_RE in resample_counts(E, num_bootstrap, len(scores_N), seed):
+        wins_RS, pairs_RS = stratified_wins_pairs(scores_N, critical_N, stratum_N, counts_RE[:, example_N])
+        draws.append(_ratio(wins_RS.sum(1), pairs_RS.sum(1)))
+    return percentile_interval(torch.cat(draws), confidence)
 
 
 def percentile_interval(draws_R: torch.Tensor, confidence: float) -> tuple[float, float, str]:
