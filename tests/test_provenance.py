@@ -19,7 +19,7 @@ def test_the_versions_name_this_checkouts_commit_and_the_installed_libraries():
         assert isinstance(versions["dirty"], bool)
     else:
         assert versions["commit"] is None and versions["dirty"] is None
-    assert versions["grail_rl"] == grail.__version__  # the package's own and its installed metadata agree
+    assert versions["grail_rl"] == grail.__version__ == metadata.version("grail-rl")  # package and metadata agree
     for name in ("torch", "transformers", "trl", "accelerate"):
         assert versions[name] == metadata.version(name)
 
@@ -28,6 +28,16 @@ def test_outside_a_git_checkout_commit_and_dirty_are_none(monkeypatch):
     monkeypatch.setattr(provenance, "_git", lambda root, *args: None)  # no git, or not a repository
     versions = code_versions()
     assert versions["commit"] is None and versions["dirty"] is None and versions["torch"] is not None
+
+
+def test_a_source_tree_run_without_installed_metadata_still_records_a_line(monkeypatch, tmp_path):
+    # seen on a GPU machine with no registry: PYTHONPATH=src, grail-rl not installed, so every run's worker died here
+    def not_installed(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(provenance.metadata, "version", not_installed)
+    line = record_code(tmp_path, 0)
+    assert line["grail_rl"] == grail.__version__ and line["torch"] is None and line["trl"] is None
 
 
 def test_each_attempt_appends_its_line(tmp_path):

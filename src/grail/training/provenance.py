@@ -14,6 +14,8 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+import grail
+
 __all__ = ["CODE_FILE", "VERSION_KEYS", "code_versions", "record_code"]
 
 CODE_FILE = "code.jsonl"
@@ -30,13 +32,15 @@ def _git(root: Path, *args: str) -> str | None:
 
 
 def code_versions() -> dict:
-    """{grail_rl, commit, dirty, python, torch, ...}: commit and dirty are None outside a git checkout."""
+    """{grail_rl, commit, dirty, python, torch, ...}: commit and dirty are None outside a git checkout, a library's
+    version None where it has no installed metadata. grail-rl's own comes from the package, so a source tree run
+    without installing it (PYTHONPATH=src, as on a machine with no registry) records it too."""
     here = Path(__file__).resolve()
     root = here.parents[3]  # an editable install runs src/grail/training/provenance.py from the checkout
     checkout = (root / ".git").exists() and (root / "src" / "grail" / "training" / here.name).resolve() == here
     commit = _git(root, "rev-parse", "HEAD") if checkout else None
     status = _git(root, "status", "--porcelain", "--untracked-files=no") if commit else None
-    versions = {"grail_rl": metadata.version("grail-rl"), "commit": commit,
+    versions = {"grail_rl": grail.__version__, "commit": commit,  # the package's own: no installed metadata needed
                 "dirty": None if status is None else bool(status), "python": platform.python_version()}
     for name in _PACKAGES:
         try:
