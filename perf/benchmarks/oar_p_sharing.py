@@ -21,7 +21,7 @@ drawn at random from `--seed` (the time depends on the lengths, not the text).
 Rounds alternate the two ways, starting with the other one each round, after one untimed call of each. Printed: each
 round's seconds, the min and median per way, the ratio whole / shared of the medians (the speed-up), the backbone
 forwards and positions each way runs per call, and the largest difference between the two ways' importances relative
-to the row's largest (float rounding only: the sharing is exact, tests/test_probes.py).
+to the row's largest (float rounding only: the sharing is exact, tests/test_oar_p_sharing.py).
 
     python perf/benchmarks/oar_p_sharing.py --model tiny-gemma
     python perf/benchmarks/oar_p_sharing.py --model gemma3-270m --rows 4 --rounds 5
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error(f"need --answer-tokens < --min-completion <= --max-completion, got {args.answer_tokens}, "
                      f"{args.min_completion}, {args.max_completion}: raise --min-completion or lower --answer-tokens")
 
-    from grail.methods import oar_probes
+    from grail.methods import kv_prefix, oar_probes
 
     model, pad_token_id = _load(args)
     batch = _batch(args, model.config.vocab_size, pad_token_id, args.device)
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> dict:
               "row_tokens": batch[1].sum(dim=1).tolist(), "scored_tokens": int(batch[2].sum()),
               "chunk_tokens": args.chunk_tokens, "sliding_window": getattr(config, "sliding_window", None),
               "layer_types": sorted(set(getattr(config, "layer_types", None) or ["full_attention"])),
-              "sharing_applies": oar_probes._shareable(model), "work_per_call": work, "seconds": seconds,
+              "sharing_applies": kv_prefix.shareable(model), "work_per_call": work, "seconds": seconds,
               "min_s": {name: min(times) for name, times in seconds.items()}, "median_s": median,
               "time_ratio_whole_to_shared": median["whole"] / median["shared"],
               "max_rel_diff": float(((shared - whole).abs() / scale).max()),

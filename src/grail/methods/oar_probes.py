@@ -19,8 +19,8 @@ Departures from the specification (docs/methods/; choices it leaves open, or mak
   6. OAR-P reuses the clean row's KV cache for the prefix that precedes every substitution of a chunk (exact: a
      causal model's states before position p do not depend on the token at p). The clean forward keeps every
      position's keys and values in every layer (a config-less `DynamicCache`); a chunk's prefix cache is then built
-     as the model's own cache for p0 positions (`_prefix_cache`), so a sliding-window layer (Gemma 3) holds the
-     window − 1 positions before p0, and the model's mask functions place the window, as in generation. It falls
+     as the model's own cache for p0 positions (`kv_prefix.prefix_cache`), so a sliding-window layer (Gemma 3) holds
+     the window − 1 positions before p0, and the model's mask functions place the window, as in generation. It falls
      back to the plain batched version when the model's cache has other kinds of layers (chunked or linear
      attention, layers sharing another's cache), attends bidirectionally, or drops the cache (gradient
      checkpointing in training mode).
@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from grail.methods.core import kl_divergence
+from grail.methods.kv_prefix import full_length, prefix_cache, prefix_chunks, shareable
 from grail.methods.probes import (
     at_least_float32,
     backbone_output,
@@ -241,78 +242,12 @@ def _oar_p_batched(model, input_ids_BL, attention_mask_BL, scored_BT, answer_BT,
     return importance_BT
 
 
-def _shareable(model: nn.Module) -> bool:
-    """Whether `_prefix_cache` rebuilds the model's own cache exactly at any prefix length: a causal model whose cache
-    (`DynamicCache(config=...)`) has only full-attention and sliding-window layers (Llama, Qwen3, Gemma 3, Mistral);
-    not chunked or linear attention, nor layers that read another layer's cache."""
-    from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
-
-    config = getattr(model, "config", None)
-    if not callable(getattr(config, "get_text_config", None)):  # not a transformers model: no cache to rebuild
-        return False
-    if getattr(config.get_text_config(decoder=True), "use_bidirectional_attention", False):
-        return False
-    return all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in DynamicCache(config=config).layers)
-
-
-def _full_length(cache, length: int) -> bool:
-    """Whether `cache` holds all `length` positions' keys and values in every layer (a config-less `DynamicCache`
-    after the clean forward; gradient checkpointing in training mode leaves it empty)."""
-    from transformers.cache_utils import DynamicLayer
-
-    layers = getattr(cache, "layers", None)
-    return bool(layers) and all(type(layer) is DynamicLayer and layer.get_seq_length() == length for layer in layers)
-
-
-def _prefix_cache(model: nn.Module, kv: list[tuple[torch.Tensor, torch.Tensor]], p0: int, copies: int):
-    """The model's own cache after positions [0, p0) of the clean row, for `copies` copies.
-
-    `kv`: each layer's (1, heads, n, head_dim) keys and values of the whole clean row. The cache is filled as a forward
-    fills `DynamicCache(config=...)`: a full-attention layer keeps all p0 positions; a sliding-window layer keeps the
-    last window − 1 of them and counts p0, which is what the model's mask functions read (the window's offset) and
-    what its next positions continue from, exactly as in generation. Relied on in transformers (5.x): each layer of
-    `DynamicCache(ddp_cache_data=..., config=...)` is filled through its own `update`; a config-less `DynamicCache`
-    holds plain `DynamicLayer`s; the masks and positions come from the cache's `get_mask_sizes` and
-    `get_seq_length`. The float64 tests against whole forwards (tests/test_probes.py) fail if any of it changes."""
-    from transformers import DynamicCache
-
-    cache = DynamicCache(ddp_cache_data=[(k[:, :, :p0], v[:, :, :p0]) for k, v in kv], config=model.config)
-    cache.batch_repeat_interleave(copies)  # after the window's cut: a sliding layer copies only what it keeps
-    return cache
-
-
-MAX_PREFIX_WASTE = 0.25
-
-
-def _prefix_chunks(positions: list[int], length: int, chunk_tokens: int,
-                   max_waste: float = MAX_PREFIX_WASTE) -> list[tuple[int, int]]:
-    """Split one row's sorted substitution positions into chunks [start, stop) for prefix sharing.
-
-    A chunk of C copies whose first substitution is at p0 runs C × (length − p0) positions, of which
-    Σ_c (length − p_c) are needed (the rest recompute clean states between p0 and each copy's own p_c). A copy joins
-    the chunk while C × length ≤ chunk_tokens (the memory bound) and the positions run stay within
-    (1 + max_waste) × the positions needed; at least one copy per chunk.
-    """
-    chunks, start = [], 0
-    while start < len(positions):
-        stop, needed = start + 1, length - positions[start]
-        while stop < len(positions) and (stop + 1 - start) * length <= chunk_tokens:
-            needed_next = needed + length - positions[stop]
-            if (stop + 1 - start) * (length - positions[start]) > (1 + max_waste) * needed_next:
-                break
-            stop, needed = stop + 1, needed_next
-        chunks.append((start, stop))
-        start = stop
-    return chunks
-
-
 def _oar_p_prefix_shared(model, input_ids_BL, attention_mask_BL, scored_BT, answer_BT, *, distribution,
                          pad_token_id, temperature, chunk_tokens) -> torch.Tensor:
     """OAR-P with prefix sharing: per row, one clean forward that keeps every layer's keys and values; its copies,
-    sorted by substituted position, in the chunks of `_prefix_chunks`; a chunk whose first substitution is at p0 runs
-    only positions [p0, n), against the clean row's cache for [0, p0) (`_prefix_cache`), and reads P_final's positions
-    before p0 from the clean forward."""
+    sorted by substituted position, in the chunks of `kv_prefix.prefix_chunks`; a chunk whose first substitution is
+    at p0 runs only positions [p0, n), against the clean row's cache for [0, p0) (`kv_prefix.prefix_cache`), and reads
+    P_final's positions before p0 from the clean forward."""
     from transformers import DynamicCache
 
     T = scored_BT.shape[1]
@@ -320,10 +255,10 @@ def _oar_p_prefix_shared(model, input_ids_BL, attention_mask_BL, scored_BT, answ
     S = input_ids_BL.shape[1] - T
     batched = dict(distribution=distribution, pad_token_id=pad_token_id, temperature=temperature,
                    chunk_tokens=chunk_tokens)
-    if not _shareable(model) or (model.training and any(getattr(module, "gradient_checkpointing", False)
+    if not shareable(model) or (model.training and any(getattr(module, "gradient_checkpointing", False)
                                                         for module in model.modules())):
-        # a cache `_prefix_cache` cannot rebuild, or checkpointed layers, which drop the cache in training mode:
-        # nothing to share
+        # a cache `kv_prefix.prefix_cache` cannot rebuild, or checkpointed layers, which drop the cache in training
+        # mode: nothing to share
         return _oar_p_batched(model, input_ids_BL, attention_mask_BL, scored_BT, answer_BT, **batched)
     with torch.no_grad():
         for i, ids_n, pool_n, positions in _stripped_rows(input_ids_BL, attention_mask_BL, scored_BT, answer_BT,
@@ -333,18 +268,18 @@ def _oar_p_prefix_shared(model, input_ids_BL, attention_mask_BL, scored_BT, answ
             # config-less: every layer keeps every position, a sliding one too (its mask still applies the window)
             out = backbone_output(model, ones_1N, use_cache=True, input_ids=ids_n[None],
                                   past_key_values=DynamicCache())
-            if not _full_length(out.past_key_values, n):  # the cache was dropped: nothing to share
+            if not full_length(out.past_key_values, n):  # the cache was dropped: nothing to share
                 return _oar_p_batched(model, input_ids_BL, attention_mask_BL, scored_BT, answer_BT, **batched)
             clean_hidden_ND = out.last_hidden_state[0]  # (n, D)
             clean_1V = _pooled_logits(model, clean_hidden_ND[None], pool_n[None], temperature)
             kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
             read_K = pool_n.nonzero().squeeze(1)  # the positions P_final reads, ascending
-            for start, stop in _prefix_chunks(positions.tolist(), n, chunk_tokens):
+            for start, stop in prefix_chunks(positions.tolist(), n, chunk_tokens):
                 p_C = positions[start:stop]
                 C, p0 = p_C.numel(), int(p_C[0])
                 ids_CS = ids_n[p0:].expand(C, n - p0).clone()  # (C, n − p0): the suffix each copy runs
                 ids_CS[torch.arange(C, device=ids_CS.device), p_C - p0] = pad_token_id
-                prefix = _prefix_cache(model, kv, p0, C) if p0 > 0 else None
+                prefix = prefix_cache(model, kv, p0, C) if p0 > 0 else None
                 hidden_CSD = backbone_output(model, ones_1N.expand(C, n), use_cache=prefix is not None,
                                              input_ids=ids_CS, past_key_values=prefix).last_hidden_state
                 # the hidden states P_final reads: before p0 the clean row's (shared), from p0 on each copy's own
@@ -367,9 +302,10 @@ def oar_p_importance(model: nn.Module, input_ids_BL: torch.Tensor, attention_mas
     One extra forward per scored token, batched: each row is stripped of its padding (its copies have the row's real
     length), and the copies run in chunks of at most max(1, chunk_tokens // n) copies of a row of real length n. A
     chunk reuses the clean row's KV cache for the positions before its first substitution and runs only the rest;
-    chunks are cut so that the positions run exceed the positions needed by at most MAX_PREFIX_WASTE = 25%
-    (`_prefix_chunks`). Only P_final's logits are formed (one row of V per copy). Tokens after the last position
-    P_final reads (after the answer, for "answer_mean") get no copy: by causality their importance is exactly 0.
+    chunks are cut so that the positions run exceed the positions needed by at most
+    `kv_prefix.MAX_PREFIX_WASTE` = 25% (`kv_prefix.prefix_chunks`). Only P_final's logits are formed (one row of V
+    per copy). Tokens after the last position P_final reads (after the answer, for "answer_mean") get no copy: by
+    causality their importance is exactly 0.
     Exact: equals one full forward per copy up to rounding (tested against that loop in float64).
 
     Several processes: the number of forwards depends on the rows (one per row, one per chunk of copies). On a model

@@ -1,0 +1,75 @@
+"""What the probe tests share (tests/test_probes.py, tests/test_oar_p_sharing.py): the tiny Qwen3 they probe (float32
+and a float64 copy), the test batch in TRL's layout, and references computed from full logits."""
+
+import torch
+
+from grail.models.tiny import build_tiny_model
+
+PAD = 0  # the tiny tokenizer's pad (= eos) id
+P, T = 6, 10  # prompt and completion widths of the test batch
+
+
+def probe_model(tokenizer):
+    """The tiny Qwen3 the probes are tested on (the `model` fixture of each probe test module)."""
+    model = build_tiny_model(tokenizer, seed=0, hidden_size=64, intermediate_size=128, max_positions=64)
+    # Random init gives near-uniform distributions; sharper weights make KLs and saliencies less tiny.
+    with torch.no_grad():
+        model.get_input_embeddings().weight.mul_(8.0)
+    return model.eval()
+
+
+def float64_copy(model):
+    """A float64 copy: references then agree to rounding far below the 1e-5 tolerances used below."""
+    import copy
+
+    return copy.deepcopy(model).double().eval()
+
+
+def probe_batch():
+    """Three rows in TRL's layout (P = 6 left-padded prompt, T = 10 right-padded completion):
+    row 0 full; row 1 prompt left-padded by 2, completion of 7; row 2 prompt left-padded by 1, completion of 5.
+    Answers: row 0 tokens 6..7, row 1 token 4, row 2 none."""
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 300, (3, P + T), generator=g)
+    attn = torch.ones(3, P + T, dtype=torch.long)
+    attn[1, :2], attn[1, P + 7 :] = 0, 0
+    attn[2, :1], attn[2, P + 5 :] = 0, 0
+    ids[attn == 0] = PAD
+    answer = torch.zeros(3, T, dtype=torch.bool)
+    answer[0, 6:8], answer[1, 4] = True, True
+    return ids, attn, answer
+
+
+def completion_mask(attn):
+    return attn[:, P:].bool()
+
+
+def reference_logits(model, ids, attn, **kwargs):
+    return model(input_ids=ids, attention_mask=attn, **kwargs).logits
+
+
+def reference_answer_logits(logits_LV, attn_L, answer_T, distribution, temperature):
+    """P_final's logits from full logits of one row: last real position, or the mean over the predicting positions
+    of the answer tokens (completion token t at P + t, predicted at P + t − 1)."""
+    if distribution == "last_position":
+        chosen = logits_LV[attn_L.nonzero().max()]
+    else:
+        chosen = logits_LV[P - 1 : -1][answer_T].mean(0)
+    return chosen.float() / temperature
+
+
+def scored_batch():
+    ids, attn, answer = probe_batch()
+    scored = completion_mask(attn).clone()
+    scored[0, 2] = False  # one unscored real token
+    scored[2] = False  # a row with nothing scored
+    return ids, attn, answer, scored
+
+
+def influencing_tokens(scored, answer, distribution):
+    """Scored tokens that can change P_final: all of them for the last position; for the answer mean, those at or
+    before the last position predicting an answer token (completion t' at P + t', predicted at P + t' − 1)."""
+    if distribution == "last_position":
+        return scored.clone()
+    last = torch.where(answer.any(1), T - 1 - answer.flip(1).int().argmax(1), -1)  # last answer token t'
+    return scored & (torch.arange(T)[None] <= (last - 1)[:, None])
