@@ -46,15 +46,13 @@ The prompt (chat messages) is shared by the rows of a group: `shots` worked exam
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
-from dataclasses import replace
 
 import torch
 
-from grail.analysis.saliency.label_sets import DEFAULT_SHOTS, STORY_TASK, draw_story
+from grail.analysis.saliency.label_sets import DEFAULT_SHOTS, draw_problem
 from grail.analysis.saliency.token_labels import char_labels, span_runs, token_labels
-from grail.tasks.arithmetic import FILLER_WORDS, expression_of, sample_steps
+from grail.tasks.arithmetic import FILLER_WORDS, expression_of
 from grail.tasks.word_problems import PromptOptions, Story, render_prompt
 
 __all__ = ["COUNTERBALANCED_SETS", "counterbalanced_filler_rows", "counterbalanced_format_rows", "DEFAULT_WORDS",
@@ -82,17 +80,8 @@ def _clauses(story: Story, words: int) -> list[str]:
 
 
 def _group(seed: int, i: int, label_set: str, steps: tuple[int, int], words: int, shots: int) -> list[dict]:
-    rng = random.Random(f"{label_set}:{seed}:{i}")
-    num_steps = rng.randint(*steps)
-    start, ops = sample_steps(replace(STORY_TASK, num_steps=num_steps), rng)
-    story = draw_story(ops, rng)
-    examples = []
-    for _ in range(shots):
-        while True:  # never the group's own expression as a worked example
-            ex_start, ex_ops = sample_steps(replace(STORY_TASK, num_steps=rng.randint(*steps)), rng)
-            if expression_of(ex_start, ex_ops) != expression_of(start, ops):
-                break
-        examples.append((ex_start, ex_ops, draw_story(ex_ops, rng, avoid=story.name)))
+    rng, start, ops, story, examples = draw_problem(label_set, seed, i, steps, shots)
+    num_steps = len(ops)
     filler = label_set == "counterbalanced_filler"
     block = [rng.choice(FILLER_WORDS) for _ in range(words)] if filler else _clauses(story, words)
     sentences, value = [], start

@@ -39,8 +39,8 @@ from grail.analysis.saliency.token_labels import span_runs
 from grail.tasks.arithmetic import CRITICAL_ROLES, FILLER_WORDS, TaskConfig, expression_of, sample_steps
 from grail.tasks.word_problems import NAMES, OBJECTS, PHRASES, PromptOptions, Story, render_prompt, solution_pieces
 
-__all__ = ["draw_story", "LABEL_SETS", "label_set_rows", "multi_step_filler_rows", "natural_contrast_rows",
-           "STORY_TASK"]
+__all__ = ["draw_problem", "draw_story", "LABEL_SETS", "label_set_rows", "multi_step_filler_rows",
+           "natural_contrast_rows", "STORY_TASK"]
 
 # Operands as the one-step default (1..20), values kept <= 99 so every number is at most two digits.
 STORY_TASK = TaskConfig(num_steps=2, operand_min=1, operand_max=20, max_value=99, style="words")
@@ -66,8 +66,10 @@ def _check(n: int, steps: tuple[int, int], shots: int) -> None:
         raise ValueError(f"steps={steps}: give (min, max) with 1 <= min <= max, e.g. {DEFAULT_STEPS}.")
 
 
-def _row(seed: int, i: int, label_set: str, steps: tuple[int, int], shots: int) -> dict:
-    """Row i: the arithmetic, story and examples from random.Random(f"{label_set}:{seed}:{i}")."""
+def draw_problem(label_set: str, seed: int, i: int, steps: tuple[int, int], shots: int):
+    """Problem i of a label set: (rng, start, ops, story, examples), all from random.Random(f"{label_set}:{seed}:{i}"),
+    whose state the caller goes on drawing from. Each of the `shots` worked examples has its own step count, and is
+    never the problem's own expression (drawn again, with probability ~0)."""
     rng = random.Random(f"{label_set}:{seed}:{i}")
     num_steps = rng.randint(*steps)
     start, ops = sample_steps(replace(STORY_TASK, num_steps=num_steps), rng)
@@ -75,11 +77,18 @@ def _row(seed: int, i: int, label_set: str, steps: tuple[int, int], shots: int) 
     examples = []
     for _ in range(shots):
         k = rng.randint(*steps)
-        while True:  # never the row's own expression as a worked example (distinct with probability ~1)
+        while True:
             ex_start, ex_ops = sample_steps(replace(STORY_TASK, num_steps=k), rng)
             if expression_of(ex_start, ex_ops) != expression_of(start, ops):
                 break
         examples.append((ex_start, ex_ops, draw_story(ex_ops, rng, avoid=story.name)))
+    return rng, start, ops, story, examples
+
+
+def _row(seed: int, i: int, label_set: str, steps: tuple[int, int], shots: int) -> dict:
+    """Row i: the arithmetic, story and examples of `draw_problem`."""
+    rng, start, ops, story, examples = draw_problem(label_set, seed, i, steps, shots)
+    num_steps = len(ops)
     filler = label_set == "multi_step_filler"
     lead = [(w, role) for word in _fillers(rng) for w, role in ((word, "filler"), (" ", "format"))] if filler else []
     after = [_fillers(rng) if filler else () for _ in ops]
