@@ -1,4 +1,4 @@
-"""How noisy is one GRPO step at a starting model? The gradient noise scale of its per-prompt policy gradients.
+r"""How noisy is one GRPO step at a starting model? The gradient noise scale of its per-prompt policy gradients.
 
 For `--groups` training prompts of a preset's task (drawn with `--seed`), each prompt's group of `num_generations`
 completions is sampled at T = 1 (top-p 1, top-k 0, `max_completion_length` new tokens) from the starting model, graded
