@@ -27,7 +27,7 @@ from grail.evaluation.scores import paired_difference
 from grail.methods.table import METHODS, scoped_values
 from grail.options.fields import SYNTHETIC_DATASET
 from grail.training.config import GRAILConfig
-from grail.training.heldout import SAMPLES_PER_PROBLEM, eval_specs, heldout_accuracy
+from grail.training.heldout import SAMPLES_PER_PROBLEM, eval_device, eval_specs, heldout_accuracy
 from grail.training.overrides import build_config
 from grail.training.run import Log, resolve_model_path, train
 
@@ -53,7 +53,8 @@ def run_demo(cfg: GRAILConfig, overrides: dict, log: Log = print, methods: tuple
     base_path = resolve_model_path(cfg, log)
     specs = eval_specs(cfg, AutoTokenizer.from_pretrained(base_path))  # the prompt format training resolves for it
     log(f"evaluating the warm-started model on {len(heldout.problems)} held-out problems ...")
-    before = heldout_accuracy(base_path, specs, heldout, eval_dirs["before"], log, shared_prompt=cfg.shared_prompt)
+    before = heldout_accuracy(base_path, specs, heldout, eval_dirs["before"], log, shared_prompt=cfg.shared_prompt,
+                              device=eval_device(cfg))
     runs = {}
     for method in methods:
         own = {**scoped_values(overrides, METHODS[method]), "token_weighting": method}  # options it reads
@@ -62,7 +63,7 @@ def run_demo(cfg: GRAILConfig, overrides: dict, log: Log = print, methods: tuple
         log(f"evaluating the {METHODS[method].label} model on the same held-out problems ...")
         runs[method] = {"result": result,
                         "after": heldout_accuracy(str(result.final_dir), specs, heldout, eval_dirs[method], log,
-                                                  shared_prompt=cfg.shared_prompt)}
+                                                  shared_prompt=cfg.shared_prompt, device=eval_device(cfg))}
     base = methods[0]
     differences = {m: paired_difference(runs[base]["after"]["sampled"], runs[m]["after"]["sampled"])
                    for m in methods[1:]}

@@ -8,18 +8,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from grail.evaluation.benchmarks import SYNTHETIC, LoadedBenchmark
 from grail.evaluation.harness import EvalSpec, run_evaluation
 from grail.evaluation.scores import BenchmarkScore
+from grail.models.warmstart import load_inference_model
 from grail.options.prompts import PromptFormat
 from grail.options.sampling import HFSampler, SamplingParams
 from grail.training.config import GRAILConfig
 from grail.training.run import Log
 from grail.training.shared_prompt import shared_prefill
 
-__all__ = ["ROWS_PER_CALL", "SAMPLES_PER_PROBLEM", "eval_specs", "heldout_accuracy"]
+__all__ = ["eval_device", "ROWS_PER_CALL", "SAMPLES_PER_PROBLEM", "eval_specs", "heldout_accuracy"]
 
 SAMPLES_PER_PROBLEM = 4  # sampled accuracy: acc@4 at the training temperature
 ROWS_PER_CALL = 64  # completions per `generate` call: batches of 64 problems greedy, 16 sampled
@@ -42,10 +43,18 @@ def eval_specs(cfg: GRAILConfig, tokenizer=None) -> dict[str, EvalSpec]:
             for name, params in sampling.items()}
 
 
+def eval_device(cfg: GRAILConfig) -> str | None:
+    """Where a run's evaluations sample: on the CPU when the run trains there (`use_cpu`, set whenever no GPU is
+    visible), else None: `load_inference_model`'s default, the GPU (in bf16)."""
+    return "cpu" if cfg.use_cpu else None
+
+
 def heldout_accuracy(model_path: str, specs: dict[str, EvalSpec], heldout: LoadedBenchmark, out_dir: Path,
-                     log: Log = print, shared_prompt: bool = False) -> dict[str, BenchmarkScore]:
+                     log: Log = print, shared_prompt: bool = False, device: str | None = None
+                     ) -> dict[str, BenchmarkScore]:
     """Each of `specs` (see `eval_specs`) run by the harness on `heldout` into out_dir/<name>/; its score by name.
-    `shared_prompt`: each prompt's prefill computed once for its samples (grail.training.shared_prompt)."""
+    `shared_prompt`: each prompt's prefill computed once for its samples (grail.training.shared_prompt). `device`:
+    as `load_inference_model` takes it (`eval_device(cfg)` for a run's)."""
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     trained = PromptFormat.load(model_path)  # a model grail trained saved the format it was trained with
     for name, spec in specs.items():
@@ -53,7 +62,7 @@ def heldout_accuracy(model_path: str, specs: dict[str, EvalSpec], heldout: Loade
             raise ValueError(f"{model_path} was trained with prompts in {trained.describe()}, but the {name} "
                              f"evaluation would give them in {spec.prompt.describe()}: evaluate it with the "
                              f"config it was trained with (its resolved_config.json).")
-    model = AutoModelForCausalLM.from_pretrained(model_path)
+    model = load_inference_model(model_path, device)
     generate = shared_prefill(model, model.generate) if shared_prompt else None
     scores = {}
     for name, spec in specs.items():

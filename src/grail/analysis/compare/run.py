@@ -141,11 +141,12 @@ def evaluate_model(plan: dict, out_dir: Path, seed: int, model_dir: Path, eval_d
     """The plan's evaluation (its protocol, with the evaluation config of `seed`) of the model in `model_dir`, a run's
     final model or the starting model (grail.analysis.compare.start): (flat metrics, per-problem results by
     evaluation name)."""
-    from grail.training.heldout import eval_specs, heldout_accuracy
+    from grail.models.warmstart import load_inference_model
+    from grail.training.heldout import eval_device, eval_specs, heldout_accuracy
 
     cfg = build_config(run_values(plan, None, seed, out_dir))
     if plan["protocol"]["kind"] == "benchmarks":
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
         from grail.evaluation.harness import run_evaluation
         from grail.options.prompts import PromptFormat
@@ -159,7 +160,7 @@ def evaluate_model(plan: dict, out_dir: Path, seed: int, model_dir: Path, eval_d
         # training would resolve for this tokenizer and data
         prompt = PromptFormat.load(model_dir) or resolve_prompt_fields(cfg, tokenizer, load_prompts(cfg))
         checkpoint_eval = CheckpointEval(cfg, eval_dir, log, prompt=prompt)  # its spec and problems
-        model = AutoModelForCausalLM.from_pretrained(model_dir)
+        model = load_inference_model(model_dir, eval_device(cfg))
         sampler = HFSampler(model, tokenizer, batch_size=checkpoint_eval.spec.batch_size,
                             generate=shared_prefill(model, model.generate) if cfg.shared_prompt else None)
         report = run_evaluation(sampler, tokenizer, checkpoint_eval.spec, eval_dir / "benchmarks",
@@ -173,7 +174,8 @@ def evaluate_model(plan: dict, out_dir: Path, seed: int, model_dir: Path, eval_d
 
     specs = eval_specs(cfg, AutoTokenizer.from_pretrained(model_dir))  # the prompt format training resolves for it
     (heldout,) = specs["greedy"].load_benchmarks(synthetic_set=cfg.synthetic_set())
-    scores = heldout_accuracy(str(model_dir), specs, heldout, eval_dir, log, shared_prompt=cfg.shared_prompt)
+    scores = heldout_accuracy(str(model_dir), specs, heldout, eval_dir, log, shared_prompt=cfg.shared_prompt,
+                              device=eval_device(cfg))
     metrics = {k: v for name, score in scores.items() for k, v in _flat_metrics(name, [score]).items()}
     return metrics, {name: _per_problem([score], [heldout]) for name, score in scores.items()}
 
