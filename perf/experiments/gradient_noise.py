@@ -47,34 +47,43 @@ def count_sketch(model, buckets: int, seed: int) -> torch.Tensor:
     return out
 
 
-def group_gradient(model, prompt_ids, completions, rewards, *, eos_ids, pad_id, max_len, mask_truncated) -> bool:
-    """Backward of one group's policy-gradient loss into model .grad (zeroed first); False when every reward is the
-    same (zero gradient, nothing run)."""
-    model.zero_grad(set_to_none=True)
-    r = torch.tensor(rewards, dtype=torch.float32)
-    adv = r - r.mean()
-    if adv.abs().max() == 0:
-        return False
-    rows, masks = [], []
+def group_batch(prompt_ids, completions, *, eos_ids, pad_id, max_len, mask_truncated):
+    """One group in TRL's layout: (prompt_ids (G, S), prompt_mask, completion_ids (G, T), completion_mask), the
+    completions cut after their first end-of-sequence token, truncated ones masked if the run masks them."""
+    kept, masks = [], []
     for comp in completions:
         end = next((i + 1 for i, t in enumerate(comp) if t in eos_ids), None)
-        keep = comp[:end] if end is not None else comp
-        rows.append(prompt_ids + keep)
-        truncated = end is None and len(comp) >= max_len
-        masks.append([0] * len(prompt_ids) + [0 if (mask_truncated and truncated) else 1] * len(keep))
-    width = max(map(len, rows))
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    attn = torch.zeros_like(ids)
-    loss_mask = torch.zeros(len(rows), width)
-    for i, (row, m) in enumerate(zip(rows, masks, strict=True)):
-        ids[i, : len(row)], attn[i, : len(row)], loss_mask[i, : len(row)] = torch.tensor(row), 1, torch.tensor(m)
-    device = next(model.parameters()).device
-    ids, attn, loss_mask, adv = ids.to(device), attn.to(device), loss_mask.to(device), adv.to(device)
-    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
-    logp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0] * loss_mask[:, 1:]
-    loss = -(adv[:, None] * logp).sum() / (len(rows) * max_len)  # Dr. GRPO: sum / (group × max_completion_length)
+        kept.append(comp[:end] if end is not None else comp)
+        masks.append(0 if (mask_truncated and end is None and len(comp) >= max_len) else 1)
+    G, T = len(kept), max(map(len, kept))
+    prompt = torch.tensor([prompt_ids] * G)
+    completion_ids = torch.full((G, T), pad_id, dtype=torch.long)
+    completion_mask = torch.zeros(G, T, dtype=torch.long)
+    for i, (row, m) in enumerate(zip(kept, masks, strict=True)):
+        completion_ids[i, : len(row)], completion_mask[i, : len(row)] = torch.tensor(row), m
+    return prompt, torch.ones_like(prompt), completion_ids, completion_mask
+
+
+def group_gradient(model, batch, adv_G: torch.Tensor, weights_GT: torch.Tensor, max_len: int) -> None:
+    """Backward of one group's policy-gradient loss with token advantages Â = w · A into model .grad (zeroed first),
+    as GRPO's first step computes it (ratio 1): −Σ Â log p / (group × max_completion_length), Dr. GRPO's divisor."""
+    model.zero_grad(set_to_none=True)
+    prompt, prompt_mask, completion_ids, completion_mask = (t.to(adv_G.device) for t in batch)
+    ids = torch.cat([prompt, completion_ids], 1)
+    attn = torch.cat([prompt_mask, completion_mask], 1)
+    S, T = prompt.shape[1], completion_ids.shape[1]
+    logits = model(input_ids=ids, attention_mask=attn).logits[:, S - 1 : S + T - 1].float()
+    logp_GT = torch.log_softmax(logits, -1).gather(-1, completion_ids[..., None])[..., 0]
+    adv_GT = weights_GT.to(adv_G.device) * adv_G[:, None] * completion_mask
+    loss = -(adv_GT * logp_GT).sum() / (len(adv_G) * max_len)
     loss.backward()
-    return True
+
+
+def cross_terms(sk_a: torch.Tensor, sk_b: torch.Tensor) -> float:
+    """G_a · G_b from two methods' group sketches (n, K), over pairs of distinct groups (unbiased)."""
+    cross = sk_a @ sk_b.T
+    n = cross.shape[0]
+    return float((cross.sum() - cross.diagonal().sum()) / (n * (n - 1)))
 
 
 def main(argv=None) -> dict:
@@ -83,6 +92,8 @@ def main(argv=None) -> dict:
     p.add_argument("--model", help="a model directory (default: the preset's model_name_or_path, resolved)")
     p.add_argument("--groups", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--methods", default="none", help="comma-separated `grail methods` names; `none` is GRPO's own "
+                   "gradient, and the first method the others' alignment is measured against")
     p.add_argument("--sketch-log2", type=int, default=22)
     p.add_argument("--prompts-per-call", type=int, default=4, help="prompts per generate call")
     p.add_argument("--threads", type=int, default=None)
@@ -92,12 +103,15 @@ def main(argv=None) -> dict:
         torch.set_num_threads(args.threads)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from grail.methods.weighting import weights_for
     from grail.training.data import load_prompts
     from grail.training.overrides import build_config, merge
     from grail.training.run import resolve_model_path, resolve_prompt_fields, reward_function
 
+    methods = args.methods.split(",")
     values = merge(None, {"preset": args.preset, **({"model_name_or_path": args.model} if args.model else {})})
     cfg = build_config(values)
+    options = cfg.weighting_options()
     path = args.model or resolve_model_path(cfg)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -111,7 +125,10 @@ def main(argv=None) -> dict:
     eos_ids = set(eos if isinstance(eos, list | tuple) else [eos])
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(eos_ids))
     buckets = 2**args.sketch_log2
-    sketches, group_rewards, t0 = [], [], time.perf_counter()
+    dtype = torch.float64 if len(methods) == 1 else torch.float32  # several methods: memory
+    sketches = {m: [] for m in methods}
+    seconds = dict.fromkeys(methods, 0.0)
+    group_rewards, t0 = [], time.perf_counter()
     torch.manual_seed(args.seed)
     for start in range(0, len(picked), args.prompts_per_call):
         chunk = [rows[i] for i in picked[start : start + args.prompts_per_call]]
@@ -123,30 +140,57 @@ def main(argv=None) -> dict:
             out = model.generate(**batch, do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=max_len,
                                  num_return_sequences=G, pad_token_id=pad_id)
         new = out[:, batch["input_ids"].shape[1] :].tolist()
-        model.train()
         for j, row in enumerate(chunk):
             comps = new[j * G : (j + 1) * G]
             decoded = tokenizer.batch_decode(comps, skip_special_tokens=True)
             r = reward(completions=decoded, answer=[row["answer"]] * G)
-            prompt_ids = tokenizer(texts[j], add_special_tokens=False)["input_ids"]
-            mixed = group_gradient(model, prompt_ids, comps, r, eos_ids=eos_ids, pad_id=pad_id, max_len=max_len,
-                                   mask_truncated=cfg.mask_truncated_completions)
-            sketches.append(count_sketch(model, buckets, args.seed) if mixed else torch.zeros(buckets,
-                                                                                             dtype=torch.float64))
             group_rewards.append(r)
-        print(f"{len(sketches)}/{args.groups} groups, {time.perf_counter() - t0:.0f} s", flush=True)
-    S = torch.stack(sketches)
-    gram = (S @ S.T).numpy()
-    scale = noise_scale(gram)
+            adv = torch.tensor(r, dtype=torch.float32, device=device)
+            adv = adv - adv.mean()
+            prompt_ids = tokenizer(texts[j], add_special_tokens=False)["input_ids"]
+            group = group_batch(prompt_ids, comps, eos_ids=eos_ids, pad_id=pad_id, max_len=max_len,
+                                mask_truncated=cfg.mask_truncated_completions)
+            for method in methods:
+                if adv.abs().max() == 0:  # one reward: Â = 0 whatever the weights
+                    sketches[method].append(torch.zeros(buckets, dtype=dtype))
+                    continue
+                tm = time.perf_counter()
+                model.train()
+                if method == "none":
+                    w = torch.ones(group[2].shape, dtype=torch.float32)
+                else:
+                    w = weights_for(method, model, tokenizer, *(t.to(device) for t in group), adv,
+                                    options=options).detach().cpu()
+                group_gradient(model, group, adv, w, max_len)
+                sketches[method].append(count_sketch(model, buckets, args.seed).to(dtype))
+                seconds[method] += time.perf_counter() - tm
+        print(f"{len(group_rewards)}/{args.groups} groups, {time.perf_counter() - t0:.0f} s", flush=True)
+    stacked = {m: torch.stack(v).double() for m, v in sketches.items()}
+    reference = methods[0]
+    per_method = {}
+    for method, S in stacked.items():
+        gram = (S @ S.T).numpy()
+        scale = noise_scale(gram)
+        dot = cross_terms(S, stacked[reference])
+        ref_signal = per_method.get(reference, {}).get("noise_scale", {}).get("signal", scale["signal"])
+        per_method[method] = {
+            "noise_scale": scale,
+            "dot_with_reference": dot,  # G_method · G_reference, unbiased; its cosine needs both signals > 0
+            "cosine_with_reference": dot / math.sqrt(scale["signal"] * ref_signal)
+            if scale["signal"] > 0 and ref_signal > 0 else None,
+            "cosines": {m: {**batch_cosines(gram, m), "expected": expected_cosine(scale["b_simple"], m)
+                            if math.isfinite(scale["b_simple"]) else 0.0}
+                        for m in (4, 8, 16, 32) if 2 * m <= args.groups},
+            "seconds": seconds[method],
+        }
     mixed = sum(1 for r in group_rewards if len(set(r)) > 1)
     result = {
         "model": str(path), "preset": args.preset, "groups": args.groups, "group_size": G, "seed": args.seed,
-        "max_completion_length": max_len, "sketch_buckets": buckets, "device": device,
-        "mixed_groups": mixed, "mean_reward": float(np.mean([x for r in group_rewards for x in r])),
-        "noise_scale": scale,
-        "cosines": {m: {**batch_cosines(gram, m), "expected": expected_cosine(scale["b_simple"], m)
-                        if math.isfinite(scale["b_simple"]) else 0.0}
-                    for m in (4, 8, 16, 32) if 2 * m <= args.groups},
+        "max_completion_length": max_len, "sketch_buckets": buckets, "device": device, "methods": methods,
+        "reference": reference, "mixed_groups": mixed,
+        "mean_reward": float(np.mean([x for r in group_rewards for x in r])),
+        **({"noise_scale": per_method[reference]["noise_scale"], "cosines": per_method[reference]["cosines"]}
+           if methods == ["none"] else {"per_method": per_method}),
         "seconds": time.perf_counter() - t0, "rewards": group_rewards,
     }
     text = json.dumps(result, indent=1)
