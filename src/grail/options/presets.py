@@ -214,7 +214,10 @@ CHAIN_NOTES = {
     "temperature": _UNTUNED + "TRL's sampling",
     "max_completion_length": _UNTUNED + "the default solutions take 56 SmolLM2 tokens on average, 62 at most (300 sft "
                              "problems, with the end of turn); 128 leave room",
-    "per_device_train_batch_size": _UNTUNED + "smollm-words' micro-batches: 8 completions per step, 2 rows at a time",
+    "per_device_train_batch_size": _UNTUNED + "smollm-words' micro-batches: 8 completions per step, 2 rows at a time. "
+                                   "Far too small a batch for this warm start: there a step's gradient noise scale is "
+                                   "about 1,600 prompts (docs/results/gradient-noise.md), and GRPO has not been shown "
+                                   "to learn at the 4 prompts a step tried (docs/results/regime-grpo.md)",
 }
 
 PRESETS: dict[str, dict] = {"paper": PAPER, "tiny-cpu": TINY_CPU, "smollm-words": SMOLLM_WORDS,
