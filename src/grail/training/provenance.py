@@ -11,10 +11,9 @@ import json
 import platform
 import subprocess
 import time
+import tomllib
 from importlib import metadata
 from pathlib import Path
-
-import grail
 
 __all__ = ["CODE_FILE", "VERSION_KEYS", "code_versions", "record_code"]
 
@@ -31,16 +30,28 @@ def _git(root: Path, *args: str) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
+def _own_version(root: Path) -> str | None:
+    """grail-rl's installed version; for a source tree run without installing it (PYTHONPATH=src, as on a machine
+    with no registry, where every compare worker once died here) the version its checkout's pyproject.toml declares;
+    None when neither exists."""
+    try:
+        return metadata.version("grail-rl")
+    except metadata.PackageNotFoundError:
+        try:
+            return tomllib.loads((root / "pyproject.toml").read_text())["project"]["version"]
+        except (OSError, KeyError, tomllib.TOMLDecodeError):
+            return None
+
+
 def code_versions() -> dict:
     """{grail_rl, commit, dirty, python, torch, ...}: commit and dirty are None outside a git checkout, a library's
-    version None where it has no installed metadata. grail-rl's own comes from the package, so a source tree run
-    without installing it (PYTHONPATH=src, as on a machine with no registry) records it too."""
+    version None where it has no installed metadata (grail-rl's own: see `_own_version`)."""
     here = Path(__file__).resolve()
     root = here.parents[3]  # an editable install runs src/grail/training/provenance.py from the checkout
     checkout = (root / ".git").exists() and (root / "src" / "grail" / "training" / here.name).resolve() == here
     commit = _git(root, "rev-parse", "HEAD") if checkout else None
     status = _git(root, "status", "--porcelain", "--untracked-files=no") if commit else None
-    versions = {"grail_rl": grail.__version__, "commit": commit,  # the package's own: no installed metadata needed
+    versions = {"grail_rl": _own_version(root), "commit": commit,
                 "dirty": None if status is None else bool(status), "python": platform.python_version()}
     for name in _PACKAGES:
         try:
