@@ -40,6 +40,16 @@ def test_a_source_tree_run_without_installed_metadata_still_records_a_line(monke
     assert line["grail_rl"] == grail.__version__ and line["torch"] is None and line["trl"] is None
 
 
+def test_without_metadata_or_a_checkout_the_version_is_none(monkeypatch, tmp_path):
+    def not_installed(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(provenance.metadata, "version", not_installed)
+    assert provenance._own_version(tmp_path) is None  # no pyproject.toml there
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "grail-rl"\nversion = "9.9"\n')
+    assert provenance._own_version(tmp_path) == "9.9"
+
+
 def test_each_attempt_appends_its_line(tmp_path):
     record_code(tmp_path, 0)
     record_code(tmp_path, 20)
