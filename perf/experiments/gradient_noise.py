@@ -32,19 +32,25 @@ import torch
 from grail.analysis.gradient_noise import batch_cosines, expected_cosine, noise_scale
 
 
-def count_sketch(model, buckets: int, seed: int) -> torch.Tensor:
-    """The model's .grad as a count sketch: each coordinate added, with a random sign, to a random bucket (the same
-    bucket and sign for every call with this seed)."""
-    out = torch.zeros(buckets, dtype=torch.float64)
-    for k, p in enumerate(q for q in model.parameters() if q.requires_grad):
-        if p.grad is None:
-            continue
-        g = torch.Generator().manual_seed(seed * 100_003 + k)
-        flat = p.grad.detach().flatten().double().cpu()
-        idx = torch.randint(buckets, flat.shape, generator=g)
-        sign = torch.randint(0, 2, flat.shape, generator=g, dtype=torch.int8).double().mul_(2).sub_(1)
-        out.index_add_(0, idx, flat * sign)
-    return out
+class CountSketch:
+    """A model's .grad as a count sketch of `buckets` buckets: each coordinate added, with a random sign, to a random
+    bucket. The buckets and signs (drawn once per parameter from `seed`) are kept, since every group and method is
+    sketched with the same ones: about 5 bytes per parameter."""
+
+    def __init__(self, model, buckets: int, seed: int):
+        self.buckets, self.params, self.hashes = buckets, [q for q in model.parameters() if q.requires_grad], []
+        for k, p in enumerate(self.params):
+            g = torch.Generator().manual_seed(seed * 100_003 + k)
+            idx = torch.randint(buckets, (p.numel(),), generator=g).to(torch.int32)
+            sign = torch.randint(0, 2, (p.numel(),), generator=g, dtype=torch.int8).mul_(2).sub_(1)
+            self.hashes.append((idx, sign))
+
+    def __call__(self) -> torch.Tensor:
+        out = torch.zeros(self.buckets, dtype=torch.float64)
+        for p, (idx, sign) in zip(self.params, self.hashes, strict=True):
+            if p.grad is not None:
+                out.index_add_(0, idx, p.grad.detach().flatten().double().cpu() * sign)
+        return out
 
 
 def group_batch(prompt_ids, completions, *, eos_ids, pad_id, max_len, mask_truncated):
@@ -125,6 +131,7 @@ def main(argv=None) -> dict:
     eos_ids = set(eos if isinstance(eos, list | tuple) else [eos])
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(eos_ids))
     buckets = 2**args.sketch_log2
+    sketch = CountSketch(model, buckets, args.seed)
     dtype = torch.float64 if len(methods) == 1 else torch.float32  # several methods: memory
     sketches = {m: [] for m in methods}
     seconds = dict.fromkeys(methods, 0.0)
@@ -162,23 +169,23 @@ def main(argv=None) -> dict:
                     w = weights_for(method, model, tokenizer, *(t.to(device) for t in group), adv,
                                     options=options).detach().cpu()
                 group_gradient(model, group, adv, w, max_len)
-                sketches[method].append(count_sketch(model, buckets, args.seed).to(dtype))
+                sketches[method].append(sketch().to(dtype))
                 seconds[method] += time.perf_counter() - tm
         print(f"{len(group_rewards)}/{args.groups} groups, {time.perf_counter() - t0:.0f} s", flush=True)
     stacked = {m: torch.stack(v).double() for m, v in sketches.items()}
     reference = methods[0]
+    grams = {m: (S @ S.T).numpy() for m, S in stacked.items()}
+    scales = {m: noise_scale(gram) for m, gram in grams.items()}
     per_method = {}
     for method, S in stacked.items():
-        gram = (S @ S.T).numpy()
-        scale = noise_scale(gram)
+        scale, ref_signal = scales[method], scales[reference]["signal"]
         dot = cross_terms(S, stacked[reference])
-        ref_signal = per_method.get(reference, {}).get("noise_scale", {}).get("signal", scale["signal"])
         per_method[method] = {
             "noise_scale": scale,
             "dot_with_reference": dot,  # G_method · G_reference, unbiased; its cosine needs both signals > 0
             "cosine_with_reference": dot / math.sqrt(scale["signal"] * ref_signal)
             if scale["signal"] > 0 and ref_signal > 0 else None,
-            "cosines": {m: {**batch_cosines(gram, m), "expected": expected_cosine(scale["b_simple"], m)
+            "cosines": {m: {**batch_cosines(grams[method], m), "expected": expected_cosine(scale["b_simple"], m)
                             if math.isfinite(scale["b_simple"]) else 0.0}
                         for m in (4, 8, 16, 32) if 2 * m <= args.groups},
             "seconds": seconds[method],
