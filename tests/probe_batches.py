@@ -25,16 +25,23 @@ def float64_copy(model):
     return copy.deepcopy(model).double().eval()
 
 
+def padded_rows(prompt_width: int, completion_width: int, seed: int, layout: list[tuple[int, int]]):
+    """(ids, attn) of rows in TRL's layout, random tokens from `seed`: row i's prompt left-padded by layout[i][0], its
+    completion layout[i][1] tokens long and right-padded after them; padding holds PAD."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 300, (len(layout), prompt_width + completion_width), generator=g)
+    attn = torch.ones_like(ids)
+    for i, (left, completion) in enumerate(layout):
+        attn[i, :left], attn[i, prompt_width + completion :] = 0, 0
+    ids[attn == 0] = PAD
+    return ids, attn
+
+
 def probe_batch():
     """Three rows in TRL's layout (P = 6 left-padded prompt, T = 10 right-padded completion):
     row 0 full; row 1 prompt left-padded by 2, completion of 7; row 2 prompt left-padded by 1, completion of 5.
     Answers: row 0 tokens 6..7, row 1 token 4, row 2 none."""
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(3, 300, (3, P + T), generator=g)
-    attn = torch.ones(3, P + T, dtype=torch.long)
-    attn[1, :2], attn[1, P + 7 :] = 0, 0
-    attn[2, :1], attn[2, P + 5 :] = 0, 0
-    ids[attn == 0] = PAD
+    ids, attn = padded_rows(P, T, 0, [(0, T), (2, 7), (1, 5)])
     answer = torch.zeros(3, T, dtype=torch.bool)
     answer[0, 6:8], answer[1, 4] = True, True
     return ids, attn, answer

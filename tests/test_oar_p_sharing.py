@@ -15,6 +15,7 @@ from probe_batches import (
     completion_mask,
     float64_copy,
     influencing_tokens,
+    padded_rows,
     probe_model,
     reference_answer_logits,
     reference_logits,
@@ -109,12 +110,7 @@ def _long_batch():
     1 and a completion of 18 (21), row 2 left-padded by 2, completion of 22 (24). Every completion token scored but
     one; answers late in each completion."""
     P_, T_ = 4, 24
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(3, 300, (3, P_ + T_), generator=g)
-    attn = torch.ones(3, P_ + T_, dtype=torch.long)
-    attn[1, :1], attn[1, P_ + 18:] = 0, 0
-    attn[2, :2], attn[2, P_ + 22:] = 0, 0
-    ids[attn == 0] = PAD
+    ids, attn = padded_rows(P_, T_, 1, [(0, T_), (1, 18), (2, 22)])
     answer = torch.zeros(3, T_, dtype=torch.bool)
     answer[0, 20:23], answer[1, 15:17], answer[2, 12] = True, True, True
     scored = attn[:, P_:].bool().clone()
