@@ -318,8 +318,8 @@ def test_credit_screen_scores_every_method_on_each_label_set_and_times_its_probe
 
     try:
         assert credit_screen.main(["--model", str(checkpoint), "--methods", ",".join(methods), "--rows", "1",
-                                   "--words", "2", "--samples", "2", "--max-new-tokens", "24", "--json",
-                                   str(out)]) == 0
+                                   "--words", "2", "--samples", "2", "--max-new-tokens", "24", "--grail-at-token",
+                                   "--json", str(out)]) == 0
     finally:  # the script registers the candidates in this process's method table: leave it as the other tests see it
         for name in credit_screen.CANDIDATES:
             if name in METHODS:
@@ -327,9 +327,12 @@ def test_credit_screen_scores_every_method_on_each_label_set_and_times_its_probe
     printed = capsys.readouterr().out
     result = json.loads(out.read_text())
     sets = result["label_sets"]
-    assert list(sets) == list(credit_screen.LABEL_SETS)
+    assert result["finished"] and list(sets) == list(credit_screen.LABEL_SETS)
     for name in ("counterbalanced_filler", "counterbalanced_format"):
-        assert sets[name]["skipped"] is None and list(sets[name]["methods"]) == methods
+        assert sets[name]["skipped"] is None and list(sets[name]["methods"]) == [*methods, "grail@token"]
+        # the same probe read one position later: another signal (GRAIL's shift), timed as GRAIL's
+        at_token, grail = sets[name]["methods"]["grail@token"], sets[name]["methods"]["grail"]
+        assert at_token["seconds_per_row"] == grail["seconds_per_row"] and at_token["auroc"] != grail["auroc"]
         for method, cell in sets[name]["methods"].items():
             assert 0 <= cell["auroc"] <= 1 and cell["ci_low"] <= cell["auroc"] <= cell["ci_high"], (name, method)
             assert 0 < cell["critical_entered"] <= cell["critical_labelled"], (name, method)
@@ -341,7 +344,7 @@ def test_credit_screen_scores_every_method_on_each_label_set_and_times_its_probe
         assert counts["rows"] == sets[name]["methods"]["contrastive"]["probed_rows"] > 0
         assert counts["contrasted"] + counts["fallback"] + counts["no_box"] == counts["rows"]
     chain = sets["chain_rollouts"]
-    assert chain["skipped"] or list(chain["methods"]) == methods
+    assert chain["skipped"] or list(chain["methods"]) == [*methods, "grail@token"]
     assert credit_screen.main(["--methods", "nope"]) == 2 and "not a method with a probe" in capsys.readouterr().err
 
 

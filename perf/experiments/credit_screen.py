@@ -82,8 +82,9 @@ def _counts():
     return {name: Counter(counts) for name, counts in FALLBACK_COUNTS.items()}
 
 
-def screen(model, tokenizer, methods: list[str], label_sets: list[str], args) -> dict:
-    """{label set: {"rows": description, "skipped": reason or None, "methods": {method: cell}}}."""
+def screen(model, tokenizer, methods: list[str], label_sets: list[str], args, on_set=None) -> dict:
+    """{label set: {"rows": description, "skipped": reason or None, "methods": {method: cell}}}; `on_set(out)` is
+    called after each label set (main writes the JSON then, so a run stopped part-way keeps its finished sets)."""
     from grail.analysis.saliency.quality import SaliencyQualityOptions, saliency_auroc
     from grail.methods.table import method_spec
 
@@ -95,15 +96,17 @@ def screen(model, tokenizer, methods: list[str], label_sets: list[str], args) ->
         if not rows:
             out[name]["skipped"] = "no labelled row (is the model warm-started on the chain task?)"
             continue
+        at_token = ("grail",) if args.grail_at_token and "grail" in methods else ()
         options = SaliencyQualityOptions(traces="reference" if name == "chain_rollouts" else "both",
-                                         batch_size=args.batch_size, fixed_group=args.fixed_group)
+                                         batch_size=args.batch_size, fixed_group=args.fixed_group,
+                                         read_at_token=at_token)
         seconds, probed, before = Counter(), Counter(), _counts()
         with timed_probes(seconds, probed):
             results = saliency_auroc(model, tokenizer, rows, methods, options)
         after = _counts()
-        for m in methods:
+        for m in [*methods, *(f"{m}@token" for m in options.read_at_token)]:
             fixed = results[m]["signal"].fixed
-            probe = specs[m].probe
+            probe = specs[m.removesuffix("@token")].probe
             cell = {"auroc": fixed.auroc, "ci_low": fixed.ci_low, "ci_high": fixed.ci_high,
                     "critical_entered": fixed.n_critical, "critical_labelled": fixed.labelled_critical,
                     "contrast_entered": fixed.n_filler, "contrast_labelled": fixed.labelled_filler,
@@ -113,6 +116,8 @@ def screen(model, tokenizer, methods: list[str], label_sets: list[str], args) ->
             if m in after:
                 cell["counts"] = {k: after[m][k] - before.get(m, Counter())[k] for k in after[m]}  # zeros kept
             out[name]["methods"][m] = cell
+        if on_set is not None:
+            on_set(out)
     return out
 
 
@@ -155,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fixed-group", default="row", choices=("row", "all"),
                         help="the fixed AUROC's group: the rows' own (a counterbalanced group, a prompt) or one; "
                              "`all` lets more of chain_rollouts' tokens enter (docs/guides/position-fixed.md)")
+    parser.add_argument("--grail-at-token", action="store_true",
+                        help="also report GRAIL's saliency read at the token's own position (as grail@token; its "
+                             "default read is at the position that predicts the token); same probe, no extra cost")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
@@ -181,8 +189,16 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = load_inference_model(path, args.device)
     start = time.perf_counter()
-    result = {"model": str(path), "seed": args.seed, "methods": methods, "args": vars(args),
-              "label_sets": screen(model, tokenizer, methods, label_sets, args)}
+    result = {"model": str(path), "seed": args.seed, "methods": methods, "args": vars(args), "label_sets": {}}
+
+    def save(partial: dict) -> None:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({**result, "label_sets": partial, "finished": False,
+                           "wall_s": time.perf_counter() - start}, f, indent=1)
+
+    result["label_sets"] = screen(model, tokenizer, methods, label_sets, args, on_set=save)
+    result["finished"] = True
     result["wall_s"] = time.perf_counter() - start
     print(f"model {path}; seed {args.seed}; signal AUROC with position fixed (critical above contrast = 1, chance "
           f"0.5); shares of labelled tokens that entered it; the probe's seconds per row on {args.device}")
