@@ -345,6 +345,13 @@ def test_credit_screen_scores_every_method_on_each_label_set_and_times_its_probe
         assert counts["contrasted"] + counts["fallback"] + counts["no_box"] == counts["rows"]
     chain = sets["chain_rollouts"]
     assert chain["skipped"] or list(chain["methods"]) == [*methods, "grail@token"]
+    # --render prints the same rows again from the file, running nothing
+    assert credit_screen.main(["--render", str(out)]) == 0
+    again = capsys.readouterr().out
+    assert f"{out}: model {checkpoint}, seed 0, --rows 1, --fixed-group row" in again
+    for name in ("counterbalanced_filler", "counterbalanced_format"):
+        cell = sets[name]["methods"]["grail@token"]
+        assert f"| {name} | grail@token | {cell['auroc']:.3f} [{cell['ci_low']:.3f}, {cell['ci_high']:.3f}] |" in again
     assert credit_screen.main(["--methods", "nope"]) == 2 and "not a method with a probe" in capsys.readouterr().err
 
 

@@ -8,6 +8,7 @@ critical / contrast tokens that entered it, and the seconds the method's probe t
         [--label-sets counterbalanced_filler,counterbalanced_format,chain_rollouts]
         [--rows 8] [--words 14] [--samples 8] [--max-new-tokens 256] [--fixed-group row|all] [--device cpu]
         [--json out.json]
+    python perf/experiments/credit_screen.py --render out.json [more.json ...]   # the tables again, nothing run
 
 The label sets are built and scored exactly as `saliency_auroc.py --label-set NAME` builds and scores them (its
 `chain_rollout_rows`, grail.analysis.saliency.counterbalanced, `quality.saliency_auroc` with the same options): the
@@ -126,19 +127,36 @@ def _share(entered: int, labelled: int) -> str:
 
 
 def render(result: dict) -> str:
-    lines = ["| label set | method | fixed AUROC [95% CI] | critical / contrast entered | s per row | notes |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| label set | method | fixed AUROC [95% CI] | critical / contrast entered | pooled AUROC | s per row | "
+             "notes |", "|---|---|---|---|---|---|---|"]
     for name, part in result["label_sets"].items():
         if part["skipped"]:
-            lines.append(f"| {name} | - | skipped: {part['skipped']} | | | {part['rows']} |")
+            lines.append(f"| {name} | - | skipped: {part['skipped']} | | | | {part['rows']} |")
             continue
         for m, c in part["methods"].items():
-            spr = "-" if c["seconds_per_row"] is None else f"{c['seconds_per_row']:.4f}"
+            spr = "-" if c["seconds_per_row"] is None else f"{c['seconds_per_row']:.2f}"
             notes = ", ".join(f"{k} {v}" for k, v in sorted(c.get("counts", {}).items()))
-            lines.append(f"| {name} | {m} | {c['auroc']:.3f} [{c['ci_low']:.3f}, {c['ci_high']:.3f}] | "
+            fixed = (f"{c['auroc']:.3f} [{c['ci_low']:.3f}, {c['ci_high']:.3f}]" if c["critical_entered"]
+                     and c["contrast_entered"] else "no stratum holds both classes")
+            lines.append(f"| {name} | {m} | {fixed} | "
                          f"{_share(c['critical_entered'], c['critical_labelled'])} / "
-                         f"{_share(c['contrast_entered'], c['contrast_labelled'])} | {spr} | {notes} |")
+                         f"{_share(c['contrast_entered'], c['contrast_labelled'])} | {c['pooled_auroc']:.3f} | {spr} | "
+                         f"{notes} |")
     return "\n".join(lines)
+
+
+def render_files(paths: list[str]) -> str:
+    """One table of several screens' JSON files (--render): each file's label sets under a heading line naming its
+    model, seed, rows and fixed-AUROC group, in the order given; a file of a run stopped part-way says so."""
+    out = []
+    for path in paths:
+        with open(path) as f:
+            result = json.load(f)
+        a = result["args"]
+        state = "" if result.get("finished", True) else " (stopped part-way: its finished label sets)"
+        out += [f"{path}: model {result['model']}, seed {result['seed']}, --rows {a['rows']}, --fixed-group "
+                f"{a['fixed_group']}, {result['wall_s'] / 60:.0f} min{state}", "", render(result), ""]
+    return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,7 +183,12 @@ def main(argv: list[str] | None = None) -> int:
                              "default read is at the position that predicts the token); same probe, no extra cost")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json")
+    parser.add_argument("--render", nargs="+", metavar="JSON", help="print the table of these screens' JSON files "
+                        "(this script's --json) and run nothing")
     args = parser.parse_args(argv)
+    if args.render:
+        print(render_files(args.render))
+        return 0
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     label_sets = [s.strip() for s in args.label_sets.split(",") if s.strip()]
     bad = [s for s in label_sets if s not in LABEL_SETS]
