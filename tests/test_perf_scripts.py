@@ -352,6 +352,12 @@ def test_credit_screen_scores_every_method_on_each_label_set_and_times_its_probe
     for name in ("counterbalanced_filler", "counterbalanced_format"):
         cell = sets[name]["methods"]["grail@token"]
         assert f"| {name} | grail@token | {cell['auroc']:.3f} [{cell['ci_low']:.3f}, {cell['ci_high']:.3f}] |" in again
+    # --pivot: one row per method, a column per label set, in LABEL_SETS' order
+    assert credit_screen.main(["--render", str(out), "--pivot"]) == 0
+    table = capsys.readouterr().out
+    filler, fmt = (sets[n]["methods"]["grail"] for n in ("counterbalanced_filler", "counterbalanced_format"))
+    assert (f"| grail | {filler['auroc']:.2f} [{filler['ci_low']:.2f}, {filler['ci_high']:.2f}] | "
+            f"{fmt['auroc']:.2f} [{fmt['ci_low']:.2f}, {fmt['ci_high']:.2f}] |") in table
     assert credit_screen.main(["--methods", "nope"]) == 2 and "not a method with a probe" in capsys.readouterr().err
 
 

@@ -8,7 +8,7 @@ critical / contrast tokens that entered it, and the seconds the method's probe t
         [--label-sets counterbalanced_filler,counterbalanced_format,chain_rollouts]
         [--rows 8] [--words 14] [--samples 8] [--max-new-tokens 256] [--fixed-group row|all] [--device cpu]
         [--json out.json]
-    python perf/experiments/credit_screen.py --render out.json [more.json ...]   # the tables again, nothing run
+    python perf/experiments/credit_screen.py --render out.json [more.json ...] [--pivot]   # tables again, no run
 
 The label sets are built and scored exactly as `saliency_auroc.py --label-set NAME` builds and scores them (its
 `chain_rollout_rows`, grail.analysis.saliency.counterbalanced, `quality.saliency_auroc` with the same options): the
@@ -145,6 +145,42 @@ def render(result: dict) -> str:
     return "\n".join(lines)
 
 
+def pivot(paths: list[str]) -> str:
+    """One row per method, one column per label set (--render ... --pivot): the fixed AUROC [95% CI] of each cell
+    from whichever file holds it (a later file's cell replaces an earlier one's), the probe's seconds per row on each
+    label set (in the columns' order), then one line per label set with the shares of labelled tokens that entered and
+    the file it came from."""
+    cells, sources = {}, {}
+    for path in paths:
+        with open(path) as f:
+            result = json.load(f)
+        for name, part in result["label_sets"].items():
+            if part["skipped"]:
+                continue
+            sources[name] = (path, part["rows"], result["args"]["fixed_group"])
+            for m, c in part["methods"].items():
+                cells.setdefault(m, {})[name] = c
+    sets = [s for s in LABEL_SETS if s in sources]
+    lines = ["| method | " + " | ".join(sets) + " | s per row (each set) |", "|---|" + "---|" * (len(sets) + 1)]
+    for m, by_set in cells.items():
+        row = []
+        for name in sets:
+            c = by_set.get(name)
+            row.append("-" if c is None else "no pair" if not (c["critical_entered"] and c["contrast_entered"])
+                       else f"{c['auroc']:.2f} [{c['ci_low']:.2f}, {c['ci_high']:.2f}]")
+        per_row = " / ".join("-" if by_set.get(name, {}).get("seconds_per_row") is None
+                             else f"{by_set[name]['seconds_per_row']:.2f}" for name in sets)
+        lines.append(f"| {m} | " + " | ".join(row) + f" | {per_row} |")
+    lines.append("")
+    for name in sets:
+        c = next(by_set[name] for by_set in cells.values() if name in by_set)
+        path, rows, group = sources[name]
+        lines.append(f"- {name}: {rows}; fixed group {group}; entered: critical "
+                     f"{_share(c['critical_entered'], c['critical_labelled'])} of {c['critical_labelled']}, contrast "
+                     f"{_share(c['contrast_entered'], c['contrast_labelled'])} of {c['contrast_labelled']} ({path})")
+    return "\n".join(lines)
+
+
 def render_files(paths: list[str]) -> str:
     """One table of several screens' JSON files (--render): each file's label sets under a heading line naming its
     model, seed, rows and fixed-AUROC group, in the order given; a file of a run stopped part-way says so."""
@@ -185,9 +221,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json")
     parser.add_argument("--render", nargs="+", metavar="JSON", help="print the table of these screens' JSON files "
                         "(this script's --json) and run nothing")
+    parser.add_argument("--pivot", action="store_true", help="with --render: one row per method, one column per "
+                        "label set (a later file's cell replaces an earlier one's)")
     args = parser.parse_args(argv)
     if args.render:
-        print(render_files(args.render))
+        print(pivot(args.render) if args.pivot else render_files(args.render))
         return 0
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     label_sets = [s.strip() for s in args.label_sets.split(",") if s.strip()]
