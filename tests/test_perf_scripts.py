@@ -351,14 +351,27 @@ def test_credit_screen_scores_every_method_on_each_label_set_and_times_its_probe
     assert f"{out}: model {checkpoint}, seed 0, --rows 1, --fixed-group row" in again
     for name in ("counterbalanced_filler", "counterbalanced_format"):
         cell = sets[name]["methods"]["grail@token"]
-        assert f"| {name} | grail@token | {cell['auroc']:.3f} [{cell['ci_low']:.3f}, {cell['ci_high']:.3f}] |" in again
+        # --rows 1: one group, so the bootstrap over groups has nothing to resample and no interval is written
+        assert f"| {name} | grail@token | {cell['auroc']:.3f} (one group) |" in again
     # --pivot: one row per method, a column per label set, in LABEL_SETS' order
     assert credit_screen.main(["--render", str(out), "--pivot"]) == 0
     table = capsys.readouterr().out
     filler, fmt = (sets[n]["methods"]["grail"] for n in ("counterbalanced_filler", "counterbalanced_format"))
-    assert (f"| grail | {filler['auroc']:.2f} [{filler['ci_low']:.2f}, {filler['ci_high']:.2f}] | "
-            f"{fmt['auroc']:.2f} [{fmt['ci_low']:.2f}, {fmt['ci_high']:.2f}] |") in table
+    assert f"| grail | {filler['auroc']:.2f} (one group) | {fmt['auroc']:.2f} (one group) |" in table
+    assert "[" not in table.split("\n\n")[0]  # no interval anywhere in a one-group table
     assert credit_screen.main(["--methods", "nope"]) == 2 and "not a method with a probe" in capsys.readouterr().err
+
+
+def test_credit_screen_writes_a_cell_with_its_interval_only_when_groups_were_resampled():
+    """credit_screen.fixed_cell / one_group: an interval for several groups, none for one, "no pair" when nothing
+    entered."""
+    cell = {"auroc": 0.7123, "ci_low": 0.64, "ci_high": 0.81, "critical_entered": 5, "contrast_entered": 7}
+    assert credit_screen.fixed_cell(cell, False, 2) == "0.71 [0.64, 0.81]"
+    assert credit_screen.fixed_cell(cell, True, 3) == "0.712 (one group)"
+    assert credit_screen.fixed_cell({**cell, "contrast_entered": 0}, False, 2) == "no pair"
+    assert credit_screen.one_group({"fixed_group": "all", "rows": 8})
+    assert credit_screen.one_group({"fixed_group": "row", "rows": 1})
+    assert not credit_screen.one_group({"fixed_group": "row", "rows": 3})
 
 
 def test_position_signals_scores_every_position_only_signal_by_both_estimators(tmp_path):

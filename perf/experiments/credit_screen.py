@@ -126,6 +126,22 @@ def _share(entered: int, labelled: int) -> str:
     return f"{100 * entered / labelled:.0f}%" if labelled else "-"
 
 
+def one_group(args: dict) -> bool:
+    """Whether a screen's fixed AUROC had a single group (its JSON's args): `--fixed-group all` pools every row into
+    one, and `--rows 1` is one counterbalanced group or one prompt. The bootstrap over groups then has nothing to
+    resample, and its interval (x, x) is not an interval."""
+    return args["fixed_group"] == "all" or args["rows"] == 1
+
+
+def fixed_cell(c: dict, single_group: bool, digits: int) -> str:
+    """A cell's fixed AUROC as the tables write it: with its 95% interval, without one when the screen had one group,
+    or "no pair" when no stratum held both classes (nothing entered)."""
+    if not (c["critical_entered"] and c["contrast_entered"]):
+        return "no pair"
+    value = f"{c['auroc']:.{digits}f}"
+    return f"{value} (one group)" if single_group else f"{value} [{c['ci_low']:.{digits}f}, {c['ci_high']:.{digits}f}]"
+
+
 def render(result: dict) -> str:
     lines = ["| label set | method | fixed AUROC [95% CI] | critical / contrast entered | pooled AUROC | s per row | "
              "notes |", "|---|---|---|---|---|---|---|"]
@@ -136,8 +152,7 @@ def render(result: dict) -> str:
         for m, c in part["methods"].items():
             spr = "-" if c["seconds_per_row"] is None else f"{c['seconds_per_row']:.2f}"
             notes = ", ".join(f"{k} {v}" for k, v in sorted(c.get("counts", {}).items()))
-            fixed = (f"{c['auroc']:.3f} [{c['ci_low']:.3f}, {c['ci_high']:.3f}]" if c["critical_entered"]
-                     and c["contrast_entered"] else "no stratum holds both classes")
+            fixed = fixed_cell(c, one_group(result["args"]), 3)
             lines.append(f"| {name} | {m} | {fixed} | "
                          f"{_share(c['critical_entered'], c['critical_labelled'])} / "
                          f"{_share(c['contrast_entered'], c['contrast_labelled'])} | {c['pooled_auroc']:.3f} | {spr} | "
@@ -146,39 +161,41 @@ def render(result: dict) -> str:
 
 
 def pivot(paths: list[str]) -> str:
-    """One row per method, one column per label set (--render ... --pivot): the fixed AUROC [95% CI] of each cell
+    """One row per method, one column per label set (--render ... --pivot): the fixed AUROC of each cell (`fixed_cell`)
     from whichever file holds it (a later file's cell replaces an earlier one's), the probe's seconds per row on each
     label set (in the columns' order), then one line per label set with the shares of labelled tokens that entered and
-    the file it came from."""
+    the files that hold it."""
     cells, sources = {}, {}
     for path in paths:
-        with open(path) as f:
-            result = json.load(f)
+        result = _load(path)
         for name, part in result["label_sets"].items():
             if part["skipped"]:
                 continue
-            sources[name] = (path, part["rows"], result["args"]["fixed_group"])
+            paths_, _, _ = sources.get(name, ([], None, None))
+            sources[name] = ([*paths_, path], part["rows"], result["args"]["fixed_group"])
             for m, c in part["methods"].items():
-                cells.setdefault(m, {})[name] = c
+                cells.setdefault(m, {})[name] = (c, one_group(result["args"]))
     sets = [s for s in LABEL_SETS if s in sources]
     lines = ["| method | " + " | ".join(sets) + " | s per row (each set) |", "|---|" + "---|" * (len(sets) + 1)]
     for m, by_set in cells.items():
-        row = []
-        for name in sets:
-            c = by_set.get(name)
-            row.append("-" if c is None else "no pair" if not (c["critical_entered"] and c["contrast_entered"])
-                       else f"{c['auroc']:.2f} [{c['ci_low']:.2f}, {c['ci_high']:.2f}]")
-        per_row = " / ".join("-" if by_set.get(name, {}).get("seconds_per_row") is None
-                             else f"{by_set[name]['seconds_per_row']:.2f}" for name in sets)
+        row = ["-" if name not in by_set else fixed_cell(*by_set[name], 2) for name in sets]
+        per_row = " / ".join("-" if name not in by_set or by_set[name][0]["seconds_per_row"] is None
+                             else f"{by_set[name][0]['seconds_per_row']:.2f}" for name in sets)
         lines.append(f"| {m} | " + " | ".join(row) + f" | {per_row} |")
     lines.append("")
     for name in sets:
-        c = next(by_set[name] for by_set in cells.values() if name in by_set)
-        path, rows, group = sources[name]
+        c = next(by_set[name][0] for by_set in cells.values() if name in by_set)
+        files, rows, group = sources[name]
         lines.append(f"- {name}: {rows}; fixed group {group}; entered: critical "
                      f"{_share(c['critical_entered'], c['critical_labelled'])} of {c['critical_labelled']}, contrast "
-                     f"{_share(c['contrast_entered'], c['contrast_labelled'])} of {c['contrast_labelled']} ({path})")
+                     f"{_share(c['contrast_entered'], c['contrast_labelled'])} of {c['contrast_labelled']} "
+                     f"({', '.join(files)})")
     return "\n".join(lines)
+
+
+def _load(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)
 
 
 def render_files(paths: list[str]) -> str:
@@ -186,8 +203,7 @@ def render_files(paths: list[str]) -> str:
     model, seed, rows and fixed-AUROC group, in the order given; a file of a run stopped part-way says so."""
     out = []
     for path in paths:
-        with open(path) as f:
-            result = json.load(f)
+        result = _load(path)
         a = result["args"]
         state = "" if result.get("finished", True) else " (stopped part-way: its finished label sets)"
         out += [f"{path}: model {result['model']}, seed {result['seed']}, --rows {a['rows']}, --fixed-group "
