@@ -1,18 +1,17 @@
-"""The gradient family of credit candidates (perf/experiments/credit_candidates: attr_patch, contrastive,
-grail_over_surprise) on a tiny Qwen3 built in the test: each passes the public checker, keeps the probe invariants
-(shape, padding, detached), and equals a reference computed another way: a central finite difference of the answer
-log-probability through the model's own forward in float64 (attr_patch, contrastive), GRAIL's probe and full logits
-(grail_over_surprise). The contrastive fallback is counted."""
+"""The gradient family of credit candidates (perf/experiments/credit_candidates: attr_patch, contrastive, ig_patch)
+on a tiny Qwen3 built in the test: each passes the public checker, keeps the probe invariants (shape, padding,
+detached), and equals a reference computed another way: a central finite difference of the answer log-probability
+through the model's own forward in float64. The contrastive fallback is counted. (The screen's choice,
+grail_over_surprise, ships with grail-rl: tests/test_grail_over_surprise.py.)"""
 
 import copy
 from collections import Counter
 
 import pytest
 import torch
-from credit_candidates import CANDIDATES, attr_patch, contrastive, grail_over_surprise, ig_patch
+from credit_candidates import CANDIDATES, attr_patch, contrastive, ig_patch
 
 import grail
-from grail.methods import probes
 from grail.models.tiny import build_tiny_model
 
 PAD = 0  # the tiny tokenizer's pad (= eos) id
@@ -85,8 +84,6 @@ def test_signals_have_the_batch_shape_and_are_zero_on_padding_and_without_an_ans
         "attr_patch": attr_patch.attr_patch_signal(model, ids, attn, spans.box_BT, temperature=1.0, pad_token_id=PAD),
         "contrastive": contrastive.contrastive_signal(model, tokenizer, ids, attn, adv_B, T, temperature=1.0,
                                                       pad_token_id=PAD, counts=Counter()),
-        "grail_over_surprise": grail_over_surprise.saliency_and_surprise(model, ids, attn, spans.box_BT,
-                                                                         temperature=1.0)[0],
         "ig_patch": ig_patch.ig_delta(model, ids, attn, spans.box_BT, temperature=1.0, pad_token_id=PAD, steps=2),
     }
     for name, signal in signals.items():
@@ -182,19 +179,6 @@ def test_contrastive_picks_the_farthest_advantage_and_counts_its_fallbacks(model
                                             pad_token_id=PAD)
     torch.testing.assert_close(signal[4:], expected[4:], rtol=1e-5, atol=1e-7)
     assert (signal[6] == 0).all()
-
-
-def test_grail_over_surprise_is_grails_saliency_over_the_surprise_of_full_logits(model, tokenizer):
-    ids, attn, T = _batch(tokenizer, ["Q: 7*5-8\nA:", "Q: 9+6-4\nA:"],
-                          [" 7*5=35, 35-8=27. so \\boxed{27}", " 9+6=15 \\boxed{15}"])
-    box_BT = _spans(tokenizer, ids, attn, T).box_BT
-    saliency, surprise = grail_over_surprise.saliency_and_surprise(model, ids, attn, box_BT, temperature=0.7)
-    grail_saliency = probes.answer_nll_saliency(model, ids, attn, box_BT, temperature=0.7)
-    torch.testing.assert_close(saliency, grail_saliency, rtol=1e-5, atol=1e-7)
-    with torch.no_grad():
-        logits = model(input_ids=ids, attention_mask=attn).logits[:, -T - 1:-1] / 0.7
-    want = -torch.log_softmax(logits, -1).gather(-1, ids[:, -T:, None]).squeeze(-1) * attn[:, -T:]
-    torch.testing.assert_close(surprise, want.float(), rtol=1e-4, atol=1e-5)
 
 
 def test_ig_patch_averages_each_tokens_directional_derivative_along_the_path(model64, tokenizer):

@@ -4,6 +4,7 @@ a missing anchor or any other warning fails it), its pages stay small, and no pr
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -79,6 +80,21 @@ def test_the_generated_reference_covers_every_config_field_and_command():
     commands = hook.generated("cli")
     for name, _, _ in hook._subcommands(cli._parser()):
         assert f"## `grail {name}`" in commands
+
+
+def test_every_method_has_one_section_on_the_two_method_pages_and_the_table_links_to_it():
+    from grail.methods.table import METHODS
+
+    hook = _hook()
+    pages = {"table.md": hook.generated("methods", sections="built-in"),
+             "plugin-methods.md": hook.generated("methods", sections="plug-ins", table="no")}
+    sections = {page: re.findall(r"^## (\w+)$", text, re.MULTILINE) for page, text in pages.items()}
+    assert sorted(sections["table.md"] + sections["plugin-methods.md"]) == sorted(METHODS)
+    assert "grail" in sections["table.md"] and "grail_over_surprise" in sections["plugin-methods.md"]
+    assert "| `--token_weighting` |" not in pages["plugin-methods.md"]
+    for name, target in re.findall(r"^\| \[`(\w+)`\]\(([^)]+)\)", pages["table.md"], re.MULTILINE):
+        page, _, anchor = target.rpartition("#")
+        assert anchor == name and name in sections[page or "table.md"], (name, target)
 
 
 def test_no_project_file_points_at_the_shared_folder():

@@ -21,6 +21,7 @@ LAYERS = {
     "methods": "pure tensor functions, the probes, the method table and the functional API; no TRL",
     "methods.literature": "methods from the literature, registered as plug-ins through the method table's API",
     "methods.controls": "null methods a credit method must beat (position), registered as plug-ins the same way",
+    "methods.signals": "grail-rl's own credit signals (grail_over_surprise), registered as plug-ins the same way",
     "evaluation": "grader, benchmarks, harness, scores, `grail eval`; no TRL",
     "training": "the config, the trainer and one run, on TRL (the one seam)",
     "analysis": "what the weights do: its three folders below",

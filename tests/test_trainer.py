@@ -59,6 +59,7 @@ def test_constant_saliency_gives_w_mean_and_grpo_without_a_box(tiny_dir, tmp_pat
 @pytest.mark.parametrize("method, leaf, span", [
     ("grail", "embeddings", "box"), ("grail", "middle", "box"), ("grail", "embeddings", "content"),
     ("entropy", "embeddings", "box"), ("entropy", "middle", "box"),
+    ("grail_over_surprise", "embeddings", "box"), ("grail_over_surprise", "middle", "content"),
 ])
 def test_fused_equals_separate(tiny_dir, tmp_path, method, leaf, span):
     """The fused path (signal from TRL's forward) gives the separate pass's weights to 1e-5 (fp32, no dropout),

@@ -5,7 +5,7 @@ A page asks for generated content with a marker line, which `on_page_markdown` r
     <!-- grail:config-fields [only="SECTION"] [skip="SECTION"] -->   GRAILFields, from each field's help
     <!-- grail:cli [only="CMD,..."] [skip="CMD,..."] -->              the argparse parsers of grail.cli
     <!-- grail:presets -->                                           PRESETS of grail.options.presets
-    <!-- grail:methods -->                                           the method table (grail.methods.table.METHODS)
+    <!-- grail:methods [sections="built-in|plug-ins"] [table="yes|no"] -->  the method table (METHODS), sections
     <!-- grail:method-contract -->                                   MethodSpec's fields and the probe/pipeline contract
     <!-- grail:layers -->                                            LAYERS of tests/test_layers.py, the folders
     <!-- grail:modules [layers="L1,L2"] -->                          every module (of those layers), from its docstring

@@ -1,22 +1,39 @@
-"""The method pages' generated parts (docs hooks): the method table, one section per method (`<!-- grail:methods -->`),
-and the contract a method's author writes to (`<!-- grail:method-contract -->`), from grail.methods' `MethodSpec`s
-and grail.analysis.checks. generate.py, the hook mkdocs loads, imports this module from its own folder."""
+"""The method pages' generated parts (docs hooks): the method table and one section per method
+(`<!-- grail:methods -->`: the built-ins' on one page, the plug-ins' on another), and the contract a method's author
+writes to (`<!-- grail:method-contract -->`), from grail.methods' `MethodSpec`s and grail.analysis.checks.
+generate.py, the hook mkdocs loads, imports this module from its own folder."""
 
 from __future__ import annotations
 
 from hook_text import escape
 
+PLUGIN_PAGE = "plugin-methods.md"  # the plug-ins' sections (`sections="plug-ins"`); the built-ins' are on table.md
 
-def methods() -> str:
-    """One section per method of the table (built-in and plug-ins): what it computes, cost, options, properties,
-    reference, the choices its paper leaves open; from each `MethodSpec`."""
+
+def methods(sections: str = "built-in", table: str = "yes") -> str:
+    """The method table (`table="yes"`: every method of the table, built-in and plug-ins, each linked to its section)
+    and one section per method of `sections` ("built-in" or "plug-ins"; two pages, so that neither grows past the
+    page limit): what it computes, cost, options, properties, reference, the choices its paper leaves open; from each
+    `MethodSpec`."""
     from grail.methods.spec import ROW_SELECTIONS
-    from grail.methods.table import METHODS
+    from grail.methods.table import BUILTIN_SOURCE, METHODS
 
-    out = ["| `--token_weighting` | method | cost per step | own options |", "|---|---|---|---|"]
-    out += [f"| [`{name}`](#{name}) | {escape(spec.label)} | {escape(spec.cost)} | "
-            f"{', '.join(f'`{o.name}`' for o in spec.options) or '—'} |" for name, spec in METHODS.items()]
-    for name, spec in METHODS.items():
+    if sections not in ("built-in", "plug-ins") or table not in ("yes", "no"):
+        raise ValueError(f"<!-- grail:methods sections={sections!r} table={table!r} -->: sections is built-in or "
+                         f"plug-ins, table is yes or no")
+    builtin = {name for name in METHODS if METHODS.source.get(name) == BUILTIN_SOURCE}
+
+    def link(name: str) -> str:
+        here = (name in builtin) == (sections == "built-in")
+        return f"#{name}" if here else (f"{PLUGIN_PAGE}#{name}" if name not in builtin else f"table.md#{name}")
+
+    out = []
+    if table == "yes":
+        out += ["| `--token_weighting` | method | cost per step | own options |", "|---|---|---|---|"]
+        out += [f"| [`{name}`]({link(name)}) | {escape(spec.label)} | {escape(spec.cost)} | "
+                f"{', '.join(f'`{o.name}`' for o in spec.options) or '—'} |" for name, spec in METHODS.items()]
+    chosen = {name: spec for name, spec in METHODS.items() if (name in builtin) == (sections == "built-in")}
+    for name, spec in chosen.items():
         out += ["", f"## {name}", "", f"**{escape(spec.title)}**", ""]
         if spec.summary:
             out += [escape(spec.summary), ""]

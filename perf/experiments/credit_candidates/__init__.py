@@ -1,5 +1,6 @@
 """Credit-signal candidates of issue 45, as method plug-ins for screening (not shipped methods): each module holds one
-`MethodSpec` (SPEC) registered through the public API (`grail.register_method`).
+`MethodSpec` (SPEC) registered through the public API (`grail.register_method`). The screen's choice,
+`grail_over_surprise`, is not here: it ships with grail-rl (grail.methods.signals).
 
     from credit_candidates import CANDIDATES, register_candidates
     register_candidates()          # every candidate, once per process (again: nothing happens)
@@ -7,7 +8,7 @@
 
 from __future__ import annotations
 
-from credit_candidates import answer_attention, attr_patch, contrastive, grail_over_surprise, ig_patch, teacher_ratio
+from credit_candidates import answer_attention, attr_patch, contrastive, ig_patch, teacher_ratio
 from credit_candidates.variants import variant
 from grail import register_method
 from grail.methods.table import METHODS
@@ -16,7 +17,7 @@ from grail.methods.table import METHODS
 CANDIDATES = {spec.name: spec for spec in (
     attr_patch.SPEC, variant(attr_patch.SPEC, "attr_patch_drop", attr_patch_signal="drop"),
     contrastive.SPEC, variant(contrastive.SPEC, "contrastive_saliency", contrastive_read="saliency"),
-    grail_over_surprise.SPEC, ig_patch.SPEC, answer_attention.SPEC, teacher_ratio.SPEC)}
+    ig_patch.SPEC, answer_attention.SPEC, teacher_ratio.SPEC)}
 
 
 def register_candidates(names=None) -> list[str]:

@@ -247,7 +247,7 @@ def _fused(spec, model, run, options, batch) -> CheckResult:
     logps_BT = logp_BTV.gather(-1, input_ids_BL[:, -T:, None]).squeeze(-1)
     entropies_BT = -(logp_BTV.exp() * logp_BTV).sum(-1)
     answer_BT = spans.probe_span(options.answer_nll_span) & rows_B[:, None]
-    fused_BT = fused_signal(spec, logps_BT, entropies_BT, captured[0], answer_BT)
+    fused_BT = fused_signal(spec, logps_BT, entropies_BT, captured[0], answer_BT, options)
     model.zero_grad(set_to_none=True)
     separate_BT = run_probe(model, input_ids_BL, attention_mask_BL, spans, mask_BT, rows_B, options,
                             torch.Generator().manual_seed(SEED), spec, adv_B=adv_B, tokenizer=run.tokenizer)

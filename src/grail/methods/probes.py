@@ -308,7 +308,8 @@ def completion_mask_BT(attention_mask_BL: torch.Tensor, num_completion_tokens: i
 
 
 def answer_nll_saliency(model: nn.Module, input_ids_BL: torch.Tensor, attention_mask_BL: torch.Tensor,
-                        answer_BT: torch.Tensor, *, temperature: float, leaf: Leaf = "embeddings") -> torch.Tensor:
+                        answer_BT: torch.Tensor, *, temperature: float, leaf: Leaf = "embeddings",
+                        with_surprise: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """GRAIL's saliency s_{i,t} = ‖ ∂ℓ/∂h ⊙ h ‖₂ at the input position that predicts completion token t.
 
     ℓ = − Σ_i Σ_{t ∈ answer_i} log softmax(logits / temperature)[y_{i,t}], the logits at the predicting positions with
@@ -320,27 +321,49 @@ def answer_nll_saliency(model: nn.Module, input_ids_BL: torch.Tensor, attention_
         answer_BT: (B, T) bool, the answer-span tokens whose NLL is explained.
         temperature: the sampling temperature.
         leaf: "embeddings" (release default), "first", "middle", "last".
+        with_surprise: also return each completion token's surprise −log π(y_t | y_<t) at `temperature`, from the
+            same forward (the output layer at every completion position, without a graph, in chunks).
     Returns:
         (B, T) float32 >= 0, 0 on padding. Rows without answer tokens get exactly 0 (rows are independent). If no row
         has an answer token, zeros without running the model (the caller keeps distributed processes in step).
+        With `with_surprise`: (saliency_BT, surprise_BT), the surprise float32, 0 on padding (and all 0 when no row
+        has an answer token).
     """
     check_batch("answer_nll_saliency", input_ids_BL, attention_mask_BL, temperature, answer_BT)
     T = answer_BT.shape[1]
     answer_BT = answer_BT.bool()
     if not answer_BT.any():
-        return zeros_BT(input_ids_BL, T)
+        return (zeros_BT(input_ids_BL, T),) * 2 if with_surprise else zeros_BT(input_ids_BL, T)
     rows, cols = answer_BT.nonzero(as_tuple=True)
-    targets_N = align_to_completion(input_ids_BL, T, at="token")[rows, cols]
+    targets_BT = align_to_completion(input_ids_BL, T, at="token")
+    mask_BT = completion_mask_BT(attention_mask_BL, T)
     with torch.enable_grad(), unsharded(model), _fresh_leaf(leaf_module(model, leaf)) as captured:
         hidden_BLD = hidden_states_BLD(model, attention_mask_BL, input_ids=input_ids_BL)
         if len(captured) != 1:
             raise RuntimeError(f"answer_nll_saliency: the leaf module ran {len(captured)} times in one forward")
-        hidden_ND = align_to_completion(hidden_BLD, T, at="predicting")[rows, cols]
-        logp_NV = torch.log_softmax(output_logits(model, hidden_ND, temperature), dim=-1)
-        nll = -logp_NV.gather(1, targets_N[:, None]).sum()
+        hidden_BTD = align_to_completion(hidden_BLD, T, at="predicting")
+        logp_NV = torch.log_softmax(output_logits(model, hidden_BTD[rows, cols], temperature), dim=-1)
+        nll = -logp_NV.gather(1, targets_BT[rows, cols, None]).sum()
+        if with_surprise:  # before the backward: a sharded model (FSDP2) releases its gathered weights after it
+            surprise_BT = _surprise_BT(model, hidden_BTD.detach(), targets_BT, mask_BT, temperature)
         grad_BLD = leaf_gradient(nll, captured[0])
     saliency_BT = align_to_completion(gradient_activation_saliency(grad_BLD, captured[0]), T, at="predicting")
-    return (saliency_BT * completion_mask_BT(attention_mask_BL, T)).detach()  # (B, T)
+    saliency_BT = (saliency_BT * mask_BT).detach()  # (B, T)
+    return (saliency_BT, surprise_BT) if with_surprise else saliency_BT
+
+
+@torch.no_grad()
+def _surprise_BT(model: nn.Module, hidden_BTD: torch.Tensor, targets_BT: torch.Tensor, mask_BT: torch.Tensor,
+                 temperature: float, chunk_positions: int = 1024) -> torch.Tensor:
+    """(B, T) float32 −log π(y_t | y_<t) from the hidden states at the predicting positions, 0 off `mask_BT`; the
+    output layer runs on at most `chunk_positions` positions at a time."""
+    surprise_BT = torch.zeros(mask_BT.shape, dtype=torch.float32, device=mask_BT.device)
+    rows, cols = mask_BT.nonzero(as_tuple=True)
+    for start in range(0, rows.numel(), chunk_positions):
+        r, c = rows[start:start + chunk_positions], cols[start:start + chunk_positions]
+        logp_NV = torch.log_softmax(output_logits(model, hidden_BTD[r, c], temperature), dim=-1)
+        surprise_BT[r, c] = -logp_NV.gather(1, targets_BT[r, c, None]).squeeze(1).float()
+    return surprise_BT
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -242,6 +242,9 @@ class MethodSpec:
     fuse: Literal["saliency", "entropy"] | None = _doc(None, help="what the fused path reads from TRL's training "
                                                                   "forward instead of running the probe: GRAIL's "
                                                                   "saliency or TRL's token entropies (None: nothing)")
+    per_surprise: Callable[[torch.Tensor, torch.Tensor, WeightingOptions], torch.Tensor] | None = _doc(
+        None, help="with fuse='saliency': `(saliency_BT, surprise_BT, options) → signal_BT`, the fused signal from "
+                   "the saliency and TRL's −log π(token) (the probe computes the same). None: the saliency")
     permutes: bool = _doc(False, help="the pipeline permutes each row's weights over its reasoning tokens (the random "
                                       "control): the saliency AUROC scores its weights, not its signal")
     groups: bool = _doc(False, help="reads every rollout of a group (e.g. KTAE): weights are computed at rollout time "
@@ -292,6 +295,9 @@ class MethodSpec:
         if self.fuse is not None and not self.calls_model:
             raise ValueError(f"method {self.name}: fuse={self.fuse!r} reads the training forward, which only a method "
                              f"whose probe calls the model has; set calls_model=True or fuse=None.")
+        if self.per_surprise is not None and self.fuse != "saliency":
+            raise ValueError(f"method {self.name}: per_surprise combines the fused saliency with the surprise; it "
+                             f"needs fuse='saliency' (fuse={self.fuse!r}).")
         unknown = [name for name in self.reads if name not in SCOPED_OPTIONS]
         if unknown:
             raise ValueError(f"method {self.name}: reads={unknown!r}: not an option field a method can own; choose "

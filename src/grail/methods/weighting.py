@@ -162,7 +162,8 @@ def token_weights(model, tokenizer, input_ids_BL: torch.Tensor, attention_mask_B
 
 
 def fused_signal(spec: MethodSpec, logps_BT: torch.Tensor, entropies_BT: torch.Tensor | None,
-                 hidden_BLD: torch.Tensor | None, answer_BT: torch.Tensor) -> torch.Tensor:
+                 hidden_BLD: torch.Tensor | None, answer_BT: torch.Tensor,
+                 options: WeightingOptions | None = None) -> torch.Tensor:
     """The signal the fused path reads from a training forward instead of running the probe (`MethodSpec.fuse`):
     TRL's token entropies (`"entropy"`), or GRAIL's saliency (`"saliency"`): the answer NLL is the sum of the
     forward's log-probs over `answer_BT`, and its gradient with respect to the leaf's output `hidden_BLD` (captured
@@ -175,6 +176,7 @@ def fused_signal(spec: MethodSpec, logps_BT: torch.Tensor, entropies_BT: torch.T
         entropies_BT: (B, T) the sampling distribution's entropies (`"entropy"` only).
         hidden_BLD: (B, L, D) the leaf's output in that forward (`"saliency"` only); None when no row is selected.
         answer_BT: (B, T) bool, the answer tokens of the selected rows only (others all False).
+        options: the method's options, for `spec.per_surprise` (which then divides by −logps_BT).
     Returns:
         (B, T) float32 signal, detached.
     """
@@ -187,7 +189,12 @@ def fused_signal(spec: MethodSpec, logps_BT: torch.Tensor, entropies_BT: torch.T
     nll = -(logps_BT * answer_BT).sum()  # the answer NLL: a sum of the forward's own log-probs
     grad_BLD = probes.leaf_gradient(nll, hidden_BLD, retain_graph=True)
     saliency_BL = core.gradient_activation_saliency(grad_BLD, hidden_BLD)
-    return align_to_completion(saliency_BL, logps_BT.shape[1], at="predicting").float()
+    saliency_BT = align_to_completion(saliency_BL, logps_BT.shape[1], at="predicting").float()
+    if spec.per_surprise is None:
+        return saliency_BT
+    if options is None:
+        raise ValueError(f"fused_signal: token_weighting={spec.name!r} reads its options (per_surprise); pass them")
+    return spec.per_surprise(saliency_BT, -logps_BT.detach().float(), options).float()
 
 
 # ---- the functional API: one function per method ---------------------------------------------------------

@@ -255,7 +255,8 @@ class GRAILTrainer(SharedPromptForward, GRPOTrainer):
         answer_BT = spans.probe_span(options.answer_nll_span) & rows_B[:, None]
         # the last pass holds every completion position (with a shared prompt: the rows' suffixes, which is all the
         # saliency reads: align_to_completion counts from the end)
-        signal_BT = fused_signal(self.method, logps_BT, entropies_BT, captured[-1] if need_grad else None, answer_BT)
+        signal_BT = fused_signal(self.method, logps_BT, entropies_BT, captured[-1] if need_grad else None, answer_BT,
+                                 options)
         weights = weights_from_signal(signal_BT, adv_B, spans, mask_BT, rows_B, options, self._generator,
                                       spec=self.method)  # no probe, so no min_importance floor
         weights.path, weights.seconds = "fused", time.perf_counter() - start  # the signal and the pipeline, once
