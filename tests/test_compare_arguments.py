@@ -17,6 +17,7 @@ from grail.cli import main
     ("grail@learning_rat=1e-4", [], "learning_rate"),  # the unknown key, and the closest field
     ("grail@saliency_leaf=bogus", [], "saliency_leaf"),
     ("grail@seed=3", [], "sets seed"),
+    ("random@permute_weights=true", [], "already permuted"),
     ("none,none", [], "two arms"),
     ("grail@learning_rate=1e-4", ["--sweep", "learning_rate=1e-4,2e-4"], "sweep it or set it"),
     ("none", ["--sweep", "learning_rate"], "FIELD=v1,v2"),
@@ -38,6 +39,12 @@ def test_a_sweep_crosses_every_arm_with_every_value():
         for lr in ("2.5e-5", "1e-4") for beta in ("0", "0.1")]
     assert arms[-1].fields == {"saliency_leaf": "middle", "learning_rate": 1e-4, "beta": 0.1}  # typed
     assert arms[-1].method == "grail" and "/" not in arms[-1].slug
+
+
+def test_a_methods_permutation_null_is_an_arm():
+    arms = compare.parse_arms("none,oar_p,oar_p@permute_weights=true", [])
+    assert arms[2].method == "oar_p" and arms[2].fields == {"permute_weights": True}
+    assert arms[2].label == "oar_p@permute_weights=true" and arms[2].slug != arms[1].slug
 
 
 def test_compare_help_imports_neither_torch_nor_trl():

@@ -320,3 +320,39 @@ def test_the_functional_api_honours_both_options(tokenizer):
     assert torch.all((release * mask).sum(1) / mask.sum(1) > 1.05)  # the release's scale, for contrast
     with pytest.raises(ValueError, match="zscore_scope"):
         oar_g_weights(*args, zscore_scope="to_answer")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# permute_weights: any method's own permutation null
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_grail_with_permuted_weights_is_the_random_control_exactly():
+    signal, adv, spans, mask = _spans_batch()
+    for rescale in ("none", "row_mean"):
+        random = _weights("random", signal, adv, spans, mask, torch.Generator().manual_seed(5), rollout_symmetry="both",
+                          weight_rescale=rescale).weights_BT
+        grail = _weights("grail", signal, adv, spans, mask, torch.Generator().manual_seed(5), rollout_symmetry="both",
+                         weight_rescale=rescale, permute_weights=True).weights_BT
+        assert torch.equal(grail, random)
+
+
+@pytest.mark.parametrize("method", sorted(m for m, s in METHODS.items() if s.probe is not None and not s.permutes))
+def test_permuted_weights_keep_each_rows_reasoning_multiset_and_everything_else(method):
+    signal, adv, spans, mask = _spans_batch()
+    base = _weights(method, signal.abs().nan_to_num(0.0), adv, spans, mask, torch.Generator().manual_seed(1),
+                    rollout_symmetry="both").weights_BT
+    out = _weights(method, signal.abs().nan_to_num(0.0), adv, spans, mask, torch.Generator().manual_seed(1),
+                   rollout_symmetry="both", permute_weights=True).weights_BT
+    reason = spans.reasoning_BT & mask
+    for i in range(4):
+        torch.testing.assert_close(out[i][reason[i]].sort().values, base[i][reason[i]].sort().values)
+        assert torch.equal(out[i][~reason[i]], base[i][~reason[i]])
+    varied = [i for i in range(4) if base[i][reason[i]].unique().numel() > 1]
+    assert varied and any(not torch.equal(out[i], base[i]) for i in varied)  # it did permute
+
+
+@pytest.mark.parametrize("method, why", [("random", "already permuted"), ("none", "does nothing"),
+                                         ("top_entropy", "does nothing")])
+def test_permute_weights_is_refused_where_it_means_nothing(method, why):
+    with pytest.raises(ValueError, match=why):
+        checked(WeightingOptions(token_weighting=method, permute_weights=True))

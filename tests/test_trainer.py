@@ -83,6 +83,21 @@ def test_fused_equals_separate(tiny_dir, tmp_path, method, leaf, span):
     assert_same(fused, separate, atol=1e-5)
 
 
+@pytest.mark.parametrize("path", ["fused", "separate"])
+def test_grail_with_permuted_weights_trains_as_the_random_control(tiny_dir, tmp_path, path):
+    """permute_weights reaches the trainer's weights on both paths: GRAIL's weights shuffled with the run's own
+    generator are the random control's, token for token, and so is the loss."""
+    results = {}
+    for name, fields in (("random", {}), ("grail", {"permute_weights": True})):
+        trainer = make_trainer(GRAILTrainer, tiny_dir, tmp_path / name, token_weighting=name, saliency_path=path,
+                               rollout_symmetry="both", **fields)
+        results[name] = (loss_and_grads(trainer, trl_batch(trainer.processing_class)), trainer.last_token_weights)
+    (random_out, w_random), (grail_out, w_grail) = results["random"], results["grail"]
+    assert w_grail.path == path and w_random.path == path
+    assert torch.equal(w_grail.weights_BT, w_random.weights_BT)
+    assert_same(grail_out, random_out, atol=0)
+
+
 def test_fused_probe_writes_no_parameter_grad(tiny_dir, tmp_path):
     trainer = make_trainer(GRAILTrainer, tiny_dir, tmp_path, token_weighting="grail", saliency_path="fused")
     trainer.current_gradient_accumulation_steps = 1

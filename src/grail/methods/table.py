@@ -204,6 +204,10 @@ class ResolvedMethod(NamedTuple):
 def check_combination(spec: MethodSpec, options: WeightingOptions, config=None) -> None:
     """ValueError when the method's `check` refuses the combination of `options` (and the run's `config`)."""
     problem = spec.check(options, config) if spec.check is not None else None
+    if options.permute_weights and (spec.permutes or spec.probe is None):
+        problem = (f"permute_weights=true, token_weighting={spec.name!r}: "
+                   + ("its weights are already permuted; use permute_weights=false" if spec.permutes else
+                      "it gives every token w = 1, so permuting its weights does nothing; use permute_weights=false"))
     if problem:
         raise ValueError(f"{problem}.")
 

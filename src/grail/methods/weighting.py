@@ -89,7 +89,8 @@ def weights_from_signal(signal_BT: torch.Tensor, adv_B: torch.Tensor, spans: Ans
                         generator: torch.Generator | None = None, min_importance: float = 0.0,
                         spec: MethodSpec | None = None) -> TokenWeights:
     """Turn a probe's signal into weights with the method's pipeline (pure tensor code). `min_importance`: the
-    signal's rounding floor (`MethodSpec.min_importance`; 0 for methods without one). With
+    signal's rounding floor (`MethodSpec.min_importance`; 0 for methods without one). With `permute_weights`, the
+    pipeline's weights are shuffled over each row's reasoning tokens (`core.permuted_weights`). With
     `weight_rescale="row_mean"`, the pipeline's final weights (overrides and the random control's permutation
     done) are divided by their row mean (`grail.methods.core.row_mean_rescaled`), whatever the method. `spec`: as
     for `probe_rows`."""
@@ -98,6 +99,8 @@ def weights_from_signal(signal_BT: torch.Tensor, adv_B: torch.Tensor, spans: Ans
     # Rows not probed get a constant signal: the weights the method gives a row with no information.
     signal_BT = torch.where(rows_B[:, None], signal_BT.float(), torch.ones_like(signal_BT, dtype=torch.float32))
     result = spec.pipeline(spec, signal_BT, adv_B, spans, mask_BT, rows_B, options, generator, min_importance)
+    if options.permute_weights:  # the method's own permutation null (the random control's shuffle, any method)
+        result.weights_BT = core.permuted_weights(result.weights_BT, spans.reasoning_BT & mask_BT.bool(), generator)
     if options.weight_rescale == "row_mean":
         result.weights_BT = core.row_mean_rescaled(result.weights_BT, mask_BT)
     return result

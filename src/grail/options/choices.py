@@ -121,6 +121,18 @@ class WeightingFields:
                   "stay as they are. OAR's reshaping already preserves mass, so only rounding changes there. "
                   "weights/clip_* still count the clipping before the rescale."},
     )
+    permute_weights: bool = field(
+        default=False,
+        metadata={EVERY_METHOD: True,
+                  "help": "A method's own permutation null, opt-in: each row's final weights (after the method's "
+                  "pipeline and answer-span overrides, before weight_rescale) are shuffled at random over the row's "
+                  "reasoning tokens (before the answer box), as the `random` control shuffles GRAIL's. The row keeps "
+                  "its multiset of weights, so its mass and the distribution of its credit, and loses where the "
+                  "credit goes: a method that beats its own permuted weights gains from the placement, not the "
+                  "spread (`oar_p@permute_weights=true` is OAR-P's null in `grail compare`). "
+                  "`grail@permute_weights=true` gives exactly `random`'s weights. Refused with `random` (already "
+                  "permuted) and with methods without a signal (none, top_entropy)."},
+    )
     zscore_scope: ZscoreScope = field(
         default="completion",
         metadata={"help": "The tokens GRAIL's per-row z-score of log(signal) is taken over (grail, random, "

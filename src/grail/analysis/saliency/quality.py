@@ -290,7 +290,7 @@ def saliency_auroc(model, tokenizer, rows: Sequence[dict], methods: Sequence[str
                         distance_BT, position_BT, group_BT, index_BT)))
                 if spec.importance is not None:  # how the method's signal reads as importance (KTAE: |kt|)
                     signal_BT = spec.importance(signal_BT)
-                if spec.permutes:  # the random control: its own signal is a random score, not GRAIL's saliency
+                if spec.permutes or opts.permute_weights:  # a permutation null: its signal is a random score
                     signal_BT = torch.rand(mask_BT.shape, generator=generators[m], device=device)
                 for part, values_BT, keep_BT in (("signal", signal_BT, reasoning_BT),
                                                  ("weights", weights_BT, reasoning_BT & rows_B.cpu()[:, None])):
