@@ -1,7 +1,8 @@
-"""Screen credit signals (issue 45): for each method (built-in, or a candidate of credit_candidates/, registered here
-through the public API) on each label set, the position-fixed AUROC of the method's signal (critical above filler or
-format tokens; grail.analysis.saliency.fixed_position) with its 95% bootstrap interval, the shares of labelled
-critical / contrast tokens that entered it, and the seconds the method's probe took per row.
+"""Screen credit signals (issue 45): for each method (built-in, a plug-in such as grail_over_surprise, or a candidate of
+credit_candidates/, registered here through the public API) on each label set, the position-fixed AUROC of the
+method's signal (critical above filler or format tokens; grail.analysis.saliency.fixed_position) with its 95%
+bootstrap interval, the shares of labelled critical / contrast tokens that entered it, and the seconds the method's
+probe took per row.
 
     python perf/experiments/credit_screen.py [--model tiny|smollm2-135m|gemma3-270m|DIR] [--seed 0]
         [--methods grail,oar_p,attr_patch,attr_patch_drop,contrastive,contrastive_saliency,grail_over_surprise,ig_patch]
