@@ -1,5 +1,6 @@
-"""What the probe tests share (tests/test_probes.py, tests/test_oar_p_sharing.py): the tiny Qwen3 they probe (float32
-and a float64 copy), the test batch in TRL's layout, and references computed from full logits."""
+"""What the probe tests share (tests/test_probes.py, tests/test_oar_p_sharing.py, and the signal tests that read text:
+test_credit_candidates_grad.py, test_grail_over_surprise.py, test_against_captum.py): the tiny Qwen3 they probe
+(float32 and a float64 copy), the test batches in TRL's layout, and references computed from full logits."""
 
 import torch
 
@@ -9,9 +10,10 @@ PAD = 0  # the tiny tokenizer's pad (= eos) id
 P, T = 6, 10  # prompt and completion widths of the test batch
 
 
-def probe_model(tokenizer):
-    """The tiny Qwen3 the probes are tested on (the `model` fixture of each probe test module)."""
-    model = build_tiny_model(tokenizer, seed=0, hidden_size=64, intermediate_size=128, max_positions=64)
+def probe_model(tokenizer, max_positions: int = 64):
+    """The tiny Qwen3 the probes are tested on (the `model` fixture of each probe test module; the text batches of
+    `text_rows` need max_positions=96)."""
+    model = build_tiny_model(tokenizer, seed=0, hidden_size=64, intermediate_size=128, max_positions=max_positions)
     # Random init gives near-uniform distributions; sharper weights make KLs and saliencies less tiny.
     with torch.no_grad():
         model.get_input_embeddings().weight.mul_(8.0)
@@ -35,6 +37,18 @@ def padded_rows(prompt_width: int, completion_width: int, seed: int, layout: lis
         attn[i, :left], attn[i, prompt_width + completion :] = 0, 0
     ids[attn == 0] = PAD
     return ids, attn
+
+
+# two worked answers: the prompts and the completions of the text batches
+WORKED = (["Q: 7*5-8\nA:", "Q: 9+6-4\nA:"], [" 7*5=35, 35-8=27. so \\boxed{27}", " 9+6=15 \\boxed{15}"])
+
+
+def text_rows(tokenizer, prompts, completions):
+    """(ids_BL, attn_BL, T) of texts in TRL's layout: prompts left-padded, completions right-padded."""
+    p = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    c = tokenizer(completions, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False)
+    return (torch.cat([p["input_ids"], c["input_ids"]], 1), torch.cat([p["attention_mask"], c["attention_mask"]], 1),
+            c["input_ids"].shape[1])
 
 
 def probe_batch():

@@ -4,41 +4,28 @@ LayerGradientXActivation on the embedding layer, and ig_patch's integrated gradi
 reasoning moved towards the pad) are minus captum's LayerIntegratedGradients from the pad-substituted baseline
 (method "riemann_middle", the same K points), on the reasoning tokens. Both on a tiny Qwen3 in float64."""
 
-import copy
-
 import pytest
 import torch
 from credit_candidates import ig_patch
 
 from grail.methods import probes
 from grail.methods.spans import answer_spans
-from grail.models.tiny import build_tiny_model
+from probe_batches import PAD, WORKED, float64_copy, probe_model, text_rows
 
 captum_attr = pytest.importorskip("captum.attr")
 
-PAD = 0  # the tiny tokenizer's pad (= eos) id
 TEMPERATURE = 0.7
 
 
 @pytest.fixture(scope="module")
 def model64(tokenizer):
-    model = build_tiny_model(tokenizer, seed=0, hidden_size=64, intermediate_size=128, max_positions=96)
-    with torch.no_grad():
-        model.get_input_embeddings().weight.mul_(8.0)
-    return copy.deepcopy(model).double().eval()
+    return float64_copy(probe_model(tokenizer, max_positions=96))
 
 
 @pytest.fixture(scope="module")
 def batch(tokenizer):
-    p = tokenizer(["Q: 7*5-8\nA:", "Q: 9+6-4\nA:"], return_tensors="pt", padding=True, padding_side="left",
-                  add_special_tokens=False)
-    c = tokenizer([" 7*5=35, 35-8=27. so \\boxed{27}", " 9+6=15 \\boxed{15}"], return_tensors="pt", padding=True,
-                  padding_side="right", add_special_tokens=False)
-    ids = torch.cat([p["input_ids"], c["input_ids"]], 1)
-    attn = torch.cat([p["attention_mask"], c["attention_mask"]], 1)
-    T = c["input_ids"].shape[1]
-    spans = answer_spans(tokenizer, ids[:, -T:], attn[:, -T:].bool())
-    return ids, attn, T, spans
+    ids, attn, T = text_rows(tokenizer, *WORKED)
+    return ids, attn, T, answer_spans(tokenizer, ids[:, -T:], attn[:, -T:].bool())
 
 
 def _answer_logp(model, T, box_BT):

@@ -12,17 +12,12 @@ import torch
 from credit_candidates import CANDIDATES, attr_patch, contrastive, ig_patch
 
 import grail
-from grail.models.tiny import build_tiny_model
-
-PAD = 0  # the tiny tokenizer's pad (= eos) id
+from probe_batches import PAD, probe_model, text_rows
 
 
 @pytest.fixture(scope="module")
 def model(tokenizer):
-    model = build_tiny_model(tokenizer, seed=0, hidden_size=64, intermediate_size=128, max_positions=96)
-    with torch.no_grad():  # sharper distributions than the near-uniform random init
-        model.get_input_embeddings().weight.mul_(8.0)
-    return model.eval()
+    return probe_model(tokenizer, max_positions=96)
 
 
 def _rms_norm_in_input_dtype(self, hidden_states):
@@ -39,14 +34,6 @@ def model64(model, monkeypatch):
 
     monkeypatch.setattr(modeling_qwen3.Qwen3RMSNorm, "forward", _rms_norm_in_input_dtype)
     return copy.deepcopy(model).double().eval()
-
-
-def _batch(tokenizer, prompts, completions):
-    """TRL's layout: prompts left-padded, completions right-padded; returns ids_BL, attn_BL, T."""
-    p = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
-    c = tokenizer(completions, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False)
-    return (torch.cat([p["input_ids"], c["input_ids"]], 1), torch.cat([p["attention_mask"], c["attention_mask"]], 1),
-            c["input_ids"].shape[1])
 
 
 def _spans(tokenizer, ids, attn, T):
@@ -75,7 +62,7 @@ def test_every_candidate_passes_the_public_checker(name):
 
 @pytest.mark.parametrize("question", ["Q: 7*5-8\nA:", "Q: 7*5-8, a prompt longer than every completion here\nA:"])
 def test_signals_have_the_batch_shape_and_are_zero_on_padding_and_without_an_answer(model, tokenizer, question):
-    ids, attn, T = _batch(tokenizer, [question, "Q: 9+6-4\nA:", "Q: 9+6-4\nA:"],
+    ids, attn, T = text_rows(tokenizer, [question, "Q: 9+6-4\nA:", "Q: 9+6-4\nA:"],
                           [" 7*5=35, 35-8=27. so \\boxed{27}", " 9+6=15 \\boxed{15}", " 9+6=14. 14-4=10."])
     spans = _spans(tokenizer, ids, attn, T)
     mask_BT = attn[:, -T:].bool()
@@ -99,7 +86,7 @@ def test_attr_patch_is_the_first_order_change_of_the_answer_log_prob(model64, to
     """Δ_t = ∇_{e_t} log π(answer) · (e_pad − e_t) against (f(ε) − f(−ε)) / 2ε, f(ε) = log π(answer) with
     e_t → e_t + ε (e_pad − e_t), through the model's own forward in float64. Reading at the predicting position
     (GRAIL's) instead of the token's own, or differentiating the wrong target, fails this."""
-    ids, attn, T = _batch(tokenizer, ["Q: 7*5-8\nA:", "Q: 9+6-4\nA:"],
+    ids, attn, T = text_rows(tokenizer, ["Q: 7*5-8\nA:", "Q: 9+6-4\nA:"],
                           [" 7*5=35, 35-8=27. so \\boxed{27}", " 9+6=15 \\boxed{15}"])
     box_BT = _spans(tokenizer, ids, attn, T).box_BT
     got = attr_patch.attr_patch_signal(model64, ids, attn, box_BT, temperature=1.0, pad_token_id=PAD, signal=signal)
@@ -123,7 +110,7 @@ def test_attr_patch_is_the_first_order_change_of_the_answer_log_prob(model64, to
 def test_attr_patch_reads_the_tokens_own_embedding_not_the_predicting_one(model64, tokenizer):
     """The one-position shift: the last box token (the closing brace) is an input to nothing in the answer, so its
     own Δ is 0, while the token before it (which predicts it) has one."""
-    ids, attn, T = _batch(tokenizer, ["Q: 7*5-8\nA:"], [" 7*5=35 \\boxed{27}"])
+    ids, attn, T = text_rows(tokenizer, ["Q: 7*5-8\nA:"], [" 7*5=35 \\boxed{27}"])
     box_BT = _spans(tokenizer, ids, attn, T).box_BT
     got = attr_patch.attr_patch_signal(model64, ids, attn, box_BT, temperature=1.0, pad_token_id=PAD)
     last = int(box_BT[0].nonzero().max())
@@ -134,7 +121,7 @@ def test_contrastive_gradient_adds_the_forced_copy_over_the_shared_prefix(model6
     """Rows 0 and 1 share the prompt and the text before the box, so row 0's forced copy IS row 1:
     J_0 = log π(row 0's content and brace) − log π(row 1's content and brace | row 0's prefix). Finite differences of
     J_0 with each prefix token moved towards the pad in both sequences at once (they share it) match the signal."""
-    ids, attn, T = _batch(tokenizer, ["Q: 7*5-8\nA:"] * 2, [" 7*5=35 so \\boxed{27}", " 7*5=35 so \\boxed{28}"])
+    ids, attn, T = text_rows(tokenizer, ["Q: 7*5-8\nA:"] * 2, [" 7*5=35 so \\boxed{27}", " 7*5=35 so \\boxed{28}"])
     spans = _spans(tokenizer, ids, attn, T)
     counts = Counter()
     got = contrastive.contrastive_signal(model64, tokenizer, ids, attn, torch.tensor([1.0, -1.0]), T,
@@ -165,7 +152,7 @@ def test_contrastive_picks_the_farthest_advantage_and_counts_its_fallbacks(model
     prompts = ["Q: 7*5-8\nA:"] * 4 + ["Q: 9+6-4\nA:"] * 3
     completions = [" 35-8=27 \\boxed{27}", " 35-8=28 \\boxed{28}", " 35-8=26 \\boxed{26}", " 35-8=27 \\boxed{27}",
                    " 15-4=11 \\boxed{11}", " so \\boxed{11}", " 15-4=11"]
-    ids, attn, T = _batch(tokenizer, prompts, completions)
+    ids, attn, T = text_rows(tokenizer, prompts, completions)
     adv = torch.tensor([0.5, -0.2, -0.8, 0.5, 0.3, -0.3, 0.0])
     _, competitor = contrastive.competitor_rows(tokenizer, ids, attn, adv, T)
     assert competitor == [2, 0, 0, 2, -2, -2, -1]
@@ -187,7 +174,7 @@ def test_ig_patch_averages_each_tokens_directional_derivative_along_the_path(mod
     each token's share is read at its own embedding in the direction of its own substitution. (Completeness against
     J(padded) − J(clean) is not tested: on this random model J(α) jumps in the last 5% of the path, which a few
     midpoint steps cannot integrate; that is a property of the candidate, reported, not a defect of the code.)"""
-    ids, attn, T = _batch(tokenizer, ["Q: 7*5-8\nA:", "Q: 9+6-4\nA:"],
+    ids, attn, T = text_rows(tokenizer, ["Q: 7*5-8\nA:", "Q: 9+6-4\nA:"],
                           [" 7*5=35, 35-8=27. so \\boxed{27}", " 9+6=15 \\boxed{15}"])
     spans = _spans(tokenizer, ids, attn, T)
     K, h, S = 2, 1e-5, ids.shape[1] - T
@@ -214,7 +201,7 @@ def test_a_screening_variant_is_its_candidate_with_the_option_fixed(model, token
     from grail.methods.spec import ProbeBatch
     from grail.options.choices import WeightingOptions
 
-    ids, attn, T = _batch(tokenizer, ["Q: 7*5-8\nA:"], [" 7*5=35, 35-8=27. so \\boxed{27}"])
+    ids, attn, T = text_rows(tokenizer, ["Q: 7*5-8\nA:"], [" 7*5=35, 35-8=27. so \\boxed{27}"])
     box_BT = _spans(tokenizer, ids, attn, T).box_BT
     got = CANDIDATES["attr_patch_drop"].probe(model, ProbeBatch(ids, attn, box_BT, box_BT), WeightingOptions(), None)
     want = attr_patch.attr_patch_signal(model, ids, attn, box_BT, temperature=1.0, pad_token_id=PAD, signal="drop")
@@ -228,7 +215,7 @@ def test_contrastive_counts_each_method_under_its_own_name(model, tokenizer):
     from grail.methods.spec import ProbeBatch
     from grail.options.choices import WeightingOptions
 
-    ids, attn, T = _batch(tokenizer, ["Q: 7*5-8\nA:"] * 2, [" 7*5=35 so \\boxed{27}", " 7*5=35 so \\boxed{28}"])
+    ids, attn, T = text_rows(tokenizer, ["Q: 7*5-8\nA:"] * 2, [" 7*5=35 so \\boxed{27}", " 7*5=35 so \\boxed{28}"])
     box_BT = _spans(tokenizer, ids, attn, T).box_BT
     rows = ProbeBatch(ids, attn, box_BT, box_BT, torch.tensor([1.0, -1.0]), None, tokenizer)
     contrastive.COUNTS.pop("contrastive_saliency", None)

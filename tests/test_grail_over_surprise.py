@@ -12,26 +12,17 @@ from grail.methods import probes
 from grail.methods.signals.grail_over_surprise import SPEC
 from grail.methods.spans import answer_spans
 from grail.methods.table import METHODS
-from grail.models.tiny import build_tiny_model
+from probe_batches import WORKED, probe_model, text_rows
 
 
 @pytest.fixture(scope="module")
 def model(tokenizer):
-    model = build_tiny_model(tokenizer, seed=0, hidden_size=64, intermediate_size=128, max_positions=96)
-    with torch.no_grad():  # sharper distributions than the near-uniform random init
-        model.get_input_embeddings().weight.mul_(8.0)
-    return model.eval()
+    return probe_model(tokenizer, max_positions=96)
 
 
 def _batch(tokenizer):
-    """TRL's layout (prompts left-padded, completions right-padded): ids_BL, attn_BL, T, box_BT."""
-    p = tokenizer(["Q: 7*5-8\nA:", "Q: 9+6-4\nA:"], return_tensors="pt", padding=True, padding_side="left",
-                  add_special_tokens=False)
-    c = tokenizer([" 7*5=35, 35-8=27. so \\boxed{27}", " 9+6=15 \\boxed{15}"], return_tensors="pt", padding=True,
-                  padding_side="right", add_special_tokens=False)
-    ids = torch.cat([p["input_ids"], c["input_ids"]], 1)
-    attn = torch.cat([p["attention_mask"], c["attention_mask"]], 1)
-    T = c["input_ids"].shape[1]
+    """The worked answers in TRL's layout: ids_BL, attn_BL, T, box_BT."""
+    ids, attn, T = text_rows(tokenizer, *WORKED)
     return ids, attn, T, answer_spans(tokenizer, ids[:, -T:], attn[:, -T:].bool()).box_BT
 
 

@@ -32,7 +32,7 @@ state, so a distribution from a MEAN hidden state is not the mean of the logits 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import get_args
 
@@ -321,13 +321,11 @@ def answer_nll_saliency(model: nn.Module, input_ids_BL: torch.Tensor, attention_
         answer_BT: (B, T) bool, the answer-span tokens whose NLL is explained.
         temperature: the sampling temperature.
         leaf: "embeddings" (release default), "first", "middle", "last".
-        with_surprise: also return each completion token's surprise −log π(y_t | y_<t) at `temperature`, from the
-            same forward (the output layer at every completion position, without a graph, in chunks).
+        with_surprise: also return each completion token's surprise −log π(y_t | y_<t) at `temperature` from the
+            same forward (`per_position_BT`), as (saliency_BT, surprise_BT); both all 0 when no row has an answer.
     Returns:
         (B, T) float32 >= 0, 0 on padding. Rows without answer tokens get exactly 0 (rows are independent). If no row
         has an answer token, zeros without running the model (the caller keeps distributed processes in step).
-        With `with_surprise`: (saliency_BT, surprise_BT), the surprise float32, 0 on padding (and all 0 when no row
-        has an answer token).
     """
     check_batch("answer_nll_saliency", input_ids_BL, attention_mask_BL, temperature, answer_BT)
     T = answer_BT.shape[1]
@@ -345,7 +343,8 @@ def answer_nll_saliency(model: nn.Module, input_ids_BL: torch.Tensor, attention_
         logp_NV = torch.log_softmax(output_logits(model, hidden_BTD[rows, cols], temperature), dim=-1)
         nll = -logp_NV.gather(1, targets_BT[rows, cols, None]).sum()
         if with_surprise:  # before the backward: a sharded model (FSDP2) releases its gathered weights after it
-            surprise_BT = _surprise_BT(model, hidden_BTD.detach(), targets_BT, mask_BT, temperature)
+            surprise_BT = per_position_BT(model, hidden_BTD.detach(), mask_BT, temperature, lambda logits_NV, r, c:
+                                          -torch.log_softmax(logits_NV, dim=-1).gather(1, targets_BT[r, c, None])[:, 0])
         grad_BLD = leaf_gradient(nll, captured[0])
     saliency_BT = align_to_completion(gradient_activation_saliency(grad_BLD, captured[0]), T, at="predicting")
     saliency_BT = (saliency_BT * mask_BT).detach()  # (B, T)
@@ -353,17 +352,19 @@ def answer_nll_saliency(model: nn.Module, input_ids_BL: torch.Tensor, attention_
 
 
 @torch.no_grad()
-def _surprise_BT(model: nn.Module, hidden_BTD: torch.Tensor, targets_BT: torch.Tensor, mask_BT: torch.Tensor,
-                 temperature: float, chunk_positions: int = 1024) -> torch.Tensor:
-    """(B, T) float32 −log π(y_t | y_<t) from the hidden states at the predicting positions, 0 off `mask_BT`; the
-    output layer runs on at most `chunk_positions` positions at a time."""
-    surprise_BT = torch.zeros(mask_BT.shape, dtype=torch.float32, device=mask_BT.device)
+def per_position_BT(model: nn.Module, hidden_BTD: torch.Tensor, mask_BT: torch.Tensor, temperature: float,
+                    read: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+                    chunk_positions: int = 1024) -> torch.Tensor:
+    """(B, T) float32 `read(logits_NV, rows_N, cols_N)` → (N,) at every position of `mask_BT` (0 elsewhere), from the
+    hidden states at the predicting positions; the output layer runs on at most `chunk_positions` positions at a time
+    (memory: chunk_positions × V float32). No gradient."""
+    out_BT = torch.zeros(mask_BT.shape, dtype=torch.float32, device=mask_BT.device)
     rows, cols = mask_BT.nonzero(as_tuple=True)
-    for start in range(0, rows.numel(), chunk_positions):
-        r, c = rows[start:start + chunk_positions], cols[start:start + chunk_positions]
-        logp_NV = torch.log_softmax(output_logits(model, hidden_BTD[r, c], temperature), dim=-1)
-        surprise_BT[r, c] = -logp_NV.gather(1, targets_BT[r, c, None]).squeeze(1).float()
-    return surprise_BT
+    step = max(1, chunk_positions)
+    for start in range(0, rows.numel(), step):
+        r, c = rows[start : start + step], cols[start : start + step]
+        out_BT[r, c] = read(output_logits(model, hidden_BTD[r, c], temperature), r, c).float()
+    return out_BT
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -387,15 +388,11 @@ def token_entropies(model: nn.Module, input_ids_BL: torch.Tensor, attention_mask
     """
     T = num_completion_tokens
     check_batch("token_entropies", input_ids_BL, attention_mask_BL, temperature)
-    entropy_BT = zeros_BT(input_ids_BL, T)
     mask_BT = completion_mask_BT(attention_mask_BL, T)
     if not mask_BT.any():
-        return entropy_BT
+        return zeros_BT(input_ids_BL, T)
     with unsharded(model):
-        hidden_BLD = hidden_states_BLD(model, attention_mask_BL, input_ids=input_ids_BL)
-        hidden_BTD = align_to_completion(hidden_BLD, T, at="predicting")
-        rows, cols = mask_BT.nonzero(as_tuple=True)
-        for start in range(0, rows.numel(), max(1, chunk_positions)):
-            r, c = rows[start : start + chunk_positions], cols[start : start + chunk_positions]
-            entropy_BT[r, c] = entropy_from_logits(output_logits(model, hidden_BTD[r, c], temperature))
-    return entropy_BT
+        hidden_BTD = align_to_completion(hidden_states_BLD(model, attention_mask_BL, input_ids=input_ids_BL), T,
+                                         at="predicting")
+        return per_position_BT(model, hidden_BTD, mask_BT, temperature,
+                               lambda logits_NV, r, c: entropy_from_logits(logits_NV), chunk_positions)

@@ -18,7 +18,7 @@ output layer at every completion position without a graph.
 
 Found by screening nine candidates against position-held-fixed label sets on the warm-started SmolLM2 (0.70 and
 0.71 against inserted filler and the solution's own frame words, where GRAIL scores 0.28 and 0.43); its result on a
-fresh seed and both families is on docs/results/credit-screen.md.
+fresh seed and both families is on docs/results/credit-fresh.md.
 """
 
 from __future__ import annotations
