@@ -93,7 +93,8 @@ def test_each_run_reports_the_saliency_auroc_of_its_final_model_and_of_the_warm_
         for seed in range(2):
             extra = json.loads((out / "runs" / arm["slug"] / f"seed{seed}" / "extra_metrics.json").read_text())
             assert {f"auroc/{m}/signal" for m in method_names(auroc=True)} <= set(extra)
-            assert all(0.0 <= v <= 1.0 for v in extra.values())
+            assert all(0.0 <= v <= 1.0 for k, v in extra.items() if k.startswith("auroc/"))
+            assert extra["logp/critical"] < 0 and extra["logp/contrast"] < 0  # mean log-probabilities
     run_dir = out / "runs" / "grail_saliency_leaf_middle" / "seed0"
     if not run_dir.is_dir():
         run_dir = next(p / "seed0" for p in (out / "runs").iterdir() if p.name != "none")
@@ -108,6 +109,7 @@ def test_each_run_reports_the_saliency_auroc_of_its_final_model_and_of_the_warm_
     assert "At the start (step 0, before RL), under each arm's own task and weighting settings: none: " in text
     first = sorted(method_names(auroc=True))[0]  # the AUROCs are listed by name
     assert f"; grail@saliency_leaf=middle: {first}/signal" in text
+    assert "`logp/<critical|contrast>`" in text and "`signal_fixed`" not in text  # the task's rows: no fixed AUROC
 
 
 def test_each_checkpoint_gets_the_saliency_auroc_and_the_report_follows_it_over_training(comparison, tmp_path):
@@ -313,8 +315,9 @@ def test_run_auroc_on_a_label_set_is_the_saliency_auroc_of_its_rows_pooled_and_p
     assert run_auroc(warm_dir, cfg, AurocPlan(4)) == {}  # the task's rows need the synthetic task
     auroc = AurocPlan(4, "multi_step_filler", ("grail", "position"))
     got = run_auroc(warm_dir, cfg, auroc)
-    assert set(got) == auroc.names(cfg) == {f"auroc/{m}/{k}" for m in ("grail", "position", "random")
-                                            for k in ("signal", "weights", "signal_matched")}
+    assert set(got) == {f"auroc/{m}/{k}" for m in ("grail", "position", "random")
+                        for k in ("signal", "weights", "signal_matched")} | {"logp/critical", "logp/contrast"}
+    assert set(got) < auroc.names(cfg)  # the position-fixed kind needs a counterbalanced set
     expected = model_dir_saliency_auroc(warm_dir, label_set_rows("multi_step_filler", 4, 0), ["grail", "position"],
                                         SaliencyQualityOptions(weighting=cfg.weighting_options()))
     for method in ("grail", "position"):
@@ -326,6 +329,34 @@ def test_run_auroc_on_a_label_set_is_the_saliency_auroc_of_its_rows_pooled_and_p
                        (AurocPlan(0, "multi_step_filler"), "--auroc-rows N")):
         with pytest.raises(ValueError, match=named):
             run_auroc(warm_dir, cfg, bad)
+
+def test_run_auroc_on_a_counterbalanced_set_adds_the_position_fixed_auroc_and_the_label_logprobs(warm_cache):
+    """On a counterbalanced set (rows = groups) run_auroc adds `signal_fixed`, quality's position-fixed AUROC (0.5
+    exactly for the position null), and the model's `logp/critical|contrast` as label_logprobs computes them."""
+    from grail.analysis.compare.auroc import AurocPlan, default_rows, run_auroc
+    from grail.analysis.saliency.counterbalanced import counterbalanced_filler_rows
+    from grail.analysis.saliency.label_logprobs import label_logprobs
+    from grail.analysis.saliency.quality import SaliencyQualityOptions, load_model_dir, saliency_auroc
+    from grail.training.overrides import build_config
+
+    _, warm_dir = warm_cache
+    cfg = build_config({"token_weighting": "grail", "dataset": "openai/gsm8k", "output_dir": "unused"})
+    auroc = AurocPlan(1, "counterbalanced_filler", ("grail", "position"))
+    assert "1 groups of the counterbalanced label set" in auroc.describe()
+    assert (default_rows("counterbalanced_filler"), default_rows(None), default_rows("multi_step_filler")) == (2, 64, 64)
+    got = run_auroc(warm_dir, cfg, auroc)
+    assert set(got) == auroc.names(cfg)
+    rows = counterbalanced_filler_rows(1, 0)
+    options = SaliencyQualityOptions(weighting=cfg.weighting_options())
+    model, tokenizer = load_model_dir(warm_dir)
+    expected = saliency_auroc(model, tokenizer, rows, ["grail", "position"], options)
+    for method in ("grail", "position"):
+        assert got[f"auroc/{method}/signal_fixed"] == expected[method]["signal"].fixed.auroc
+        assert got[f"auroc/{method}/signal"] == expected[method]["signal"].auroc
+    assert got["auroc/position/signal_fixed"] == 0.5
+    assert got["auroc/grail/signal_fixed"] != 0.5
+    logp = label_logprobs(model, tokenizer, rows, options)
+    assert (got["logp/critical"], got["logp/contrast"]) == (logp.critical, logp.contrast)
 
 
 def test_the_report_gives_the_paired_checks_without_normality(comparison):

@@ -278,11 +278,11 @@ def test_saliency_rows_survive_a_byte_level_bpe_tokenizer(real_model_dir):
 def test_message_prompts_reach_the_saliency_traces_through_the_chat_template():
     """grail.analysis.saliency.quality renders a words row's chat messages with the tokenizer's chat template, as
     training does; the completion is the solution alone."""
-    from grail.analysis.saliency.quality import SaliencyQualityOptions, _traces
+    from grail.analysis.saliency.quality import SaliencyQualityOptions, teacher_forced_traces
 
     tokenizer = build_tokenizer()
     rows = synthetic_rows(replace(WORDS_TASK, filler_rate=1.0), n=3, split="heldout", seed=0)
-    traces = _traces(tokenizer, rows, SaliencyQualityOptions(traces="reference"))
+    traces = teacher_forced_traces(tokenizer, rows, SaliencyQualityOptions(traces="reference"))
     for row, trace in zip(rows, traces, strict=True):
         prompt = tokenizer.decode(trace.prompt_ids)
         assert prompt == tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)

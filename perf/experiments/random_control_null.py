@@ -34,14 +34,14 @@ def grail_weights(model, tokenizer, rows, options):
     """(weights_GT, reasoning_GT, labels_GT) of GRAIL on the corrupted traces (G of them, right-padded)."""
     spec = method_spec("grail")
     opts = options_for(spec, options.weighting)
-    traces = [t for t in quality._traces(tokenizer, rows, options) if t.advantage < 0]
+    traces = [t for t in quality.teacher_forced_traces(tokenizer, rows, options) if t.advantage < 0]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     T = max(len(t.completion_ids) for t in traces)
     out = [torch.zeros(len(traces), T), torch.zeros(len(traces), T, dtype=torch.bool),
            torch.full((len(traces), T), UNLABELLED)]
     for start in range(0, len(traces), options.batch_size):
         chunk = traces[start:start + options.batch_size]
-        ids_BL, attn_BL, mask_BT, labels_BT = quality._batch(chunk, pad, "cpu")
+        ids_BL, attn_BL, mask_BT, labels_BT = quality.trace_batch(chunk, pad, "cpu")
         adv_B = torch.full((len(chunk),), -1.0)
         spans = batch_spans(tokenizer, ids_BL[:, -mask_BT.shape[1]:], mask_BT, options.weighting)
         rows_B = probe_rows(adv_B, spans, mask_BT, opts, spec)

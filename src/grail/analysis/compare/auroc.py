@@ -9,8 +9,15 @@ filler or format tokens occur at every distance from the answer), its first `row
 method with a probe except the slow ones, OAR-P and span masking), plus the arm's own method if it has a probe and is
 not among them; each gives `auroc/<method>/signal` and `auroc/<method>/weights` (within-trace pairs, the default of
 `saliency_auroc`), with the run's weighting options, and `auroc/<method>/signal_matched`, the signal's AUROC with
-position held fixed (tokens compared only at the same distance from the answer: grail.analysis.saliency.position). The
-"task" rows exist only for the synthetic task: other data carries no character roles (use a label set, or
+position matched (tokens compared only at the same distance from the answer: grail.analysis.saliency.position; a
+signal of position alone can score away from 0.5 there, docs/guides/position-fixed.md). On a counterbalanced set
+(grail.analysis.saliency.counterbalanced: `counterbalanced_filler`, `counterbalanced_format`; `rows` counts its groups,
+each a problem told in layouts of equal length that put critical and contrast tokens at every position) also
+`auroc/<method>/signal_fixed`, the position-fixed AUROC (grail.analysis.saliency.fixed_position: exactly 0.5 for any
+signal of position alone). And for every model, on the same rows, where its probability mass sits: `logp/critical` and
+`logp/contrast`, the mean log-probability of the reference solutions' critical and contrast tokens
+(grail.analysis.saliency.label_logprobs); a final model's minus its start's is where training moved it. The "task" rows
+exist only for the synthetic task: other data carries no character roles (use a label set, or
 `grail.analysis.saliency.quality` on your own labelled rows)."""
 
 from __future__ import annotations
@@ -19,24 +26,33 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from grail.analysis.saliency.counterbalanced import COUNTERBALANCED_SETS
+from grail.analysis.saliency.label_logprobs import label_logprobs
 from grail.analysis.saliency.label_sets import LABEL_SETS, label_set_rows
-from grail.analysis.saliency.quality import SaliencyQualityOptions, model_dir_saliency_auroc
+from grail.analysis.saliency.quality import SaliencyQualityOptions, load_model_dir, saliency_auroc
 from grail.analysis.saliency.token_labels import saliency_row, synthetic_rows
 from grail.methods.table import METHODS, method_names
 from grail.options.fields import SYNTHETIC_DATASET
 from grail.tasks.chains import ChainSet
 
-__all__ = ["AUROC_SETS", "AurocPlan", "TASK_SET", "run_auroc"]
+__all__ = ["AUROC_SETS", "AurocPlan", "default_rows", "TASK_SET", "run_auroc"]
 
 TASK_SET = "task"
-AUROC_SETS = (TASK_SET, *LABEL_SETS)
-KINDS = ("signal", "weights", "signal_matched")
+AUROC_SETS = (TASK_SET, *LABEL_SETS, *COUNTERBALANCED_SETS)
+KINDS = ("signal", "weights", "signal_matched", "signal_fixed")
+LOGP_NAMES = ("logp/critical", "logp/contrast")  # label_logprobs: per model, not per method
+
+
+def default_rows(label_set: str | None) -> int:
+    """`--auroc-rows`' default for `label_set`: 64 rows, or 2 groups of a counterbalanced set (about 90 rows)."""
+    return 2 if label_set in COUNTERBALANCED_SETS else 64
 
 
 @dataclass(frozen=True)
 class AurocPlan:
-    """What a comparison measures the saliency AUROC on: `rows` rows (0: off) of `label_set` (AUROC_SETS), for
-    `methods` (None: `method_names(auroc=True)`), plus each run's own method when it has a probe."""
+    """What a comparison measures the saliency AUROC on: `rows` rows (0: off; groups of a counterbalanced set) of
+    `label_set` (AUROC_SETS), for `methods` (None: `method_names(auroc=True)`), plus each run's own method when it
+    has a probe."""
 
     rows: int = 0
     label_set: str = TASK_SET
@@ -71,19 +87,22 @@ class AurocPlan:
 
     def names(self, cfg) -> set[str]:
         """Every name run_auroc can return for a run of config `cfg`."""
-        return {f"auroc/{method}/{kind}" for method in self.methods_for(cfg) for kind in KINDS}
+        return {f"auroc/{method}/{kind}" for method in self.methods_for(cfg) for kind in KINDS} | set(LOGP_NAMES)
 
     def describe(self) -> str:
         """The rows in words, for logs and the report."""
         if self.label_set == TASK_SET:
             return f"{self.rows} held-out synthetic problems"
+        if self.label_set in COUNTERBALANCED_SETS:
+            return f"{self.rows} groups of the counterbalanced label set {self.label_set} (seed 0)"
         return f"{self.rows} rows of the label set {self.label_set} (seed 0)"
 
 
 def run_auroc(model_dir: str | Path, cfg, auroc: AurocPlan) -> dict[str, float]:
-    """{"auroc/<method>/<signal|weights|signal_matched>": AUROC} of the model in `model_dir` on `auroc`'s rows
-    (module docstring); {} when its rows are 0, or for the task's rows when cfg is not the synthetic task.
-    `cfg`: the run's GRAILConfig (task and weighting fields)."""
+    """{"auroc/<method>/<kind>": AUROC for each kind of KINDS that is defined, "logp/critical": ...,
+    "logp/contrast": ...} of the model in `model_dir` on `auroc`'s rows (module docstring); {} when its rows are 0,
+    or for the task's rows when cfg is not the synthetic task. `cfg`: the run's GRAILConfig (task and weighting
+    fields)."""
     auroc.check()
     if not auroc.rows:
         return {}
@@ -97,13 +116,19 @@ def run_auroc(model_dir: str | Path, cfg, auroc: AurocPlan) -> dict[str, float]:
             labelled = [saliency_row(example) for example in chains.examples("heldout")]
         else:
             labelled = synthetic_rows(task, auroc.rows, "heldout", cfg.task_seed)
+    elif auroc.label_set in COUNTERBALANCED_SETS:
+        labelled = COUNTERBALANCED_SETS[auroc.label_set](auroc.rows, 0)
     else:
         labelled = label_set_rows(auroc.label_set, auroc.rows, 0)
     options = SaliencyQualityOptions(weighting=cfg.weighting_options())
-    results = model_dir_saliency_auroc(model_dir, labelled, auroc.methods_for(cfg), options)
+    model, tokenizer = load_model_dir(model_dir)
+    results = saliency_auroc(model, tokenizer, labelled, auroc.methods_for(cfg), options)
     values = {}
     for method, kinds in results.items():
         for kind, value in kinds.items():
             values[f"auroc/{method}/{kind}"] = value.auroc
         values[f"auroc/{method}/signal_matched"] = kinds["signal"].matched.auroc
+        if auroc.label_set in COUNTERBALANCED_SETS:  # elsewhere a row's traces share no layout: no pair at all
+            values[f"auroc/{method}/signal_fixed"] = kinds["signal"].fixed.auroc
+    values.update(label_logprobs(model, tokenizer, labelled, options).as_metrics())
     return {name: v for name, v in values.items() if not math.isnan(v)}

@@ -100,10 +100,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         help="start the seeds here: N..N+S-1 (default 0), e.g. a pilot on other seeds")
     parser.add_argument("--auroc-rows", type=int, default=None,
                         help="the saliency AUROC of critical vs filler tokens (grail.analysis.compare.auroc) of each "
-                        "final model and of the starting model, on this many rows of --auroc-set (default 64; 0 off)")
+                        "final model and of the starting model, and their log-probabilities, on this many rows of "
+                        "--auroc-set (default 64; of a counterbalanced set, its groups: default 2, about 90 rows; 0 off)")
     parser.add_argument("--auroc-set", default=None,
                         help="the AUROC's rows: task (the default: the synthetic task's held-out problems) or a label "
-                             "set for any model and data (multi_step_filler, natural_contrast)")
+                             "set for any model and data (multi_step_filler, natural_contrast; counterbalanced_filler "
+                             "and counterbalanced_format also give the position-fixed AUROC)")
     parser.add_argument("--auroc-methods", default=None,
                         help="comma-separated methods the AUROC measures (default: every probed one but the slow)")
     parser.add_argument("--drop-checkpoints", action="store_true",
@@ -166,6 +168,7 @@ def _base_source(args, flags: dict) -> str:
 
 
 def run(args, rest: list[str]) -> int:
+    from grail.analysis.compare.auroc import default_rows
     from grail.analysis.compare.plan import check_plan, make_plan, parse_arms
     from grail.analysis.compare.schedule import run_comparison
     from grail.training.overrides import merge, parse_flags
@@ -206,7 +209,8 @@ def run(args, rest: list[str]) -> int:
         out_dir = os.path.join("runs", f"compare-{time.strftime('%Y%m%d-%H%M%S')}")
         print(f"compare: output in {out_dir}; to resume after a stop: grail compare --resume {out_dir}")
     plan = make_plan(arms, 5 if args.seeds is None else args.seeds, values, out_dir,
-                     auroc_rows=64 if args.auroc_rows is None else args.auroc_rows, sweeps=args.sweep,
+                     auroc_rows=default_rows(args.auroc_set) if args.auroc_rows is None else args.auroc_rows,
+                     sweeps=args.sweep,
                      base_source=source, first_seed=args.first_seed or 0, auroc_set=args.auroc_set,
                      drop_checkpoints=args.drop_checkpoints,
                      auroc_methods=None if args.auroc_methods is None else

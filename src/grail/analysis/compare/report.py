@@ -42,6 +42,20 @@ def _warmstart_text(warm: dict, arms: list[str]) -> str:
         f"{', '.join(group)}: {values(key)}" for key, group in groups.items()) + "."
 
 
+def _mechanism_text(extra: dict) -> str:
+    """What the position-fixed AUROC and the label log-probabilities are, when the report has them (a comparison
+    measured before they existed renders as it did)."""
+    text = ""
+    if any(name.endswith("/signal_fixed") for name in extra):
+        text += (" `signal_fixed` (a counterbalanced set): the signal's with position held fixed, 0.5 for any signal "
+                 "of position alone.")
+    if any(name.startswith("logp/") for name in extra):
+        text += (" `logp/<critical|contrast>`: the model's mean log-probability of the critical and of the contrast "
+                 "tokens of the same rows' reference solutions (the start's follow); an arm's difference from the "
+                 "reference arm is where its update went that the reference's did not.")
+    return text
+
+
 def _sweep_lines(s: dict) -> list[str]:
     """The headline metric (and the final model's GRAIL-weight AUROC) per series × swept value, and each series'
     paired difference from the reference series at that value."""
@@ -183,7 +197,7 @@ def render_markdown(s: dict, plots: list[str], plot_note: str, jobs: int) -> str
                   "weights>`: the AUROC of critical vs filler tokens of the final model's per-token signal or weights "
                   f"under that method (grail.analysis.compare.auroc, on {rows}; 0.5 = no separation); "
                   "`signal_matched`: the signal's, comparing only tokens at the same distance from the answer."
-                  + _warmstart_text(s.get("auroc_warmstart") or {}, arms), ""]
+                  + _mechanism_text(s["extra_metrics"]) + _warmstart_text(s.get("auroc_warmstart") or {}, arms), ""]
         lines += stat_tables("Extra metrics", s["extra_metrics"], arms, 1.0, 3, "raw values")
     lines += _auroc_training_lines(s)
     lines += ["## Token-weight diagnostics", "",

@@ -89,8 +89,9 @@ from grail.options.checkpoint_dirs import checkpoint_dirs
 from grail.options.choices import WeightingOptions
 from grail.options.prompts import has_chat_template, plain_prefix, render_plain
 
-__all__ = ["AurocResult", "SaliencyQualityOptions", "as_json", "checkpoints_saliency_auroc",
-           "model_dir_saliency_auroc", "render_messages", "saliency_auroc", "saliency_row", "synthetic_rows"]
+__all__ = ["AurocResult", "SaliencyQualityOptions", "Trace", "as_json", "checkpoints_saliency_auroc", "load_model_dir",
+           "model_dir_saliency_auroc", "render_messages", "saliency_auroc", "saliency_row", "synthetic_rows",
+           "teacher_forced_traces", "trace_batch"]
 
 Traces = Literal["both", "reference", "corrupted"]
 FixedGroup = Literal["row", "all"]
@@ -144,7 +145,9 @@ class SaliencyQualityOptions:
 
 
 @dataclass
-class _Trace:
+class Trace:
+    """One teacher-forced trace of a labelled row: its prompt and completion ids, a label per completion token."""
+
     example: int
     group: int  # the fixed-position AUROC's group (`row["group"]`, else the row's index)
     prompt_ids: list[int]
@@ -173,7 +176,9 @@ def render_messages(tokenizer, messages: list[dict]) -> str:
     return plain_prefix(tokenizer) + render_plain(messages) + " "
 
 
-def _traces(tokenizer, rows: Sequence[dict], options: SaliencyQualityOptions) -> list[_Trace]:
+def teacher_forced_traces(tokenizer, rows: Sequence[dict], options: SaliencyQualityOptions) -> list[Trace]:
+    """The rows' traces as `options.traces` asks (the reference solution, A = +1, and/or the same with a wrong boxed
+    answer, A = −1), each token labelled; ValueError when a row is malformed or no trace holds both classes."""
     box = options.weighting.answer_box
     traces = []
     for i, row in enumerate(rows):
@@ -188,11 +193,11 @@ def _traces(tokenizer, rows: Sequence[dict], options: SaliencyQualityOptions) ->
         check_spans_map(row, i, offsets, labels_N)
         group = 0 if options.fixed_group == "all" else int(row.get("group", i))
         if options.traces in ("both", "reference"):
-            traces.append(_Trace(i, group, prompt_ids, ids, labels_N, float(row.get("advantage", 1.0))))
+            traces.append(Trace(i, group, prompt_ids, ids, labels_N, float(row.get("advantage", 1.0))))
         if options.traces in ("both", "corrupted"):
             text, labels = corrupted_solution(row["solution"], labels_C, f"{options.seed}:{i}", box)
             ids, offsets = _encode(tokenizer, text)
-            traces.append(_Trace(i, group, prompt_ids, ids, token_labels(text, labels, offsets), -1.0))
+            traces.append(Trace(i, group, prompt_ids, ids, token_labels(text, labels, offsets), -1.0))
     counts = {kind: sum(t.labels.count(kind) for t in traces) for kind in (1, 0)}
     if not counts[0] or not counts[1]:
         missing = "filler" if not counts[0] else "critical"
@@ -202,7 +207,7 @@ def _traces(tokenizer, rows: Sequence[dict], options: SaliencyQualityOptions) ->
     return traces
 
 
-def _batch(traces: Sequence[_Trace], pad_id: int, device) -> tuple[torch.Tensor, ...]:
+def trace_batch(traces: Sequence[Trace], pad_id: int, device) -> tuple[torch.Tensor, ...]:
     """TRL's layout: prompts left-padded, completions right-padded. Returns ids_BL, attn_BL, mask_BT, labels_BT."""
     S = max(len(t.prompt_ids) for t in traces)
     T = max(len(t.completion_ids) for t in traces)
@@ -244,7 +249,7 @@ def saliency_auroc(model, tokenizer, rows: Sequence[dict], methods: Sequence[str
         raise ValueError(f"read_at_token={at_token}: only a scored method whose signal is GRAIL's saliency (read at "
                          f"the predicting position) can be read at the token's own one; e.g. ('grail',) with grail "
                          f"among the methods.")
-    traces = _traces(tokenizer, rows, options)
+    traces = teacher_forced_traces(tokenizer, rows, options)
     device = next(model.parameters()).device
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     generators = {m: torch.Generator(device=device).manual_seed(options.seed + zlib.crc32(m.encode())) for m in specs}
@@ -257,7 +262,7 @@ def saliency_auroc(model, tokenizer, rows: Sequence[dict], methods: Sequence[str
     try:
         for start in range(0, len(traces), options.batch_size):
             chunk = traces[start:start + options.batch_size]
-            ids_BL, attn_BL, mask_BT, labels_BT = _batch(chunk, pad_id, device)
+            ids_BL, attn_BL, mask_BT, labels_BT = trace_batch(chunk, pad_id, device)
             adv_B = torch.tensor([t.advantage for t in chunk], device=device)
             example_BT = torch.tensor([t.example for t in chunk])[:, None].expand(labels_BT.shape)
             group_BT = torch.tensor([t.group for t in chunk])[:, None].expand(labels_BT.shape)
@@ -331,8 +336,14 @@ def as_json(results: dict[str, dict[str, AurocResult]]) -> dict:
 def model_dir_saliency_auroc(path: str | Path, rows: Sequence[dict], methods: Sequence[str] | None = None,
                              options: SaliencyQualityOptions | None = None, device: str | None = None,
                              dtype: torch.dtype | None = None) -> dict[str, dict[str, AurocResult]]:
-    """`saliency_auroc` for a `save_pretrained` directory (model and tokenizer). device: default cuda if available,
-    else cpu; dtype: default bfloat16 on cuda, float32 on cpu (as `grail eval`)."""
+    """`saliency_auroc` for a `save_pretrained` directory (model and tokenizer), loaded by `load_model_dir`."""
+    model, tokenizer = load_model_dir(path, device, dtype)
+    return saliency_auroc(model, tokenizer, rows, methods, options)
+
+
+def load_model_dir(path: str | Path, device: str | None = None, dtype: torch.dtype | None = None):
+    """(model, tokenizer) of a `save_pretrained` directory, OSError naming it when it is not one. device: default cuda
+    if available, else cpu; dtype: default bfloat16 on cuda, float32 on cpu (as `grail eval`)."""
     from transformers import AutoTokenizer
 
     from grail.models.warmstart import load_inference_model
@@ -341,12 +352,10 @@ def model_dir_saliency_auroc(path: str | Path, rows: Sequence[dict], methods: Se
     if not path.is_dir():
         raise OSError(f"model directory {str(path)!r} does not exist; give a save_pretrained directory.")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = load_inference_model(path, device, dtype)
+        return load_inference_model(path, device, dtype), AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as err:
         raise OSError(f"cannot load a model and tokenizer from {str(path)!r} ({err}); is it a complete "
                       f"save_pretrained directory?") from err
-    return saliency_auroc(model, tokenizer, rows, methods, options)
 
 
 def checkpoints_saliency_auroc(run_dir: str | Path, rows: Sequence[dict], methods: Sequence[str] | None = None,
