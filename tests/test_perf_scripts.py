@@ -372,6 +372,9 @@ def test_credit_screen_writes_a_cell_with_its_interval_only_when_groups_were_res
     assert credit_screen.one_group({"fixed_group": "all", "rows": 8})
     assert credit_screen.one_group({"fixed_group": "row", "rows": 1})
     assert not credit_screen.one_group({"fixed_group": "row", "rows": 3})
+    # cells that say how many units their bootstrap resampled (a pooled group of 8 prompts has 8)
+    assert not credit_screen.one_group({"fixed_group": "all", "rows": 8}, {**cell, "units": 8})
+    assert credit_screen.one_group({"fixed_group": "row", "rows": 3}, {**cell, "units": 1})
 
 
 def test_position_signals_scores_every_position_only_signal_by_both_estimators(tmp_path):

@@ -137,6 +137,62 @@ def test_fixed_position_auroc_matches_a_loop_over_same_stratum_pairs(scale):
     assert result.labelled_critical == int((labels == C).sum()) and result.labelled_filler == int((labels == F).sum())
 
 
+def _pooled_rollouts(seed: int, role_shift: float):
+    """Tokens of 6 prompts × 4 sampled traces in ONE group (lengths 5 or 6), labels at random, scores random plus
+    `role_shift` on the critical ones: (group, trace, position, labels, scores, unit = the trace's prompt)."""
+    rng = random.Random(seed)
+    rows = []
+    for trace in range(24):
+        unit, length = trace // 4, 5 + trace % 2
+        for t in range(length):
+            label = rng.choice([C, F, U])
+            rows.append((0, trace, t, label, rng.random() + (role_shift if label == C else 0.0), unit))
+    group, trace, position, labels, scores, unit = (torch.tensor(c) for c in zip(*rows, strict=True))
+    return group, trace, position, labels, scores, unit
+
+
+def test_one_pooled_group_gets_an_interval_by_resampling_its_units_as_duplicated_data_would():
+    """fixed_group="all" (one group, pairs across prompts): the bootstrap's unit is the prompt. Each draw equals the
+    point AUROC of the data with every drawn prompt's traces copied as often as it was drawn (copies of one prompt
+    pair with each other and with every other prompt's tokens at the same length and position)."""
+    from grail.analysis.saliency.token_labels import percentile_interval, resample_counts
+
+    group, trace, position, labels, scores, unit = _pooled_rollouts(0, 0.3)
+    without = fixed_position_auroc_result(scores, labels, group, trace, position, scale="raw", num_bootstrap=0)
+    got = fixed_position_auroc_result(scores, labels, group, trace, position, unit_N=unit, scale="raw",
+                                      num_bootstrap=200, seed=5)
+    assert got.auroc == without.auroc and got.n_examples == 6  # the point is unchanged; 6 units
+    assert got.ci_low < got.auroc < got.ci_high
+    keep = labels != U
+    draws = []
+    for counts_RE in resample_counts(6, 200, int(keep.sum()), 5):
+        for counts_E in counts_RE:
+            copies, copy_traces = [], {}  # each copy of a trace is a trace of its own
+            for i in range(len(trace)):
+                for c in range(int(counts_E[int(unit[i])])):
+                    copies.append((i, copy_traces.setdefault((int(trace[i]), c), len(copy_traces))))
+            idx, new_trace = (torch.tensor(x) for x in zip(*copies, strict=True))
+            one = fixed_position_auroc_result(scores[idx], labels[idx], group[idx], new_trace, position[idx],
+                                              scale="raw", num_bootstrap=0)
+            draws.append(one.auroc)
+    low, high, _ = percentile_interval(torch.tensor(draws, dtype=torch.float64), 0.95)
+    assert (got.ci_low, got.ci_high) == pytest.approx((low, high), abs=1e-12)
+
+
+def test_the_pooled_interval_finds_a_planted_role_signal_and_covers_chance_without_one():
+    for shift, inside in ((0.0, True), (1.0, False)):
+        group, trace, position, labels, scores, unit = _pooled_rollouts(1, shift)
+        got = fixed_position_auroc_result(scores, labels, group, trace, position, unit_N=unit, num_bootstrap=500)
+        assert (got.ci_low <= 0.5 <= got.ci_high) is inside
+        assert got.ci_high > got.ci_low  # one group, but six units: the interval has width
+    one_unit = torch.zeros_like(unit)
+    got = fixed_position_auroc_result(scores, labels, group, trace, position, unit_N=one_unit, num_bootstrap=50)
+    assert got.ci_low == got.ci_high and "only 1 unit" in got.note
+    split = unit.clone()
+    split[0] = 5  # trace 0 now spans two units
+    with pytest.raises(ValueError, match="more than one unit id"):
+        fixed_position_auroc_result(scores, labels, group, trace, position, unit_N=split)
+
 def _position_signals(x) -> dict[str, torch.Tensor]:
     return position_only_signals(x["position"], x["length"], x["label"])
 
@@ -232,6 +288,9 @@ def test_saliency_auroc_reports_the_fixed_auroc_and_the_position_null_sits_at_on
     pooled = saliency_auroc(model, tokenizer, plain, ["position"],
                             SaliencyQualityOptions(num_bootstrap=0, fixed_group="all"))
     assert pooled["position"]["signal"].fixed.auroc == 0.5  # one group: the rows of equal length pair again
+    units = saliency_auroc(model, tokenizer, rows, ["grail"], SaliencyQualityOptions(num_bootstrap=50,
+                                                                                      fixed_group="all"))
+    assert units["grail"]["signal"].fixed.n_examples == 2  # one group of strata, bootstrapped over the 2 group keys
     with pytest.raises(ValueError, match="fixed_group='some'"):
         SaliencyQualityOptions(fixed_group="some")
 

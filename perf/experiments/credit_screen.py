@@ -109,7 +109,7 @@ def screen(model, tokenizer, methods: list[str], label_sets: list[str], args, on
         for m in [*methods, *(f"{m}@token" for m in options.read_at_token)]:
             fixed = results[m]["signal"].fixed
             probe = specs[m.removesuffix("@token")].probe
-            cell = {"auroc": fixed.auroc, "ci_low": fixed.ci_low, "ci_high": fixed.ci_high,
+            cell = {"auroc": fixed.auroc, "ci_low": fixed.ci_low, "ci_high": fixed.ci_high, "units": fixed.n_examples,
                     "critical_entered": fixed.n_critical, "critical_labelled": fixed.labelled_critical,
                     "contrast_entered": fixed.n_filler, "contrast_labelled": fixed.labelled_filler,
                     "pooled_auroc": results[m]["signal"].auroc,
@@ -127,10 +127,13 @@ def _share(entered: int, labelled: int) -> str:
     return f"{100 * entered / labelled:.0f}%" if labelled else "-"
 
 
-def one_group(args: dict) -> bool:
-    """Whether a screen's fixed AUROC had a single group (its JSON's args): `--fixed-group all` pools every row into
-    one, and `--rows 1` is one counterbalanced group or one prompt. The bootstrap over groups then has nothing to
-    resample, and its interval (x, x) is not an interval."""
+def one_group(args: dict, cell: dict | None = None) -> bool:
+    """Whether a cell's bootstrap had a single unit to resample, so its interval (x, x) is not an interval: the
+    cell's `units` (the groups, or with `--fixed-group all` the prompts, that held a labelled token) where it has
+    them; in a JSON written before cells had them (when `--fixed-group all` resampled its one pooled group), by the
+    screen's args: `--fixed-group all`, or `--rows 1` (one counterbalanced group or one prompt)."""
+    if cell is not None and "units" in cell:
+        return cell["units"] == 1
     return args["fixed_group"] == "all" or args["rows"] == 1
 
 
@@ -153,7 +156,7 @@ def render(result: dict) -> str:
         for m, c in part["methods"].items():
             spr = "-" if c["seconds_per_row"] is None else f"{c['seconds_per_row']:.2f}"
             notes = ", ".join(f"{k} {v}" for k, v in sorted(c.get("counts", {}).items()))
-            fixed = fixed_cell(c, one_group(result["args"]), 3)
+            fixed = fixed_cell(c, one_group(result["args"], c), 3)
             lines.append(f"| {name} | {m} | {fixed} | "
                          f"{_share(c['critical_entered'], c['critical_labelled'])} / "
                          f"{_share(c['contrast_entered'], c['contrast_labelled'])} | {c['pooled_auroc']:.3f} | {spr} | "
@@ -175,7 +178,7 @@ def pivot(paths: list[str]) -> str:
             paths_, _, _ = sources.get(name, ([], None, None))
             sources[name] = ([*paths_, path], part["rows"], result["args"]["fixed_group"])
             for m, c in part["methods"].items():
-                cells.setdefault(m, {})[name] = (c, one_group(result["args"]))
+                cells.setdefault(m, {})[name] = (c, one_group(result["args"], c))
     sets = [s for s in LABEL_SETS if s in sources]
     lines = ["| method | " + " | ".join(sets) + " | s per row (each set) |", "|---|" + "---|" * (len(sets) + 1)]
     for m, by_set in cells.items():
@@ -230,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=8, help="traces per probe call")
     parser.add_argument("--fixed-group", default="row", choices=("row", "all"),
                         help="the fixed AUROC's group: the rows' own (a counterbalanced group, a prompt) or one; "
-                             "`all` lets more of chain_rollouts' tokens enter (docs/guides/position-fixed.md)")
+                             "`all` lets more of chain_rollouts' tokens enter, its interval resampling the prompts "
+                             "(docs/guides/position-fixed.md)")
     parser.add_argument("--grail-at-token", action="store_true",
                         help="also report GRAIL's saliency read at the token's own position (as grail@token; its "
                              "default read is at the position that predicts the token); same probe, no extra cost")

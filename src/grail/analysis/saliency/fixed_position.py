@@ -32,7 +32,11 @@ tokens, the index of the box's first token):
      that entered (`n_critical`, `n_filler`) and all the labelled ones (`labelled_critical`, `labelled_filler`), and
      its note says the shares. Nothing is imputed for the rest: a token that entered no stratum is not evidence.
   5. CI: percentile bootstrap over GROUPS (a drawn group brings all its traces; strata never cross groups, so a
-     resample keeps every pair whole), `token_labels.resample_counts` / `percentile_interval`.
+     resample keeps every pair whole), `token_labels.resample_counts` / `percentile_interval`. With one group for
+     all (pairs across prompts) the unit is instead `unit_N`, e.g. the prompt of each sampled rollout (its samples
+     are not independent): a drawn unit brings its tokens with its multiplicity k, and a pair of tokens of units a
+     and b counts k_a · k_b times (`token_labels.stratified_wins_pairs`), so pairs across units enter every resample
+     that holds both units.
 Groups: for `grail.analysis.saliency.counterbalanced` rows, their `group` (one problem told in several layouts of
 equal length); for sampled rollouts, the prompt (samples of one prompt that happen to share a length), or one group
 for all (pairs across prompts: position from the start of the completion still fixed, the prompt's length not).
@@ -83,8 +87,9 @@ def reasoning_lengths(trace_N: torch.Tensor, position_N: torch.Tensor) -> torch.
 
 
 def fixed_position_auroc_result(scores_N: torch.Tensor, labels_N: torch.Tensor, group_N: torch.Tensor,
-                                trace_N: torch.Tensor, position_N: torch.Tensor, *, scale: FixedScale = "trace",
-                                num_bootstrap: int = 1000, confidence: float = 0.95, seed: int = 0) -> AurocResult:
+                                trace_N: torch.Tensor, position_N: torch.Tensor, *, unit_N: torch.Tensor | None = None,
+                                scale: FixedScale = "trace", num_bootstrap: int = 1000, confidence: float = 0.95,
+                                seed: int = 0) -> AurocResult:
     """The fixed-position AUROC of the module docstring, with its percentile-bootstrap CI over groups.
 
     Args:
@@ -92,12 +97,14 @@ def fixed_position_auroc_result(scores_N: torch.Tensor, labels_N: torch.Tensor, 
             (the contrast: filler or format) / UNLABELLED (these count in the standing only).
         group_N: (N,) group ids (strata and the bootstrap's unit); trace_N: (N,) trace ids (a trace lies in one
             group); position_N: (N,) int index of the token in its completion, 0..R−1 per trace.
+        unit_N: (N,) the bootstrap's unit when it is not the group (module docstring, 5; a trace lies in one unit);
+            None: the group.
         scale: "trace" (standing within the trace) or "raw". num_bootstrap, confidence, seed: as
-            `token_labels.auroc_result` (the unit is the group).
+            `token_labels.auroc_result` (the unit is the group, or `unit_N`).
     Returns:
         `AurocResult`: n_critical / n_filler = the tokens that entered (strata with both classes), labelled_critical /
-        labelled_filler = all labelled tokens, n_examples = groups with a labelled token; NaN with a note when no
-        stratum holds both classes.
+        labelled_filler = all labelled tokens, n_examples = units (groups) with a labelled token; NaN with a note
+        when no stratum holds both classes.
     """
     if scale not in ("trace", "raw"):
         raise ValueError(f"scale={scale!r}: choose 'trace' (standing within the trace) or 'raw'.")
@@ -105,17 +112,16 @@ def fixed_position_auroc_result(scores_N: torch.Tensor, labels_N: torch.Tensor, 
         raise ValueError(f"fixed_position_auroc_result: need 0 < confidence < 1 and num_bootstrap >= 0, got "
                          f"{confidence}, {num_bootstrap}.")
     trace, group, position = trace_N.long().cpu(), group_N.long().cpu(), position_N.long().cpu()
-    if len(trace):
-        _, trace_ids = torch.unique(trace, return_inverse=True)
-        groups_per_trace = torch.unique(trace_ids * (int(group.max() - group.min()) + 1) + (group - group.min()))
-        if len(groups_per_trace) != int(trace_ids.max()) + 1:
-            raise ValueError("fixed_position_auroc_result: a trace's tokens carry more than one group id; a trace "
-                             "lies in one group.")
+    unit = group if unit_N is None else unit_N.long().cpu()
+    for ids, name in ((group, "group"), (unit, "unit")):
+        if len(trace) and _splits_a_trace(trace, ids):
+            raise ValueError(f"fixed_position_auroc_result: a trace's tokens carry more than one {name} id; a trace "
+                             f"lies in one {name}.")
     length = reasoning_lengths(trace, position)
     values = trace_percentile(scores_N, trace) if scale == "trace" else scores_N.detach().double().cpu()
     keep = labels_N.cpu() != UNLABELLED
     values, critical = values[keep], labels_N.cpu()[keep] == CRITICAL
-    _, example = torch.unique(group[keep], return_inverse=True)
+    _, example = torch.unique(unit[keep], return_inverse=True)
     E = int(example.max()) + 1 if len(example) else 0
     key = torch.stack([group[keep], length[keep], position[keep]], 1)
     _, stratum = torch.unique(key, dim=0, return_inverse=True) if len(key) else (None, key[:, 0])
@@ -142,9 +148,17 @@ def fixed_position_auroc_result(scores_N: torch.Tensor, labels_N: torch.Tensor, 
     if num_bootstrap == 0:
         return AurocResult(point, math.nan, math.nan, n_c, n_f, E, note=shares, **counts)
     low, high, dropped = stratified_interval(values, critical, stratum, example, E, num_bootstrap, confidence, seed)
-    few = f"only {E} group: every resample is that group, so the interval has no width" if E == 1 else ""
+    what = "group" if unit_N is None else "unit"
+    few = f"only {E} {what}: every resample is that {what}, so the interval has no width" if E == 1 else ""
     return AurocResult(point, low, high, n_c, n_f, E, note="; ".join(x for x in (shares, dropped, few) if x),
                        **counts)
+
+
+def _splits_a_trace(trace: torch.Tensor, ids: torch.Tensor) -> bool:
+    """Whether some trace's tokens carry more than one of `ids`."""
+    _, trace_ids = torch.unique(trace, return_inverse=True)
+    pairs = torch.unique(trace_ids * (int(ids.max() - ids.min()) + 1) + (ids - ids.min()))
+    return len(pairs) != int(trace_ids.max()) + 1
 
 
 def _share(k: int, n: int) -> str:

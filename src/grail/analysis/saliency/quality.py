@@ -110,7 +110,8 @@ class SaliencyQualityOptions:
     profile_bins: relative-position bins of the position profile (`position.position_profile`).
     fixed_group: the fixed-position AUROC's group (`grail.analysis.saliency.fixed_position`): "row" = each row's
     `group` key (a counterbalanced group, a sampled rollout's prompt), else the row itself (then a row's traces, of
-    one layout, give no pair); "all" = one group (pairs across rows of equal reasoning length).
+    one layout, give no pair); "all" = one group (pairs across rows of equal reasoning length), its interval a
+    bootstrap over the rows' `group` keys (a rollout's prompt: its samples are not independent).
     read_at_token: methods whose signal is GRAIL's saliency (fuse="saliency": grail), read at the position that
     PREDICTS each token, to report also read at the token's OWN position (the embedding of the token itself, where
     OAR reads), as the method `<method>@token` of the results, its signal only
@@ -149,7 +150,8 @@ class Trace:
     """One teacher-forced trace of a labelled row: its prompt and completion ids, a label per completion token."""
 
     example: int
-    group: int  # the fixed-position AUROC's group (`row["group"]`, else the row's index)
+    group: int  # the fixed-position AUROC's group (`row["group"]`, else the row's index; 0 with fixed_group="all")
+    unit: int  # its bootstrap unit with fixed_group="all": `row["group"]` (a rollout's prompt), else the row's index
     prompt_ids: list[int]
     completion_ids: list[int]
     labels: list[int]  # per completion token
@@ -191,13 +193,14 @@ def teacher_forced_traces(tokenizer, rows: Sequence[dict], options: SaliencyQual
         ids, offsets = _encode(tokenizer, row["solution"])
         labels_N = token_labels(row["solution"], labels_C, offsets)
         check_spans_map(row, i, offsets, labels_N)
-        group = 0 if options.fixed_group == "all" else int(row.get("group", i))
+        unit = int(row.get("group", i))
+        group = 0 if options.fixed_group == "all" else unit
         if options.traces in ("both", "reference"):
-            traces.append(Trace(i, group, prompt_ids, ids, labels_N, float(row.get("advantage", 1.0))))
+            traces.append(Trace(i, group, unit, prompt_ids, ids, labels_N, float(row.get("advantage", 1.0))))
         if options.traces in ("both", "corrupted"):
             text, labels = corrupted_solution(row["solution"], labels_C, f"{options.seed}:{i}", box)
             ids, offsets = _encode(tokenizer, text)
-            traces.append(Trace(i, group, prompt_ids, ids, token_labels(text, labels, offsets), -1.0))
+            traces.append(Trace(i, group, unit, prompt_ids, ids, token_labels(text, labels, offsets), -1.0))
     counts = {kind: sum(t.labels.count(kind) for t in traces) for kind in (1, 0)}
     if not counts[0] or not counts[1]:
         missing = "filler" if not counts[0] else "critical"
@@ -266,6 +269,7 @@ def saliency_auroc(model, tokenizer, rows: Sequence[dict], methods: Sequence[str
             adv_B = torch.tensor([t.advantage for t in chunk], device=device)
             example_BT = torch.tensor([t.example for t in chunk])[:, None].expand(labels_BT.shape)
             group_BT = torch.tensor([t.group for t in chunk])[:, None].expand(labels_BT.shape)
+            unit_BT = torch.tensor([t.unit for t in chunk])[:, None].expand(labels_BT.shape)
             index_BT = torch.arange(labels_BT.shape[1]).expand(labels_BT.shape)  # t: completion index
             trace_BT = torch.arange(start, start + len(chunk))[:, None].expand(labels_BT.shape)
             spans = batch_spans(tokenizer, ids_BL[:, -mask_BT.shape[1]:], mask_BT, options.weighting)
@@ -292,7 +296,7 @@ def saliency_auroc(model, tokenizer, rows: Sequence[dict], methods: Sequence[str
                 if m in options.read_at_token:
                     collected[f"{m}@token"]["signal"].append(tuple(x[reasoning_BT] for x in (
                         predicting_to_token(signal_BT).detach().float().cpu(), labels_BT, example_BT, trace_BT,
-                        distance_BT, position_BT, group_BT, index_BT)))
+                        distance_BT, position_BT, group_BT, index_BT, unit_BT)))
                 if spec.importance is not None:  # how the method's signal reads as importance (KTAE: |kt|)
                     signal_BT = spec.importance(signal_BT)
                 if spec.permutes or opts.permute_weights:  # a permutation null: its signal is a random score
@@ -301,14 +305,14 @@ def saliency_auroc(model, tokenizer, rows: Sequence[dict], methods: Sequence[str
                                                  ("weights", weights_BT, reasoning_BT & rows_B.cpu()[:, None])):
                     collected[m][part].append(tuple(x[keep_BT] for x in (
                         values_BT.detach().float().cpu(), labels_BT, example_BT, trace_BT, distance_BT, position_BT,
-                        group_BT, index_BT)))
+                        group_BT, index_BT, unit_BT)))
     finally:
         model.train(was_training)
     results = {}
     for m, parts in collected.items():
         results[m] = {}
         for part, pieces in parts.items():
-            scores, labels, examples, traces_N, distance, position, groups, index = (
+            scores, labels, examples, traces_N, distance, position, groups, index, units = (
                 torch.cat(x) for x in zip(*pieces, strict=True))
             ci = {"num_bootstrap": options.num_bootstrap, "confidence": options.confidence, "seed": options.seed}
             result = auroc_result(scores, labels, examples, traces_N, pairs=options.pairs, **ci)
@@ -316,6 +320,7 @@ def saliency_auroc(model, tokenizer, rows: Sequence[dict], methods: Sequence[str
                                            scale="window" if options.pairs == "within_trace" else "raw",
                                            window=options.window, **ci)
             fixed = fixed_position_auroc_result(scores, labels, groups, traces_N, index,
+                                                unit_N=units if options.fixed_group == "all" else None,
                                                 scale="trace" if options.pairs == "within_trace" else "raw", **ci)
             result = replace(result, matched=matched, fixed=fixed,
                              profile=position_profile(scores, labels, position, traces_N, options.profile_bins))
