@@ -364,6 +364,33 @@ def test_the_script_labels_sampled_chain_rollouts_with_their_group_advantage(tok
     assert rows[0]["prompt"] == problems[0]["prompt"]
 
 
+def test_a_base_model_samples_after_trainings_plain_prompt_and_its_rows_drop_the_leading_space(tokenizer,
+                                                                                                monkeypatch):
+    """Without a chat template the sampler gets training's prompt ("... Answer:", no trailing space) and the rows'
+    solutions lose the completion's leading space, which the scored prompt (`render_messages`) holds."""
+    import copy
+
+    import saliency_auroc  # perf/experiments
+
+    import grail.analysis.explain.compute as compute
+    from grail.analysis.saliency.quality import render_messages
+    from grail.tasks.chains import ChainSet
+
+    base = copy.deepcopy(tokenizer)
+    base.chat_template = None
+    answer = ChainSet(num_train=1, seed=0).rows("train")[0]["answer"]
+    seen = []
+
+    def fake_samples(model, tok, prompt, params, seed):
+        seen.append(prompt)
+        return [tok(f" Mia has 1 + 2 = 3 cars. \\boxed{{{answer}}}", add_special_tokens=False)["input_ids"]]
+
+    monkeypatch.setattr(compute, "sample_completions", fake_samples)
+    rows, _ = saliency_auroc.chain_rollout_rows(None, base, prompts=1, samples=1, seed=0, max_new_tokens=8)
+    assert seen[0].endswith("Answer:") and render_messages(base, rows[0]["prompt"]) == seen[0] + " "
+    assert rows[0]["solution"].startswith("Mia has") and rows[0]["correct"]
+
+
 # ---- GRAIL's saliency read at the token's own position ------------------------------------------------------------
 def test_grail_is_also_reported_at_the_tokens_own_position_on_the_tiny_model(tokenizer):
     from grail.analysis.saliency.quality import SaliencyQualityOptions, saliency_auroc

@@ -61,9 +61,13 @@ def _cell(result) -> str:
 
 def chain_rollout_rows(model, tokenizer, prompts: int, samples: int, seed: int, max_new_tokens: int):
     """(rows, skipped): `samples` completions of each of the first `prompts` train-split chain problems, labelled by
-    grail.analysis.saliency.rollout_labels, each row with its group advantage (GRPO's, unscaled)."""
+    grail.analysis.saliency.rollout_labels, each row with its group advantage (GRPO's, unscaled).
+
+    A model without a chat template (a base model, Gemma 3) samples after training's plain prompt, which ends in
+    "Answer:" (its completions start with a space, as in training); the teacher-forced scoring renders the prompt with
+    that space at its end (`quality.render_messages`), so each row's solution is the completion without it."""
     from grail.analysis.explain.compute import sample_completions
-    from grail.analysis.saliency.quality import render_messages
+    from grail.analysis.saliency.quality import render_messages, sampling_prompt
     from grail.analysis.saliency.rollout_labels import rollout_row
     from grail.evaluation.rewards import exact_int_reward
     from grail.options.sampling import SamplingParams
@@ -72,8 +76,11 @@ def chain_rollout_rows(model, tokenizer, prompts: int, samples: int, seed: int, 
     params = SamplingParams(n=samples, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=max_new_tokens)
     rows, skipped = [], Counter()
     for i, problem in enumerate(ChainSet(num_train=max(prompts, 1), seed=seed).rows("train")[:prompts]):
-        ids = sample_completions(model, tokenizer, render_messages(tokenizer, problem["prompt"]), params, seed + i)
+        scored = render_messages(tokenizer, problem["prompt"])
+        sampled = sampling_prompt(tokenizer, problem["prompt"])
+        ids = sample_completions(model, tokenizer, sampled, params, seed + i)
         texts = [tokenizer.decode(x, skip_special_tokens=True) for x in ids]
+        texts = [t.removeprefix(scored.removeprefix(sampled)) for t in texts]  # the space the scored prompt holds
         rewards = exact_int_reward(texts, [problem["answer"]] * len(texts))
         mean = sum(rewards) / len(rewards)
         for text, reward in zip(texts, rewards, strict=True):

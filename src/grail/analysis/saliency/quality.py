@@ -90,8 +90,8 @@ from grail.options.choices import WeightingOptions
 from grail.options.prompts import has_chat_template, plain_prefix, render_plain
 
 __all__ = ["AurocResult", "SaliencyQualityOptions", "Trace", "as_json", "checkpoints_saliency_auroc", "load_model_dir",
-           "model_dir_saliency_auroc", "render_messages", "saliency_auroc", "saliency_row", "synthetic_rows",
-           "teacher_forced_traces", "trace_batch"]
+           "model_dir_saliency_auroc", "render_messages", "saliency_auroc", "saliency_row", "sampling_prompt",
+           "synthetic_rows", "teacher_forced_traces", "trace_batch"]
 
 Traces = Literal["both", "reference", "corrupted"]
 FixedGroup = Literal["row", "all"]
@@ -165,6 +165,14 @@ def _encode(tokenizer, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         raise ValueError(f"saliency quality maps characters to tokens with return_offsets_mapping, which "
                          f"{type(tokenizer).__name__} lacks; load a fast tokenizer (use_fast=True).") from err
     return enc["input_ids"], [tuple(o) for o in enc["offset_mapping"]]
+
+
+def sampling_prompt(tokenizer, messages: list[dict]) -> str:
+    """Chat messages as training renders them for SAMPLING: `render_messages` without the space it ends a plain
+    prompt with (a sampled completion of a base model starts with that space, inside its first token)."""
+    if has_chat_template(tokenizer):
+        return render_messages(tokenizer, messages)
+    return plain_prefix(tokenizer) + render_plain(messages)
 
 
 def render_messages(tokenizer, messages: list[dict]) -> str:
