@@ -8,8 +8,7 @@ from dataclasses import fields
 
 import pytest
 
-import grail.analysis.compare.auroc as auroc_module
-from grail.analysis.compare.auroc import AurocPlan, run_auroc
+from grail.analysis.compare.auroc import AurocPlan, auroc_rows
 from grail.analysis.saliency.token_labels import check_row
 from grail.evaluation.benchmarks import SYNTHETIC, SYNTHETIC_CHAINS, load_benchmark
 from grail.models.sft_cache import MARKER, base_identity, entry_dir
@@ -139,17 +138,9 @@ def test_the_tiny_model_is_refused_on_the_chain_task(tmp_path):
         _cfg(tmp_path, model_name_or_path="tiny")
 
 
-def test_auroc_task_rows_are_the_chain_examples(tmp_path, monkeypatch):
-    seen = {}
-
-    def fake_auroc(model_dir, rows, methods, options):
-        seen["rows"] = rows
-        return {}
-
-    monkeypatch.setattr(auroc_module, "model_dir_saliency_auroc", fake_auroc)
+def test_auroc_task_rows_are_the_chain_examples(tmp_path):
     cfg = _cfg(tmp_path, token_weighting="grail")
-    assert run_auroc(tmp_path, cfg, AurocPlan(rows=6)) == {}
-    rows = seen["rows"]
+    rows = auroc_rows(cfg, AurocPlan(rows=6))
     assert len(rows) == 6
     for index, row in enumerate(rows):
         check_row(row, index)

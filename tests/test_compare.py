@@ -343,7 +343,7 @@ def test_run_auroc_on_a_counterbalanced_set_adds_the_position_fixed_auroc_and_th
     cfg = build_config({"token_weighting": "grail", "dataset": "openai/gsm8k", "output_dir": "unused"})
     auroc = AurocPlan(1, "counterbalanced_filler", ("grail", "position"))
     assert "1 groups of the counterbalanced label set" in auroc.describe()
-    assert (default_rows("counterbalanced_filler"), default_rows(None), default_rows("multi_step_filler")) == (2, 64, 64)
+    assert [default_rows(name) for name in ("counterbalanced_filler", None, "multi_step_filler")] == [2, 64, 64]
     got = run_auroc(warm_dir, cfg, auroc)
     assert set(got) == auroc.names(cfg)
     rows = counterbalanced_filler_rows(1, 0)

@@ -5,12 +5,12 @@ import math
 
 import pytest
 import torch
+from tests.probe_batches import padded_rows, probe_model
 
 from grail.analysis.saliency.label_logprobs import completion_logprobs_BT, label_logprobs
 from grail.analysis.saliency.quality import SaliencyQualityOptions, teacher_forced_traces
 from grail.analysis.saliency.token_labels import CRITICAL, FILLER, synthetic_rows
 from grail.tasks.arithmetic import TaskConfig
-from tests.probe_batches import padded_rows, probe_model
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +23,7 @@ def test_completion_logprobs_are_the_full_logits_log_softmax_at_the_predicting_p
     got_BT = completion_logprobs_BT(model, ids, attn, 10, chunk_positions=7)  # chunks cut across rows
     with torch.no_grad():
         logits = model(input_ids=ids, attention_mask=attn).logits.float()
-    for b, (left, completion) in enumerate([(0, 10), (2, 7), (1, 5)]):
+    for b, (_, completion) in enumerate([(0, 10), (2, 7), (1, 5)]):
         for t in range(10):
             if t < completion:
                 want = torch.log_softmax(logits[b, 6 + t - 1], -1)[ids[b, 6 + t]]

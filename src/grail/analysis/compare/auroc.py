@@ -35,7 +35,7 @@ from grail.methods.table import METHODS, method_names
 from grail.options.fields import SYNTHETIC_DATASET
 from grail.tasks.chains import ChainSet
 
-__all__ = ["AUROC_SETS", "AurocPlan", "default_rows", "TASK_SET", "run_auroc"]
+__all__ = ["AUROC_SETS", "AurocPlan", "auroc_rows", "default_rows", "TASK_SET", "run_auroc"]
 
 TASK_SET = "task"
 AUROC_SETS = (TASK_SET, *LABEL_SETS, *COUNTERBALANCED_SETS)
@@ -98,28 +98,33 @@ class AurocPlan:
         return f"{self.rows} rows of the label set {self.label_set} (seed 0)"
 
 
-def run_auroc(model_dir: str | Path, cfg, auroc: AurocPlan) -> dict[str, float]:
-    """{"auroc/<method>/<kind>": AUROC for each kind of KINDS that is defined, "logp/critical": ...,
-    "logp/contrast": ...} of the model in `model_dir` on `auroc`'s rows (module docstring); {} when its rows are 0,
-    or for the task's rows when cfg is not the synthetic task. `cfg`: the run's GRAILConfig (task and weighting
-    fields)."""
+def auroc_rows(cfg, auroc: AurocPlan) -> list[dict]:
+    """The labelled rows `run_auroc` measures for a run of config `cfg` (module docstring); [] when its rows are 0, or
+    for the task's rows when cfg is not the synthetic task."""
     auroc.check()
     if not auroc.rows:
-        return {}
+        return []
     if auroc.label_set == TASK_SET:
         if cfg.dataset != SYNTHETIC_DATASET:
-            return {}
+            return []
         task_set = cfg.synthetic_set()
         task = task_set.task if task_set.task.filler_rate else replace(task_set.task, filler_rate=0.6)
         if isinstance(task_set, ChainSet):  # chain examples carry roles as the arithmetic ones do
             chains = replace(task_set, task=task, num_heldout=auroc.rows)
-            labelled = [saliency_row(example) for example in chains.examples("heldout")]
-        else:
-            labelled = synthetic_rows(task, auroc.rows, "heldout", cfg.task_seed)
-    elif auroc.label_set in COUNTERBALANCED_SETS:
-        labelled = COUNTERBALANCED_SETS[auroc.label_set](auroc.rows, 0)
-    else:
-        labelled = label_set_rows(auroc.label_set, auroc.rows, 0)
+            return [saliency_row(example) for example in chains.examples("heldout")]
+        return synthetic_rows(task, auroc.rows, "heldout", cfg.task_seed)
+    if auroc.label_set in COUNTERBALANCED_SETS:
+        return COUNTERBALANCED_SETS[auroc.label_set](auroc.rows, 0)
+    return label_set_rows(auroc.label_set, auroc.rows, 0)
+
+
+def run_auroc(model_dir: str | Path, cfg, auroc: AurocPlan) -> dict[str, float]:
+    """{"auroc/<method>/<kind>": AUROC for each kind of KINDS that is defined, "logp/critical": ...,
+    "logp/contrast": ...} of the model in `model_dir` on `auroc_rows(cfg, auroc)` (module docstring); {} when there
+    are none. `cfg`: the run's GRAILConfig (task and weighting fields)."""
+    labelled = auroc_rows(cfg, auroc)
+    if not labelled:
+        return {}
     options = SaliencyQualityOptions(weighting=cfg.weighting_options())
     model, tokenizer = load_model_dir(model_dir)
     results = saliency_auroc(model, tokenizer, labelled, auroc.methods_for(cfg), options)

@@ -101,7 +101,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     parser.add_argument("--auroc-rows", type=int, default=None,
                         help="the saliency AUROC of critical vs filler tokens (grail.analysis.compare.auroc) of each "
                         "final model and of the starting model, and their log-probabilities, on this many rows of "
-                        "--auroc-set (default 64; of a counterbalanced set, its groups: default 2, about 90 rows; 0 off)")
+                        "--auroc-set (default 64; of a counterbalanced set, its groups: default 2, about 90 rows; "
+                        "0 off)")
     parser.add_argument("--auroc-set", default=None,
                         help="the AUROC's rows: task (the default: the synthetic task's held-out problems) or a label "
                              "set for any model and data (multi_step_filler, natural_contrast; counterbalanced_filler "
