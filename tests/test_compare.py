@@ -342,7 +342,8 @@ def test_run_auroc_on_a_counterbalanced_set_adds_the_position_fixed_auroc_and_th
     _, warm_dir = warm_cache
     cfg = build_config({"token_weighting": "grail", "dataset": "openai/gsm8k", "output_dir": "unused"})
     auroc = AurocPlan(1, "counterbalanced_filler", ("grail", "position"))
-    assert "1 groups of the counterbalanced label set" in auroc.describe()
+    assert "1 group of the counterbalanced label set" in auroc.describe()
+    assert "2 groups of" in AurocPlan(2, "counterbalanced_format").describe()
     assert [default_rows(name) for name in ("counterbalanced_filler", None, "multi_step_filler")] == [2, 64, 64]
     got = run_auroc(warm_dir, cfg, auroc)
     assert set(got) == auroc.names(cfg)

@@ -94,7 +94,8 @@ class AurocPlan:
         if self.label_set == TASK_SET:
             return f"{self.rows} held-out synthetic problems"
         if self.label_set in COUNTERBALANCED_SETS:
-            return f"{self.rows} groups of the counterbalanced label set {self.label_set} (seed 0)"
+            groups = "group" if self.rows == 1 else "groups"
+            return f"{self.rows} {groups} of the counterbalanced label set {self.label_set} (seed 0)"
         return f"{self.rows} rows of the label set {self.label_set} (seed 0)"
 
 
