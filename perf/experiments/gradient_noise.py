@@ -1,7 +1,8 @@
 r"""How noisy is one GRPO step at a starting model? The gradient noise scale of its per-prompt policy gradients.
 
 For `--groups` training prompts of a preset's task (drawn with `--seed`), each prompt's group of `num_generations`
-completions is sampled at T = 1 (top-p 1, top-k 0, `max_completion_length` new tokens) from the starting model, graded
+completions is sampled at the run's temperature (the preset's, 1.0 unless `--temperature` says otherwise; top-p 1,
+top-k 0, `max_completion_length` new tokens) from the starting model, graded
 with the run's reward, and turned into that group's policy gradient as GRPO's first step sees it (ratio 1, so the
 clipped objective's gradient is the plain one): advantages r − mean(r) (`scale_rewards none`), token log-prob sums,
 divided by (group size × max_completion_length) as Dr. GRPO's loss divides; truncated completions masked if the preset
@@ -70,15 +71,17 @@ def group_batch(prompt_ids, completions, *, eos_ids, pad_id, max_len, mask_trunc
     return prompt, torch.ones_like(prompt), completion_ids, completion_mask
 
 
-def group_gradient(model, batch, adv_G: torch.Tensor, weights_GT: torch.Tensor, max_len: int) -> None:
+def group_gradient(model, batch, adv_G: torch.Tensor, weights_GT: torch.Tensor, max_len: int,
+                   temperature: float = 1.0) -> None:
     """Backward of one group's policy-gradient loss with token advantages Â = w · A into model .grad (zeroed first),
-    as GRPO's first step computes it (ratio 1): −Σ Â log p / (group × max_completion_length), Dr. GRPO's divisor."""
+    as GRPO's first step computes it (ratio 1): −Σ Â log p / (group × max_completion_length), Dr. GRPO's divisor,
+    with log p of the logits divided by the sampling temperature, as TRL computes it."""
     model.zero_grad(set_to_none=True)
     prompt, prompt_mask, completion_ids, completion_mask = (t.to(adv_G.device) for t in batch)
     ids = torch.cat([prompt, completion_ids], 1)
     attn = torch.cat([prompt_mask, completion_mask], 1)
     S, T = prompt.shape[1], completion_ids.shape[1]
-    logits = model(input_ids=ids, attention_mask=attn).logits[:, S - 1 : S + T - 1].float()
+    logits = model(input_ids=ids, attention_mask=attn).logits[:, S - 1 : S + T - 1].float() / temperature
     logp_GT = torch.log_softmax(logits, -1).gather(-1, completion_ids[..., None])[..., 0]
     adv_GT = weights_GT.to(adv_G.device) * adv_G[:, None] * completion_mask
     loss = -(adv_GT * logp_GT).sum() / (len(adv_G) * max_len)
@@ -103,6 +106,8 @@ def main(argv=None) -> dict:
     p.add_argument("--sketch-log2", type=int, default=22)
     p.add_argument("--prompts-per-call", type=int, default=4, help="prompts per generate call")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--temperature", type=float, default=None,
+                   help="sampling temperature of the run measured (default: the preset's)")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     if args.threads:
@@ -115,7 +120,8 @@ def main(argv=None) -> dict:
     from grail.training.run import resolve_model_path, resolve_prompt_fields, reward_function
 
     methods = args.methods.split(",")
-    values = merge(None, {"preset": args.preset, **({"model_name_or_path": args.model} if args.model else {})})
+    values = merge(None, {"preset": args.preset, **({"model_name_or_path": args.model} if args.model else {}),
+                          **({"temperature": args.temperature} if args.temperature is not None else {})})
     cfg = build_config(values)
     options = cfg.weighting_options()
     path = args.model or resolve_model_path(cfg)
@@ -144,8 +150,8 @@ def main(argv=None) -> dict:
                           add_special_tokens=False).to(device)
         model.eval()
         with torch.no_grad():
-            out = model.generate(**batch, do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=max_len,
-                                 num_return_sequences=G, pad_token_id=pad_id)
+            out = model.generate(**batch, do_sample=True, temperature=cfg.temperature, top_p=1.0, top_k=0,
+                                 max_new_tokens=max_len, num_return_sequences=G, pad_token_id=pad_id)
         new = out[:, batch["input_ids"].shape[1] :].tolist()
         for j, row in enumerate(chunk):
             comps = new[j * G : (j + 1) * G]
@@ -168,7 +174,7 @@ def main(argv=None) -> dict:
                 else:
                     w = weights_for(method, model, tokenizer, *(t.to(device) for t in group), adv,
                                     options=options).detach().cpu()
-                group_gradient(model, group, adv, w, max_len)
+                group_gradient(model, group, adv, w, max_len, cfg.temperature)
                 sketches[method].append(sketch().to(dtype))
                 seconds[method] += time.perf_counter() - tm
         print(f"{len(group_rewards)}/{args.groups} groups, {time.perf_counter() - t0:.0f} s", flush=True)
@@ -192,7 +198,8 @@ def main(argv=None) -> dict:
         }
     mixed = sum(1 for r in group_rewards if len(set(r)) > 1)
     result = {
-        "model": str(path), "preset": args.preset, "groups": args.groups, "group_size": G, "seed": args.seed,
+        "model": str(path), "preset": args.preset, "temperature": cfg.temperature, "groups": args.groups,
+        "group_size": G, "seed": args.seed,
         "max_completion_length": max_len, "sketch_buckets": buckets, "device": device, "methods": methods,
         "reference": reference, "mixed_groups": mixed,
         "mean_reward": float(np.mean([x for r in group_rewards for x in r])),
