@@ -48,7 +48,8 @@ from grail.options.choices import Leaf
 __all__ = [
     "answer_nll_saliency", "at_least_float32", "backbone", "backbone_output", "check_batch", "completion_mask_BT",
     "decoder_layers", "hidden_states_BLD", "in_lockstep", "leaf_gradient", "leaf_module", "leaf_output_tensor",
-    "LEAVES", "logit_transform", "output_is_linear", "output_logits", "output_of", "token_entropies", "zeros_BT",
+    "LEAVES", "logit_transform", "output_is_linear", "output_logits", "output_of", "token_entropies",
+    "token_logprobs_BT", "zeros_BT",
 ]
 
 LEAVES: tuple[Leaf, ...] = get_args(Leaf)
@@ -343,8 +344,7 @@ def answer_nll_saliency(model: nn.Module, input_ids_BL: torch.Tensor, attention_
         logp_NV = torch.log_softmax(output_logits(model, hidden_BTD[rows, cols], temperature), dim=-1)
         nll = -logp_NV.gather(1, targets_BT[rows, cols, None]).sum()
         if with_surprise:  # before the backward: a sharded model (FSDP2) releases its gathered weights after it
-            surprise_BT = per_position_BT(model, hidden_BTD.detach(), mask_BT, temperature, lambda logits_NV, r, c:
-                                          -torch.log_softmax(logits_NV, dim=-1).gather(1, targets_BT[r, c, None])[:, 0])
+            surprise_BT = -token_logprobs_BT(model, hidden_BTD.detach(), mask_BT, targets_BT, temperature)
         grad_BLD = leaf_gradient(nll, captured[0])
     saliency_BT = align_to_completion(gradient_activation_saliency(grad_BLD, captured[0]), T, at="predicting")
     saliency_BT = (saliency_BT * mask_BT).detach()  # (B, T)
@@ -365,6 +365,14 @@ def per_position_BT(model: nn.Module, hidden_BTD: torch.Tensor, mask_BT: torch.T
         r, c = rows[start : start + step], cols[start : start + step]
         out_BT[r, c] = read(output_logits(model, hidden_BTD[r, c], temperature), r, c).float()
     return out_BT
+
+
+def token_logprobs_BT(model: nn.Module, hidden_BTD: torch.Tensor, mask_BT: torch.Tensor, targets_BT: torch.Tensor,
+                      temperature: float, chunk_positions: int = 1024) -> torch.Tensor:
+    """(B, T) float32 log softmax(logits / temperature)[targets_BT] at every position of `mask_BT` (0 elsewhere): the
+    one reader of a token's log-probability (GRAIL's surprise, the label sets' log π). No gradient."""
+    return per_position_BT(model, hidden_BTD, mask_BT, temperature, lambda logits_NV, r, c: torch.log_softmax(
+        logits_NV, dim=-1).gather(1, targets_BT[r, c, None])[:, 0], chunk_positions)
 
 
 # ---------------------------------------------------------------------------------------------------------------

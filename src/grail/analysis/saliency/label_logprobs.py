@@ -24,7 +24,7 @@ import torch
 
 from grail.analysis.saliency.quality import SaliencyQualityOptions, teacher_forced_traces, trace_batch
 from grail.analysis.saliency.token_labels import CRITICAL, FILLER
-from grail.methods.probes import completion_mask_BT, hidden_states_BLD, per_position_BT
+from grail.methods.probes import completion_mask_BT, hidden_states_BLD, token_logprobs_BT
 from grail.methods.sharding import unsharded
 from grail.methods.spans import align_to_completion
 
@@ -56,8 +56,7 @@ def completion_logprobs_BT(model, input_ids_BL: torch.Tensor, attention_mask_BL:
     with unsharded(model):
         hidden_BTD = align_to_completion(hidden_states_BLD(model, attention_mask_BL, input_ids=input_ids_BL), T,
                                          at="predicting")
-        return per_position_BT(model, hidden_BTD, mask_BT, 1.0, lambda logits_NV, r, c: torch.log_softmax(
-            logits_NV, dim=-1).gather(1, targets_BT[r, c, None])[:, 0], chunk_positions)
+        return token_logprobs_BT(model, hidden_BTD, mask_BT, targets_BT, 1.0, chunk_positions)
 
 
 def label_logprobs(model, tokenizer, rows: Sequence[dict], options: SaliencyQualityOptions | None = None
