@@ -221,6 +221,11 @@ def test_a_label_alone_scores_one(tokens):
     label = (tokens["label"] == C).double()
     result = _fixed(tokens, label + 0.01 * tokens["position"].double())
     assert (result.auroc, result.ci_low, result.ci_high) == (1.0, 1.0, 1.0), result
+    assert "zero width is not a measure of uncertainty" in result.note  # the width is said, not implied
+    below = _fixed(tokens, -label)
+    assert below.auroc == 0.0 and "AUROC 0" in below.note
+    noisy = label + torch.rand(len(label), dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 2
+    assert "zero width" not in _fixed(tokens, noisy).note
 
 
 @pytest.mark.parametrize("delta", [0.5, 1.0])

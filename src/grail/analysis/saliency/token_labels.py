@@ -366,11 +366,16 @@ def stratified_interval(scores_N: torch.Tensor, critical_N: torch.Tensor, stratu
 def percentile_interval(draws_R: torch.Tensor, confidence: float) -> tuple[float, float, str]:
     """(low, high, note): the percentile interval of the finite bootstrap draws, by the package's one percentile rule
     (`grail.evaluation.bootstrap.percentile_interval`: sorted draws at ⌊tail·(R−1)⌋ and ⌈(1−tail)·(R−1)⌉); NaN
-    bounds when none is finite. The note says how many resamples had no pair to compare (NaN draws, dropped)."""
+    bounds when none is finite. The note says how many resamples had no pair to compare (NaN draws, dropped), and
+    when the interval is a single bound, 0 or 1: every pair ranks one way, so every resample does too, and the zero
+    width says nothing about the uncertainty."""
     finite = draws_R[torch.isfinite(draws_R)]
     dropped = len(draws_R) - len(finite)
     note = f"{dropped} of {len(draws_R)} resamples had no pair to compare and were dropped" if dropped else ""
     if not len(finite):
         return math.nan, math.nan, note
     low, high = bootstrap.percentile_interval(finite.tolist(), confidence)
+    if low == high and low in (0.0, 1.0):
+        note = "; ".join(x for x in (note, f"every pair ranks one way (AUROC {low:g}), so every resample does too: "
+                                     "the interval's zero width is not a measure of uncertainty") if x)
     return low, high, note
