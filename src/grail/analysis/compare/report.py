@@ -230,6 +230,15 @@ def render_markdown(s: dict, plots: list[str], plot_note: str, jobs: int) -> str
                       spread(t["seconds_per_step"][arm], 3), spread(t["eval_seconds"][arm], 1),
                       spread(step[arm], 1) + (f" ({step[arm]['n']})" if step[arm]["mean"] is not None else "")]
                      for arm in arms])
+    ratios = {arm: r for arm, r in (t.get("step_ratio") or {}).items() if r["ratio"]["n"]}
+    if ratios:  # a report.json of earlier versions has none
+        lines += ["", "Training step time against the reference arm, paired by seed (the sum of TRL's step times of "
+                      "each run): the ratio, and the share of the arm's step time the reference's step does not spend "
+                      "(its token weights and any extra work in the loss), mean [min, max] over seeds"
+                      f"{'' if jobs == 1 else '; runs that shared the machine make both noisy'}:", ""]
+        lines += table(["arm", "reference", "seeds", "step time ÷ reference's", "share beyond the reference's step"],
+                        [[arm, r["reference"], str(r["ratio"]["n"]), spread(r["ratio"], 2),
+                          spread(r["extra_share"], 2)] for arm, r in ratios.items()])
     phases = t.get("eval_phase_seconds") or {}
     if phases:
         lines += ["", "Where the evaluation's time went, seconds per run, mean [min, max] over the same runs: each "

@@ -1,0 +1,52 @@
+"""The step time of each arm against its reference, paired by seed (`timing.step_ratio` of report.json and its table
+in report.md), from hand-written run files whose step times are chosen here."""
+
+import json
+
+import pytest
+
+from grail.analysis.compare import plan as compare
+from grail.analysis.compare.summary import RESULT_FILE, run_path
+from grail.cli import main
+
+PRIMARY = "sampled/synthetic/acc@4"
+STEP = {"none": [1.0, 2.0, 1.5], "grail": [1.5, 2.5, None]}  # seconds a step; grail/seed2 never logged a step time
+
+
+@pytest.fixture
+def runs(tmp_path):
+    arms = compare.parse_arms("none,grail", [])
+    plan = {"seeds": 3, "seed_fields": ["seed", "data_seed"], "base": {},
+            "protocol": {"kind": "synthetic held-out", "primary": PRIMARY, "description": "hand-written"},
+            "arms": [{"label": a.label, "slug": a.slug, "method": a.method, "fields": a.fields} for a in arms]}
+    (tmp_path / compare.PLAN_FILE).write_text(json.dumps(plan))
+    for arm, values in STEP.items():
+        for seed, step in enumerate(values):
+            run = run_path(tmp_path, arm, seed)
+            run.mkdir(parents=True)
+            timed = {} if step is None else {"step_time": step}
+            (run / "metrics.jsonl").write_text("".join(json.dumps({"step": t, "reward": 0.5, **timed}) + "\n"
+                                                       for t in range(1, 5)))
+            (run / RESULT_FILE).write_text(json.dumps({"metrics": {PRIMARY: 0.5}, "train_seconds": 10.0,
+                                                       "seconds_per_step": 1.0, "eval_seconds": 1.0}))
+    return tmp_path
+
+
+def test_each_arm_s_step_time_is_paired_by_seed_with_its_reference_s(runs):
+    assert main(["compare", "--resume", str(runs), "--report-only"]) == 0
+    ratio = json.loads((runs / "report.json").read_text())["timing"]["step_ratio"]
+    assert set(ratio) == {"grail"} and ratio["grail"]["reference"] == "none"
+    assert ratio["grail"]["seeds"] == [0, 1]  # seed 2 has no step time in the grail arm: not paired
+    assert ratio["grail"]["ratio"]["values"] == pytest.approx([1.5, 1.25])  # sums of 4 steps cancel
+    assert ratio["grail"]["extra_share"]["values"] == pytest.approx([1 / 3, 0.2])
+    text = (runs / "report.md").read_text()
+    assert "| grail | none | 2 | 1.38 [1.25, 1.50] | 0.27 [0.20, 0.33] |" in text
+
+
+def test_a_report_without_step_times_has_no_ratio_table(runs):
+    for arm in STEP:
+        for seed in range(3):
+            log = run_path(runs, arm, seed) / "metrics.jsonl"
+            log.write_text("".join(json.dumps({"step": t, "reward": 0.5}) + "\n" for t in range(1, 5)))
+    assert main(["compare", "--resume", str(runs), "--report-only"]) == 0
+    assert "share beyond the reference's step" not in (runs / "report.md").read_text()
