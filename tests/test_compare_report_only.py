@@ -16,13 +16,18 @@ PRIMARY = "sampled/synthetic/acc@4"
 ACC = {"none": [0.50, 0.60, 0.40], "grail": [0.55, 0.70, None]}  # grail/seed2 has not finished
 
 
-@pytest.fixture
-def partial(tmp_path):
+def write_plan(out_dir) -> None:
+    """A three-seed plan of the arms none and grail in out_dir, as `grail compare` writes it."""
     arms = compare.parse_arms("none,grail", [])
     plan = {"seeds": 3, "seed_fields": ["seed", "data_seed"], "base": {},
             "protocol": {"kind": "synthetic held-out", "primary": PRIMARY, "description": "hand-written"},
             "arms": [{"label": a.label, "slug": a.slug, "method": a.method, "fields": a.fields} for a in arms]}
-    (tmp_path / compare.PLAN_FILE).write_text(json.dumps(plan))
+    (out_dir / compare.PLAN_FILE).write_text(json.dumps(plan))
+
+
+@pytest.fixture
+def partial(tmp_path):
+    write_plan(tmp_path)
     for arm, values in ACC.items():
         for seed, acc in enumerate(values):
             run = run_path(tmp_path, arm, seed)

@@ -4,22 +4,17 @@ in report.md), from hand-written run files whose step times are chosen here."""
 import json
 
 import pytest
+from tests.test_compare_report_only import PRIMARY, write_plan
 
-from grail.analysis.compare import plan as compare
 from grail.analysis.compare.summary import RESULT_FILE, run_path
 from grail.cli import main
 
-PRIMARY = "sampled/synthetic/acc@4"
 STEP = {"none": [1.0, 2.0, 1.5], "grail": [1.5, 2.5, None]}  # seconds a step; grail/seed2 never logged a step time
 
 
 @pytest.fixture
 def runs(tmp_path):
-    arms = compare.parse_arms("none,grail", [])
-    plan = {"seeds": 3, "seed_fields": ["seed", "data_seed"], "base": {},
-            "protocol": {"kind": "synthetic held-out", "primary": PRIMARY, "description": "hand-written"},
-            "arms": [{"label": a.label, "slug": a.slug, "method": a.method, "fields": a.fields} for a in arms]}
-    (tmp_path / compare.PLAN_FILE).write_text(json.dumps(plan))
+    write_plan(tmp_path)
     for arm, values in STEP.items():
         for seed, step in enumerate(values):
             run = run_path(tmp_path, arm, seed)
