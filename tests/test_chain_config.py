@@ -157,8 +157,10 @@ def test_a_chain_preset_without_its_base_model_names_the_fetch(tmp_path, cache_d
         resolve_model_path(cfg)
 
 
-def test_a_missing_warm_start_names_the_sft_command_that_makes_it(tmp_path, tiny_dir, cache_dir):
-    cfg = _cfg(tmp_path, model_name_or_path=f"{SFT_MODEL_PREFIX}{tiny_dir}", task_num_steps=4, task_num_sft=9)
+@pytest.mark.parametrize("settings", ["", ":sft_steps=7:sft_learning_rate=0.0001"])
+def test_a_missing_warm_start_names_the_sft_command_that_makes_it(tmp_path, tiny_dir, cache_dir, settings):
+    cfg = _cfg(tmp_path, model_name_or_path=f"{SFT_MODEL_PREFIX}{tiny_dir}{settings}", task_num_steps=4,
+               task_num_sft=9)
     with pytest.raises(FileNotFoundError, match="grail sft --base_model") as err:
         resolve_model_path(cfg)
     message = str(err.value)
@@ -166,7 +168,8 @@ def test_a_missing_warm_start_names_the_sft_command_that_makes_it(tmp_path, tiny
     assert command.startswith("grail sft") and "--task_num_steps 4" in command and "--task_num_sft 9" in command
     # the command, run, would write exactly the entry the run looked for
     flags = parse_flags(command.split()[2:])
-    values = {k: int(v) if v.isdigit() else v for k, v in flags.items()}
+    values = {k: int(v) if v.isdigit() else float(v) if k == "sft_learning_rate" else v for k, v in flags.items()}
+    assert ("--sft_steps 7" in command) == bool(settings)  # the settings the run named, as flags
     settings = SFTFields(**{k: v for k, v in values.items() if not k.startswith("task_")}, cache_dir=None)
     entry = entry_dir(settings, base_identity(str(tiny_dir), tiny_dir),
                       chain_set_of({k: v for k, v in values.items() if k.startswith("task_")}))
@@ -174,6 +177,19 @@ def test_a_missing_warm_start_names_the_sft_command_that_makes_it(tmp_path, tiny
     entry.mkdir(parents=True)
     (entry / MARKER).write_text("{}")
     assert resolve_model_path(cfg) == str(entry)
+
+
+@pytest.mark.parametrize("spec, named", [
+    ("smollm2-135m:steps=20", "'steps=20' is not FIELD=VALUE"),  # not a field name
+    ("smollm2-135m:cache_dir=/x", "'cache_dir=/x' is not FIELD=VALUE"),  # does not shape the model
+    ("smollm2-135m:sft_steps", "is not FIELD=VALUE"),
+    ("smollm2-135m:sft_steps=ten", "sft_steps='ten' is not an integer"),
+    ("smollm2-135m:sft_steps=0", "sft_steps=0 must be >= 1"),
+    (":sft_steps=20", "names no model"),
+])
+def test_bad_sft_settings_in_a_model_name_are_refused_before_any_work(tmp_path, spec, named):
+    with pytest.raises(ValueError, match=named):
+        _cfg(tmp_path, model_name_or_path=f"{SFT_MODEL_PREFIX}{spec}")
 
 
 def test_sft_models_need_the_chain_task(tmp_path):
@@ -190,3 +206,5 @@ def test_a_comparison_keys_a_sft_start_by_its_task(tmp_path):
     described = describe_start(one)
     assert described["source"] == "sft" and described["warm_start"] is True
     assert "smollm2-135m warm-started by `grail sft`" in described["text"] and "3-step chains" in described["text"]
+    longer = _cfg(tmp_path, model_name_or_path="sft:smollm2-135m:sft_steps=100")
+    assert _start_key(longer) != _start_key(one) and "(sft_steps 100)" in describe_start(longer)["text"]

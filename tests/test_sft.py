@@ -219,3 +219,13 @@ def test_the_command_with_a_preset_makes_the_warm_start_its_runs_look_for(tmp_pa
     assert chain_set == run.synthetic_set()  # a `grail train --preset gemma-chains --task_seed 2` run's task
     with pytest.raises(SystemExit):  # not a chains preset: argparse refuses the choice
         main(["sft", "--preset", "smollm-words"])
+
+
+def test_a_preset_that_names_sft_settings_makes_that_warm_start(tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setattr(sft_module, "sft_warm_start", lambda settings, chain, log: seen.append(settings) or tmp_path)
+    monkeypatch.setitem(PRESETS, "longer-chains", {**PRESETS["smollm-chains"],
+                                                   "model_name_or_path": "sft:smollm2-135m:sft_steps=100"})
+    assert main(["sft", "--preset", "longer-chains"]) == 0
+    assert main(["sft", "--preset", "longer-chains", "--sft_steps", "7"]) == 0  # flags still win
+    assert [(s.base_model, s.sft_steps) for s in seen] == [("smollm2-135m", 100), ("smollm2-135m", 7)]

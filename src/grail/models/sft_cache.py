@@ -13,7 +13,7 @@ from pathlib import Path
 from grail.models.pretrained import REAL_MODELS, default_cache_dir
 from grail.models.warmstart import resolve_model
 from grail.options.fields import GRAILFields
-from grail.options.sft import SFT_TASK_FIELDS, SFTFields, sft_cache_key
+from grail.options.sft import SFT_TASK_FIELDS, SFTFields, parse_sft_model, sft_cache_key
 from grail.tasks.chains import ChainSet
 
 __all__ = ["base_identity", "check_model_dir", "entry_dir", "find_warm_start", "MARKER", "resolve_base",
@@ -74,24 +74,27 @@ def entry_dir(settings: SFTFields, identity: dict, chain_set: ChainSet) -> Path:
     return root / f"{stem}-{sft_cache_key(settings, identity, chain_set)}"
 
 
-def sft_command(base_model: str, task_values: dict) -> str:
+def sft_command(base_model: str, task_values: dict, sft_values: dict | None = None) -> str:
     """The `grail sft` command line that makes the warm start of `base_model` for these task_* values (those at their
-    default left out)."""
+    default left out) and SFT settings (`sft_values`, as `parse_sft_model` gives them)."""
     defaults = GRAILFields()
-    flags = [f"--{k} {task_values[k]}" for k in SFT_TASK_FIELDS
-             if k in task_values and task_values[k] != getattr(defaults, k)]
+    flags = [f"--{k} {v}" for k, v in (sft_values or {}).items()]
+    flags += [f"--{k} {task_values[k]}" for k in SFT_TASK_FIELDS
+              if k in task_values and task_values[k] != getattr(defaults, k)]
     return " ".join(["grail sft --base_model", base_model, *flags])
 
 
-def find_warm_start(base_model: str, fields: GRAILFields) -> Path:
-    """The cached `grail sft` warm start of `base_model` (default SFT settings, `fields.cache_dir`) on the chain task
-    of `fields` (its task_* values): FileNotFoundError naming `grail models fetch NAME` when the base model is missing,
-    and the `grail sft` command that makes the warm start when it is not cached."""
-    settings = SFTFields(base_model=base_model, cache_dir=fields.cache_dir)
+def find_warm_start(spec: str, fields: GRAILFields) -> Path:
+    """The cached `grail sft` warm start that `sft:SPEC` names (`parse_sft_model`: a base model and SFT settings,
+    default settings unless SPEC gives them; `fields.cache_dir`) on the chain task of `fields` (its task_* values):
+    FileNotFoundError naming `grail models fetch NAME` when the base model is missing, and the `grail sft` command
+    that makes the warm start when it is not cached."""
+    base_model, sft_values = parse_sft_model(spec)
+    settings = SFTFields(base_model=base_model, cache_dir=fields.cache_dir, **sft_values)
     _, identity = resolve_base(base_model, fields.cache_dir)
     entry = entry_dir(settings, identity, fields.synthetic_set())
     if not (entry / MARKER).is_file():
-        command = sft_command(base_model, {k: getattr(fields, k) for k in SFT_TASK_FIELDS})
+        command = sft_command(base_model, {k: getattr(fields, k) for k in SFT_TASK_FIELDS}, sft_values)
         cache = f" --cache_dir {fields.cache_dir}" if fields.cache_dir else ""
         raise FileNotFoundError(f"the warm start of {base_model} on this run's chain task is not cached (looked for "
                                 f"{entry}): make it once with `{command}{cache}`, then run this again.")

@@ -57,8 +57,9 @@ class GRAILFields(WeightingFields):
                   "warm-started on the synthetic task (cached, no download); otherwise a local checkpoint "
                   "directory or a Hub id such as `Qwen/Qwen3-4B`; `sft:NAME` = the cached `grail sft` warm start of "
                   "NAME (a built-in real model or a directory) on this run's chain task (task_style chains, its task_* "
-                  "values, the default SFT settings), refused with the `grail sft` command that makes it when it is "
-                  "not cached (docs/getting-started/warm-start.md). `model` is accepted as an alias (--model, "
+                  "values, the default SFT settings; `sft:NAME:sft_steps=100` names others, any `grail sft` field "
+                  "that shapes the model), refused with the `grail sft` command that makes it when it is not cached "
+                  "(docs/getting-started/warm-start.md). `model` is accepted as an alias (--model, "
                   "as `grail eval` and `grail explain` take it)."},
     )
     dataset: str = field(

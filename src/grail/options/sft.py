@@ -19,8 +19,8 @@ from grail.options.fields import SFT_MODEL_PREFIX, GRAILFields
 from grail.options.presets import PRESETS, preset
 from grail.tasks.chains import ChainSet
 
-__all__ = ["add_parser", "preset_values", "SFT_FIELD_NAMES", "SFT_RECIPE_VERSION", "SFT_TASK_FIELDS", "SFTFields",
-           "sft_cache_key", "sft_settings_record"]
+__all__ = ["add_parser", "parse_sft_model", "preset_values", "SFT_FIELD_NAMES", "SFT_RECIPE_VERSION",
+           "SFT_TASK_FIELDS", "SFTFields", "sft_cache_key", "sft_settings_record"]
 
 # bump when grail.training.sft's recipe (data, SFTTrainer options it sets) changes, so old cache entries are not reused
 SFT_RECIPE_VERSION = 1
@@ -105,15 +105,42 @@ def sft_cache_key(settings: SFTFields, base_identity: dict, chain_set: ChainSet)
 SFT_FIELD_NAMES = tuple(f.name for f in fields(SFTFields))
 
 
+def parse_sft_model(spec: str) -> tuple[str, dict]:
+    """(base model, SFT settings) of the text after `sft:` in a model_name_or_path: `MODEL` (default settings) or
+    `MODEL:FIELD=VALUE:...` with SFTFields fields that shape the model (e.g. `gemma3-270m:sft_steps=100`, the warm
+    start `grail sft --base_model gemma3-270m --sft_steps 100` makes). ValueError naming the bad part and the fields."""
+    base, *pairs = spec.split(":")
+    hints, allowed = typing.get_type_hints(SFTFields), [n for n in SFT_FIELD_NAMES if n not in ("base_model",
+                                                                                                *_NOT_IN_KEY)]
+    settings = {}
+    for pair in pairs:
+        name, sep, text = pair.partition("=")
+        if not sep or name not in allowed:
+            raise ValueError(f"model_name_or_path {SFT_MODEL_PREFIX}{spec}: {pair!r} is not FIELD=VALUE with a field "
+                             f"of `grail sft` that shapes the model ({', '.join(allowed)}); e.g. "
+                             f"{SFT_MODEL_PREFIX}{base or 'smollm2-135m'}:sft_steps=100.")
+        try:
+            settings[name] = hints[name](text)
+        except ValueError:
+            raise ValueError(f"model_name_or_path {SFT_MODEL_PREFIX}{spec}: {name}={text!r} is not "
+                             f"{'an integer' if hints[name] is int else 'a number'}.") from None
+    if not base:
+        raise ValueError(f"model_name_or_path {SFT_MODEL_PREFIX}{spec} names no model; e.g. "
+                         f"{SFT_MODEL_PREFIX}smollm2-135m.")
+    SFTFields(base_model=base, **settings)  # the fields' own checks (steps >= 1, ...)
+    return base, settings
+
+
 def _sft_model(values: dict) -> str | None:
-    """MODEL of a preset whose model_name_or_path is `sft:MODEL` (a `grail sft` warm start), else None."""
+    """The text after `sft:` of a preset whose model_name_or_path is a `grail sft` warm start, else None."""
     name = str(values.get("model_name_or_path", ""))
     return name.removeprefix(SFT_MODEL_PREFIX) if name.startswith(SFT_MODEL_PREFIX) else None
 
 
 def preset_values(name: str | None) -> dict:
-    """`grail sft --preset NAME`'s defaults: the preset's SFT_TASK_FIELDS values and its `sft:MODEL` as base_model
-    ({} for None; ValueError for a preset that starts from no `grail sft` warm start)."""
+    """`grail sft --preset NAME`'s defaults: the preset's SFT_TASK_FIELDS values, its `sft:MODEL` as base_model and the
+    settings its `sft:MODEL:FIELD=VALUE` names ({} for None; ValueError for a preset that starts from no `grail sft`
+    warm start)."""
     if name is None:
         return {}
     values = preset(name)
@@ -121,7 +148,8 @@ def preset_values(name: str | None) -> dict:
     if model is None:
         raise ValueError(f"preset {name!r} does not start from a `grail sft` warm start (its model_name_or_path is "
                          f"{values.get('model_name_or_path')!r}); use a chains preset, e.g. smollm-chains.")
-    return {"base_model": model, **{k: v for k, v in values.items() if k in SFT_TASK_FIELDS}}
+    base, settings = parse_sft_model(model)
+    return {"base_model": base, **settings, **{k: v for k, v in values.items() if k in SFT_TASK_FIELDS}}
 
 
 def _converter(hint):

@@ -24,6 +24,7 @@ from grail.methods.spec import SCOPED_OPTIONS, MethodSpec
 from grail.methods.table import ResolvedMethod, check_combination, method_spec, own_options, unread_options
 from grail.options.choices import WEIGHTING_FIELDS, WeightingOptions
 from grail.options.fields import SFT_MODEL_PREFIX, TINY_MODEL, GRAILFields
+from grail.options.sft import parse_sft_model
 
 __all__ = ["GRAILConfig", "RESOLVED_FROM", "field_types", "literal_choices"]
 
@@ -60,6 +61,8 @@ class GRAILConfig(GRPOConfig, GRAILFields):
             raise ValueError(f"model_name_or_path={self.model_name_or_path!r} is a `grail sft` warm start on the chain "
                              f"task: it needs task_style chains (not {self.task_style!r}) and a model after "
                              f"{SFT_MODEL_PREFIX!r}, e.g. {SFT_MODEL_PREFIX}smollm2-135m.")
+        if base != self.model_name_or_path:
+            parse_sft_model(base)  # its settings, checked before any work
         self._resolve_method()
         if self.eval_benchmarks:
             from grail.evaluation.benchmarks import parse_benchmark_list

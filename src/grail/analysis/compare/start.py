@@ -27,6 +27,7 @@ from grail.analysis.compare.run import ArmConfig, Log, arm_config, evaluate_mode
 from grail.analysis.compare.summary import BEFORE_RL_FILE
 from grail.models.pretrained import REAL_MODELS
 from grail.options.fields import SFT_MODEL_PREFIX, SYNTHETIC_DATASET, TINY_MODEL
+from grail.options.sft import parse_sft_model
 
 __all__ = ["BEFORE_RL_DIR", "describe_setting", "describe_start", "evaluate_starts", "start_groups"]
 
@@ -72,9 +73,11 @@ def describe_start(cfg) -> dict:
                 f"(`grail models fetch {name}`), not warm-started")
         return {"model": name, "source": "registry", "warm_start": False, "text": text}
     if name.startswith(SFT_MODEL_PREFIX):
+        base, settings = parse_sft_model(name.removeprefix(SFT_MODEL_PREFIX))
+        how = ", ".join(f"{k} {v}" for k, v in settings.items()) or "default SFT settings"
         return {"model": name, "source": "sft", "warm_start": True,
-                "text": f"{name.removeprefix(SFT_MODEL_PREFIX)} warm-started by `grail sft` (default SFT settings) on "
-                        f"the sft split of {_task_text(cfg.synthetic_set().task)}"}
+                "text": f"{base} warm-started by `grail sft` ({how}) on the sft split of "
+                        f"{_task_text(cfg.synthetic_set().task)}"}
     if Path(name).expanduser().is_dir():
         return {"model": name, "source": "path", "warm_start": False,
                 "text": f"the checkpoint directory {name}, not warm-started"}
