@@ -17,7 +17,7 @@ from datasets import Dataset
 from torch import nn
 
 from grail.evaluation.rewards import exact_int_reward
-from grail.methods import oar_probes, probes
+from grail.methods import oar_probes, output_layer, probes
 from grail.methods.weighting import batch_spans, method_function, probe_rows, run_probe, token_weights
 from grail.options.choices import WeightingOptions
 from grail.training.config import GRAILConfig
@@ -134,10 +134,10 @@ def test_backbone_and_output_layer_reproduce_the_models_logits(models, tokenizer
     with torch.no_grad():
         expected = model(input_ids=ids, attention_mask=attn).logits
         hidden = probes.hidden_states_BLD(model, attn, input_ids=ids)
-        got = probes.output_logits(model, hidden.flatten(0, 1), 0.7).view_as(expected)
+        got = output_layer.output_logits(model, hidden.flatten(0, 1), 0.7).view_as(expected)
     real = attn.bool()
     torch.testing.assert_close(got[real], expected[real] / 0.7, rtol=1e-5, atol=1e-5)
-    scale, softcap = probes.logit_transform(model)
+    scale, softcap = output_layer.logit_transform(model)
     if softcap is not None or scale != 1.0:  # the transform matters here: the plain linear layer would differ
         plain = nn.functional.linear(hidden, model.get_output_embeddings().weight)
         assert (plain[real] - expected[real]).abs().max() > 1e-2
@@ -234,7 +234,7 @@ def test_oar_answer_mean_is_the_mean_of_the_models_logits(models, tokenizer, fam
     predict the answer. oar_probes forms it as the output layer on the mean hidden state where the logits are linear
     in the hidden state, and from the per-position logits under soft-capping (Gemma)."""
     model = models(family)
-    assert probes.output_is_linear(model) is not soft_capped
+    assert output_layer.output_is_linear(model) is not soft_capped
     batch = _batch(tokenizer)
     ids, attn = _layout(batch)
     T = batch["completion_ids"].shape[1]

@@ -25,18 +25,24 @@ def write_plan(out_dir) -> None:
     (out_dir / compare.PLAN_FILE).write_text(json.dumps(plan))
 
 
+def write_run(out_dir, arm, seed, log_lines, accuracy=None) -> None:
+    """The run arm/seed as `grail compare` leaves it: its metrics.jsonl of `log_lines` and, if it finished (an
+    `accuracy`), its result file."""
+    run = run_path(out_dir, arm, seed)
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in log_lines))
+    if accuracy is not None:
+        (run / RESULT_FILE).write_text(json.dumps({"metrics": {PRIMARY: accuracy}, "train_seconds": 10.0,
+                                                   "seconds_per_step": 1.0, "eval_seconds": 1.0}))
+
+
 @pytest.fixture
 def partial(tmp_path):
     write_plan(tmp_path)
     for arm, values in ACC.items():
         for seed, acc in enumerate(values):
-            run = run_path(tmp_path, arm, seed)
-            run.mkdir(parents=True)
             steps = range(1, 11 if acc is not None else 5)
-            (run / "metrics.jsonl").write_text("".join(json.dumps({"step": t, "reward": 0.5}) + "\n" for t in steps))
-            if acc is not None:
-                (run / RESULT_FILE).write_text(json.dumps({"metrics": {PRIMARY: acc}, "train_seconds": 10.0,
-                                                           "seconds_per_step": 1.0, "eval_seconds": 1.0}))
+            write_run(tmp_path, arm, seed, [{"step": t, "reward": 0.5} for t in steps], acc)
     return tmp_path
 
 

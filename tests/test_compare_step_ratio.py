@@ -4,9 +4,8 @@ in report.md), from hand-written run files whose step times are chosen here."""
 import json
 
 import pytest
-from tests.test_compare_report_only import PRIMARY, write_plan
+from tests.test_compare_report_only import write_plan, write_run
 
-from grail.analysis.compare.summary import RESULT_FILE, run_path
 from grail.cli import main
 
 STEP = {"none": [1.0, 2.0, 1.5], "grail": [1.5, 2.5, None]}  # seconds a step; grail/seed2 never logged a step time
@@ -17,13 +16,8 @@ def runs(tmp_path):
     write_plan(tmp_path)
     for arm, values in STEP.items():
         for seed, step in enumerate(values):
-            run = run_path(tmp_path, arm, seed)
-            run.mkdir(parents=True)
             timed = {} if step is None else {"step_time": step}
-            (run / "metrics.jsonl").write_text("".join(json.dumps({"step": t, "reward": 0.5, **timed}) + "\n"
-                                                       for t in range(1, 5)))
-            (run / RESULT_FILE).write_text(json.dumps({"metrics": {PRIMARY: 0.5}, "train_seconds": 10.0,
-                                                       "seconds_per_step": 1.0, "eval_seconds": 1.0}))
+            write_run(tmp_path, arm, seed, [{"step": t, "reward": 0.5, **timed} for t in range(1, 5)], 0.5)
     return tmp_path
 
 
@@ -41,7 +35,6 @@ def test_each_arm_s_step_time_is_paired_by_seed_with_its_reference_s(runs):
 def test_a_report_without_step_times_has_no_ratio_table(runs):
     for arm in STEP:
         for seed in range(3):
-            log = run_path(runs, arm, seed) / "metrics.jsonl"
-            log.write_text("".join(json.dumps({"step": t, "reward": 0.5}) + "\n" for t in range(1, 5)))
+            write_run(runs, arm, seed, [{"step": t, "reward": 0.5} for t in range(1, 5)])
     assert main(["compare", "--resume", str(runs), "--report-only"]) == 0
     assert "share beyond the reference's step" not in (runs / "report.md").read_text()

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from grail.methods import probes
+from grail.methods import output_layer, probes
 
 
 class _Config:
@@ -61,7 +61,7 @@ class _DecoderIsSelf(_FakeLM):
      r"decoder_layers: _FakeLM has no nn.ModuleList of length num_hidden_layers=3.*saliency_leaf='embeddings'"),
     (_NoDecoder(), lambda m: probes.backbone(m), r"_NoDecoder.get_decoder\(\) is missing.*get_decoder\(\) returning"),
     (_DecoderIsSelf(), lambda m: probes.backbone(m), r"_DecoderIsSelf.get_decoder\(\) returned the model itself"),
-    (_FakeLM(head=False), lambda m: probes.output_logits(m, torch.zeros(1, 4), 1.0),
+    (_FakeLM(head=False), lambda m: output_layer.output_logits(m, torch.zeros(1, 4), 1.0),
      r"_FakeLM.get_output_embeddings\(\) returned NoneType, not a linear output layer.*lm_head"),
 ])
 def test_an_unreadable_model_is_refused_naming_it_and_the_missing_piece(model, call, match):

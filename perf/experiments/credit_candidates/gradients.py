@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from grail.methods import probes
+from grail.methods import output_layer, probes
 from grail.methods.sharding import unsharded
 from grail.methods.spans import align_to_completion
 
@@ -35,7 +35,7 @@ def embedding_gradient(model, input_ids_BL: torch.Tensor, attention_mask_BL: tor
             return e_BLD.detach(), torch.zeros_like(e_BLD)
         hidden_BLD = probes.hidden_states_BLD(model, attention_mask_BL, inputs_embeds=e_BLD)
         hidden_ND = align_to_completion(hidden_BLD, T, at="predicting")[rows, cols]
-        logp_NV = torch.log_softmax(probes.output_logits(model, hidden_ND, temperature), dim=-1)
+        logp_NV = torch.log_softmax(output_layer.output_logits(model, hidden_ND, temperature), dim=-1)
         targets_N = align_to_completion(input_ids_BL, T, at="token")[rows, cols]
         logp_N = logp_NV.gather(1, targets_N[:, None]).squeeze(1)
         objective = (coef_B.to(logp_N.dtype)[rows] * logp_N).sum()
@@ -53,12 +53,12 @@ def pad_embedding(model, pad_token_id: int, like_BLD: torch.Tensor) -> torch.Ten
 def patch_delta_BT(e_BLD: torch.Tensor, grad_BLD: torch.Tensor, e_pad_D: torch.Tensor, T: int) -> torch.Tensor:
     """(B, T) ∇_{e_t} J · (e_pad − e_t) at each completion token's OWN position (where OAR-P substitutes): the
     first-order change of J when token t alone is replaced by the pad token. float32 at least, signed."""
-    dtype = probes.at_least_float32(e_BLD)
+    dtype = output_layer.at_least_float32(e_BLD)
     delta_BL = (grad_BLD.to(dtype) * (e_pad_D.to(dtype) - e_BLD.to(dtype))).sum(-1)  # (B, L)
     return align_to_completion(delta_BL, T, at="token")
 
 
 def saliency_BT(e_BLD: torch.Tensor, grad_BLD: torch.Tensor, T: int) -> torch.Tensor:
     """(B, T) GRAIL's ‖∂J/∂e ⊙ e‖₂ at the position that PREDICTS each completion token (docs/methods/grail.md)."""
-    dtype = probes.at_least_float32(e_BLD)
+    dtype = output_layer.at_least_float32(e_BLD)
     return align_to_completion((grad_BLD.to(dtype) * e_BLD.to(dtype)).norm(dim=-1), T, at="predicting")

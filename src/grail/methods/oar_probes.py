@@ -8,7 +8,7 @@ Departures from the specification (docs/methods/; choices it leaves open, or mak
   2. OAR "next-token distribution at the last position" = the logits at the row's last real input position, i.e. the
      final completion token's own position (what the model would emit after the completion).
   3. OAR "mean of the logits over the answer positions" = the mean over the positions that PREDICT the answer tokens
-     (the one-position shift). Where the logits are linear in the hidden state (`probes.output_is_linear`: Qwen3,
+     (the one-position shift). Where the logits are linear in the hidden state (`output_layer.output_is_linear`: Qwen3,
      Llama, a logit scale) it is computed as the output layer applied to the mean hidden state, equal to the mean of
      the logits up to rounding; under logit soft-capping (Gemma) the logits are formed per position and averaged.
   4. OAR-G draws its noise as one (B, T, D) standard-normal tensor in float32 (from `generator`), scaled by
@@ -37,16 +37,14 @@ from torch import nn
 
 from grail.methods.core import kl_divergence
 from grail.methods.kv_prefix import full_length, prefix_cache, prefix_chunks, shareable
+from grail.methods.output_layer import at_least_float32, output_is_linear, output_logits
 from grail.methods.probes import (
-    at_least_float32,
     backbone_output,
     check_batch,
     completion_mask_BT,
     hidden_states_BLD,
     in_lockstep,
     leaf_gradient,
-    output_is_linear,
-    output_logits,
     output_of,
     zeros_BT,
 )

@@ -22,34 +22,31 @@ What a probe needs of the model (anything else gets a `ValueError` naming the mo
 fix, never a silent fallback): `config.num_hidden_layers` (the text config's, for multimodal configs);
 `get_decoder()` returning the backbone, a module other than the model whose output has `.last_hidden_state`;
 `get_input_embeddings()`; `get_output_embeddings()` with a `.weight` (V, D), a linear layer; the decoder layers as an
-`nn.ModuleList` (the backbone's `.layers`, else the first one of length num_hidden_layers). Output transforms the
-model applies after its output layer are read from its text config, with TRL's rules (`trl.trainer.utils.
-add_fused_lm_head`, which computes the training log-probs): a logit scale (`logit_scale`, `output_multiplier`,
-`lm_head_multiplier`, or 1 / `logits_scaling`: Cohere, Granite, Falcon-H1, MiniCPM), then soft-capping
-`c · tanh(z / c)` (`final_logit_softcapping`: Gemma 2 and 3). Soft-capping makes the logits non-linear in the hidden
-state, so a distribution from a MEAN hidden state is not the mean of the logits (`output_is_linear`).
+`nn.ModuleList` (the backbone's `.layers`, else the first one of length num_hidden_layers). The output layer and
+the output transforms applied after it (logit scale, soft-capping) live in `grail.methods.output_layer`;
+soft-capping makes the logits non-linear in the hidden state, so a distribution from a MEAN hidden state is not the
+mean of the logits (`output_layer.output_is_linear`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import get_args
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from grail.methods.core import entropy_from_logits, gradient_activation_saliency
-from grail.methods.sharding import announce_forward, is_fsdp2, lockstep, output_layer_weights, unsharded
+from grail.methods.output_layer import MODEL_FIX, output_logits, per_position_BT, text_config, token_logprobs_BT
+from grail.methods.sharding import announce_forward, is_fsdp2, lockstep, unsharded
 from grail.methods.spans import align_to_completion
 from grail.options.choices import Leaf
 
 __all__ = [
-    "answer_nll_saliency", "at_least_float32", "backbone", "backbone_output", "check_batch", "completion_mask_BT",
+    "answer_nll_saliency", "backbone", "backbone_output", "check_batch", "completion_mask_BT",
     "decoder_layers", "hidden_states_BLD", "in_lockstep", "leaf_gradient", "leaf_module", "leaf_output_tensor",
-    "LEAVES", "logit_transform", "output_is_linear", "output_logits", "output_of", "token_entropies",
-    "token_logprobs_BT", "zeros_BT",
+    "LEAVES", "output_of", "token_entropies", "zeros_BT",
 ]
 
 LEAVES: tuple[Leaf, ...] = get_args(Leaf)
@@ -59,23 +56,12 @@ LEAVES: tuple[Leaf, ...] = get_args(Leaf)
 # Model plumbing: the backbone, the decoder layers, the leaf module, the output layer.
 
 
-_FIX = ("grail's probes support Hugging Face causal LMs (`AutoModelForCausalLM`, e.g. LlamaForCausalLM, "
-        "Qwen3ForCausalLM); for another model, give it ")
-
-
-def _text_config(model: nn.Module):
-    config = getattr(model, "config", None)
-    if config is None:
-        raise ValueError(f"{type(model).__name__} has no `config`: the probes read num_hidden_layers and the output "
-                         f"transforms from it. {_FIX}a transformers `PretrainedConfig` as `.config`.")
-    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-
 
 def _num_layers(model: nn.Module) -> int:
-    num_layers = getattr(_text_config(model), "num_hidden_layers", None)
+    num_layers = getattr(text_config(model), "num_hidden_layers", None)
     if not isinstance(num_layers, int) or num_layers < 1:
         raise ValueError(f"{type(model).__name__}: config.num_hidden_layers is {num_layers!r}; the leaves 'first', "
-                         f"'middle', 'last' are numbered by it. {_FIX}a config with num_hidden_layers.")
+                         f"'middle', 'last' are numbered by it. {MODEL_FIX}a config with num_hidden_layers.")
     return num_layers
 
 
@@ -149,7 +135,7 @@ def _input_embeddings(model: nn.Module) -> nn.Module:
     embeddings = get() if callable(get) else None
     if not isinstance(embeddings, nn.Module):
         raise ValueError(f"{type(model).__name__}: get_input_embeddings() is missing or returned {embeddings!r}; the "
-                         f"probes take the input embeddings as the leaf (and OAR-G perturbs them). {_FIX}"
+                         f"probes take the input embeddings as the leaf (and OAR-G perturbs them). {MODEL_FIX}"
                          f"get_input_embeddings() returning the token embedding module.")
     return embeddings
 
@@ -163,7 +149,7 @@ def backbone(model: nn.Module) -> nn.Module:
                                                       else f"returned {decoder!r}")
         raise ValueError(f"backbone: {type(model).__name__}.get_decoder() {got}; the probes run the backbone (the "
                          f"decoder stack without the output layer) and apply the output layer only where they need "
-                         f"logits. {_FIX}get_decoder() returning the backbone, whose forward(input_ids= or "
+                         f"logits. {MODEL_FIX}get_decoder() returning the backbone, whose forward(input_ids= or "
                          f"inputs_embeds=, attention_mask=, use_cache=False) returns `.last_hidden_state`.")
     return decoder
 
@@ -191,7 +177,8 @@ def backbone_output(model: nn.Module, attention_mask_BL: torch.Tensor, use_cache
     if not isinstance(getattr(output, "last_hidden_state", None), torch.Tensor):
         raise ValueError(f"hidden_states_BLD: the backbone of {type(model).__name__} ({type(decoder).__name__}, from "
                          f"get_decoder()) returned {type(output).__name__} without a `last_hidden_state` tensor. "
-                         f"{_FIX}get_decoder() returning a module whose output has `.last_hidden_state` (B, L, D).")
+                         f"{MODEL_FIX}get_decoder() returning a module whose output has `.last_hidden_state` "
+                         f"(B, L, D).")
     return output
 
 
@@ -221,41 +208,6 @@ def leaf_gradient(output: torch.Tensor, leaf: torch.Tensor, retain_graph: bool =
     return torch.zeros_like(leaf) if grad is None else grad
 
 
-def at_least_float32(values: torch.Tensor) -> torch.dtype:
-    return torch.promote_types(values.dtype, torch.float32)  # float32 at least (float64 stays float64)
-
-
-def logit_transform(model: nn.Module) -> tuple[float, float | None]:
-    """(scale, softcap) the model applies after its output layer: logits = c · tanh(scale · z / c) (softcap c), or
-    scale · z (softcap None). Read from the text config with TRL's rules (module docstring)."""
-    config = _text_config(model)
-    scale = getattr(config, "logit_scale", None)
-    for name in ("output_multiplier", "lm_head_multiplier"):
-        scale = getattr(config, name, None) if scale is None else scale
-    logits_scaling = getattr(config, "logits_scaling", None)
-    if scale is None and logits_scaling is not None:
-        scale = logits_scaling if getattr(config, "model_type", None) == "hyperclovax" else 1 / logits_scaling
-    return (1.0 if scale is None else float(scale)), getattr(config, "final_logit_softcapping", None)
-
-
-def output_is_linear(model: nn.Module) -> bool:
-    """Whether the logits are linear in the final hidden state (no soft-capping): only then is the output layer on a
-    mean hidden state the mean of the logits."""
-    return logit_transform(model)[1] is None
-
-
-def _output_layer(model: nn.Module) -> nn.Module:
-    get = getattr(model, "get_output_embeddings", None)
-    head = get() if callable(get) else None
-    weight = getattr(head, "weight", None)
-    shape = getattr(weight, "ds_shape", None) or getattr(weight, "shape", ())  # ZeRO-3: the full shape of a partition
-    if not isinstance(weight, torch.Tensor) or len(shape) != 2:
-        raise ValueError(f"output_logits: {type(model).__name__}.get_output_embeddings() "
-                         f"{'is missing' if not callable(get) else f'returned {type(head).__name__}'}, not a linear "
-                         f"output layer with a (V, D) `.weight`; the probes form logits only at the positions they "
-                         f"need. {_FIX}get_output_embeddings() returning its lm_head (an nn.Linear).")
-    return head
-
 
 @contextmanager
 def in_lockstep(model: nn.Module) -> Iterator[None]:
@@ -264,23 +216,6 @@ def in_lockstep(model: nn.Module) -> Iterator[None]:
     one = torch.ones(1, 1, dtype=torch.long, device=next(model.parameters()).device)
     with lockstep(model, idle_forward=lambda: backbone_output(model, one, input_ids=one)):
         yield
-
-
-def output_logits(model: nn.Module, hidden_ND: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Output layer on selected hidden rows, its weights detached (no graph into them), then the model's logit scale
-    and soft-capping (`logit_transform`), / temperature; float32 at least (a float64 model keeps float64: OAR-G's KL
-    under σ = 1e-3 noise needs its precision). Equals the model's own logits / temperature (tested per architecture,
-    tests/test_architectures.py). On a sharded model, only inside `unsharded(model)`."""
-    head = _output_layer(model)
-    weight, bias = output_layer_weights(model, head)
-    logits = F.linear(hidden_ND.to(weight.dtype), weight, bias)
-    logits = logits.to(at_least_float32(logits))  # (N, V)
-    scale, softcap = logit_transform(model)
-    if scale != 1.0:
-        logits = logits * scale
-    if softcap is not None:
-        logits = softcap * torch.tanh(logits / softcap)
-    return logits / temperature  # (N, V)
 
 
 def check_batch(name: str, input_ids_BL: torch.Tensor, attention_mask_BL: torch.Tensor, temperature: float,
@@ -323,7 +258,8 @@ def answer_nll_saliency(model: nn.Module, input_ids_BL: torch.Tensor, attention_
         temperature: the sampling temperature.
         leaf: "embeddings" (release default), "first", "middle", "last".
         with_surprise: also return each completion token's surprise −log π(y_t | y_<t) at `temperature` from the
-            same forward (`per_position_BT`), as (saliency_BT, surprise_BT); both all 0 when no row has an answer.
+            same forward (`output_layer.token_logprobs_BT`), as (saliency_BT, surprise_BT); both all 0 when no row
+            has an answer.
     Returns:
         (B, T) float32 >= 0, 0 on padding. Rows without answer tokens get exactly 0 (rows are independent). If no row
         has an answer token, zeros without running the model (the caller keeps distributed processes in step).
@@ -349,30 +285,6 @@ def answer_nll_saliency(model: nn.Module, input_ids_BL: torch.Tensor, attention_
     saliency_BT = align_to_completion(gradient_activation_saliency(grad_BLD, captured[0]), T, at="predicting")
     saliency_BT = (saliency_BT * mask_BT).detach()  # (B, T)
     return (saliency_BT, surprise_BT) if with_surprise else saliency_BT
-
-
-@torch.no_grad()
-def per_position_BT(model: nn.Module, hidden_BTD: torch.Tensor, mask_BT: torch.Tensor, temperature: float,
-                    read: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
-                    chunk_positions: int = 1024) -> torch.Tensor:
-    """(B, T) float32 `read(logits_NV, rows_N, cols_N)` → (N,) at every position of `mask_BT` (0 elsewhere), from the
-    hidden states at the predicting positions; the output layer runs on at most `chunk_positions` positions at a time
-    (memory: chunk_positions × V float32). No gradient."""
-    out_BT = torch.zeros(mask_BT.shape, dtype=torch.float32, device=mask_BT.device)
-    rows, cols = mask_BT.nonzero(as_tuple=True)
-    step = max(1, chunk_positions)
-    for start in range(0, rows.numel(), step):
-        r, c = rows[start : start + step], cols[start : start + step]
-        out_BT[r, c] = read(output_logits(model, hidden_BTD[r, c], temperature), r, c).float()
-    return out_BT
-
-
-def token_logprobs_BT(model: nn.Module, hidden_BTD: torch.Tensor, mask_BT: torch.Tensor, targets_BT: torch.Tensor,
-                      temperature: float, chunk_positions: int = 1024) -> torch.Tensor:
-    """(B, T) float32 log softmax(logits / temperature)[targets_BT] at every position of `mask_BT` (0 elsewhere): the
-    one reader of a token's log-probability (GRAIL's surprise, the label sets' log π). No gradient."""
-    return per_position_BT(model, hidden_BTD, mask_BT, temperature, lambda logits_NV, r, c: torch.log_softmax(
-        logits_NV, dim=-1).gather(1, targets_BT[r, c, None])[:, 0], chunk_positions)
 
 
 # ---------------------------------------------------------------------------------------------------------------

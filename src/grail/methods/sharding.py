@@ -4,7 +4,7 @@
 
 - The output layer: the probes read its weight without calling the layer, so an engine that gathers parameters in
   hooks around each module's forward never gathers it for them. `unsharded` gathers it once per probe and
-  `output_layer_weights` hands the copy to `probes.output_logits`.
+  `output_layer_weights` hands the copy to `output_layer.output_logits`.
 - FSDP2's forwards must go through the model's own forward (`is_fsdp2`; `probes.backbone_output` routes them).
 - A probe with a data-dependent number of forwards (OAR-P, span masking) runs them in lockstep over processes
   (`lockstep`, `announce_forward`).

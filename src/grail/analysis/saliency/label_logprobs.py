@@ -24,7 +24,8 @@ import torch
 
 from grail.analysis.saliency.quality import SaliencyQualityOptions, teacher_forced_traces, trace_batch
 from grail.analysis.saliency.token_labels import CRITICAL, FILLER
-from grail.methods.probes import completion_mask_BT, hidden_states_BLD, token_logprobs_BT
+from grail.methods.output_layer import token_logprobs_BT
+from grail.methods.probes import completion_mask_BT, hidden_states_BLD
 from grail.methods.sharding import unsharded
 from grail.methods.spans import align_to_completion
 

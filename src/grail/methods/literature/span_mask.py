@@ -19,7 +19,8 @@ import torch.nn.functional as F
 
 from grail.methods import core
 from grail.methods.builtin import pad_token_id
-from grail.methods.probes import hidden_states_BLD, in_lockstep, output_logits
+from grail.methods.output_layer import output_logits
+from grail.methods.probes import hidden_states_BLD, in_lockstep
 from grail.methods.sharding import unsharded
 from grail.methods.spans import token_char_offsets
 from grail.methods.spec import MethodOption, MethodSpec, TokenWeights
