@@ -24,8 +24,9 @@ __all__ = ["at_least_float32", "logit_transform", "MODEL_FIX", "output_is_linear
            "text_config", "token_logprobs_BT"]
 
 
+# The fix every "cannot read this model" error ends with (here and in grail.methods.probes).
 MODEL_FIX = ("grail's probes support Hugging Face causal LMs (`AutoModelForCausalLM`, e.g. LlamaForCausalLM, "
-        "Qwen3ForCausalLM); for another model, give it ")
+             "Qwen3ForCausalLM); for another model, give it ")
 
 
 def text_config(model: nn.Module):
