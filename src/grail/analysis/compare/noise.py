@@ -38,7 +38,7 @@ from pathlib import Path
 
 from grail.analysis.compare.plan import PLAN_FILE
 from grail.analysis.compare.stats import seeds_needed
-from grail.analysis.compare.summary import clock_complete, load_runs, trained_here
+from grail.analysis.compare.summary import FINAL_EVAL_DIR, clock_complete, load_runs, trained_here
 
 __all__ = ["add_costs", "decompose", "independent_sampling_variance", "load_samples", "noise_markdown",
            "paired_sampling_variance", "run_costs", "seed_set"]
@@ -110,7 +110,7 @@ def load_samples(out_dir: str | Path, metric: str, keep: set[int] | None = None)
     for run in load_runs(out_dir, json.loads(plan_path.read_text())):
         if run.result is None or (keep is not None and run.seed not in keep):
             continue
-        path = run.path / "eval" / "final" / evaluation / "samples.jsonl"
+        path = run.path / FINAL_EVAL_DIR / evaluation / "samples.jsonl"
         if not path.is_file():
             raise ValueError(f"{path} does not exist: name an evaluation the runs sampled (e.g. "
                              f"sampled/synthetic/acc@4).")

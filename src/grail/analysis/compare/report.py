@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from grail.analysis.compare.auroc import AurocPlan
+from grail.analysis.compare.errors import first_error_lines, first_error_summary
 from grail.analysis.compare.plots import POSITION_KEYS, SWEEP_EXTRA, WEIGHT_KEYS, write_plots
 from grail.analysis.compare.summary import (
     CHECKPOINT_AUROC_FILE,
@@ -190,6 +191,7 @@ def render_markdown(s: dict, plots: list[str], plot_note: str, jobs: int) -> str
                           before=s.get("before_rl"))
     lines += change_lines(s)
     lines += resolution_lines(s)
+    lines += first_error_lines(s)
     lines += _sweep_lines(s)
     if s["extra_metrics"]:
         rows = AurocPlan.of(s).describe()
@@ -285,7 +287,8 @@ def write_report(out_dir: str | Path, plan: dict, jobs: int = 1, into: str | Pat
     into = out_dir if into is None else Path(into)
     start = load_start(out_dir, [a["label"] for a in plan["arms"]])
     runs = load_runs(out_dir, plan, start)
-    summary = {"setting": describe_setting(plan, out_dir), **summarize(plan, runs, start)}
+    summary = {"setting": describe_setting(plan, out_dir), **summarize(plan, runs, start),
+               "first_errors": first_error_summary(plan, out_dir, runs, start)}
     try:
         plots, note = write_plots(summary, [r for r in runs if r.result is not None], into), ""
     except ImportError:

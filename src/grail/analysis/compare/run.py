@@ -28,7 +28,13 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from grail.analysis.compare.auroc import AurocPlan, run_auroc
-from grail.analysis.compare.summary import CHECKPOINT_AUROC_FILE, EXTRA_METRICS_FILE, RESULT_FILE, run_path
+from grail.analysis.compare.summary import (
+    CHECKPOINT_AUROC_FILE,
+    EXTRA_METRICS_FILE,
+    FINAL_EVAL_DIR,
+    RESULT_FILE,
+    run_path,
+)
 from grail.methods.table import METHODS, scoped_values
 from grail.options.checkpoint_dirs import checkpoint_dirs
 from grail.options.choices import WEIGHTING_FIELDS, WeightingOptions
@@ -210,7 +216,7 @@ def run_one(plan: dict, out_dir: str | Path, slug: str, seed: int, log: Log = pr
             write_json(run_dir / TRAINED_FILE, trained)
         eval_start = time.perf_counter()
         final_dir = run_dir / "final"
-        metrics, per_problem = evaluate_model(plan, out_dir, seed, final_dir, run_dir / "eval" / "final", log,
+        metrics, per_problem = evaluate_model(plan, out_dir, seed, final_dir, run_dir / FINAL_EVAL_DIR, log,
                                               grading_workers)
         extra_start = time.perf_counter()
         evaluations = list(EXTRA_EVALUATIONS)
@@ -228,7 +234,7 @@ def run_one(plan: dict, out_dir: str | Path, slug: str, seed: int, log: Log = pr
         end = time.perf_counter()
         result = {"arm": arm["label"], "seed": seed, **trained, "trained_earlier": trained_earlier,
                   "eval_seconds": end - eval_start,
-                  "eval_phase_seconds": eval_phases(run_dir / "eval" / "final", extra_start - eval_start,
+                  "eval_phase_seconds": eval_phases(run_dir / FINAL_EVAL_DIR, extra_start - eval_start,
                                                     end - extra_start),
                   "wall_seconds": end - start, "metrics": metrics, "evaluations": per_problem}
         write_json(run_dir / RESULT_FILE, result)  # last: the finished marker

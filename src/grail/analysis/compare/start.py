@@ -24,14 +24,13 @@ import time
 from pathlib import Path
 
 from grail.analysis.compare.run import ArmConfig, Log, arm_config, evaluate_model, write_json
-from grail.analysis.compare.summary import BEFORE_RL_FILE
+from grail.analysis.compare.summary import BEFORE_RL_FILE, start_eval_dir
 from grail.models.pretrained import REAL_MODELS
 from grail.options.fields import SFT_MODEL_PREFIX, SYNTHETIC_DATASET, TINY_MODEL
 from grail.options.sft import parse_sft_model
 
-__all__ = ["BEFORE_RL_DIR", "describe_setting", "describe_start", "evaluate_starts", "start_groups"]
+__all__ = ["describe_setting", "describe_start", "evaluate_starts", "start_groups"]
 
-BEFORE_RL_DIR = "before_rl"
 BEFORE_RL_SEED = 0  # the evaluation config of seed 0: the sampling seed of the seed-0 runs' evaluation
 
 
@@ -127,7 +126,7 @@ def evaluate_starts(plan: dict, out_dir: str | Path, paths: dict[str, str], log:
         log(f"compare: evaluating the starting model before RL ({model_path}), once for the arms that start there")
         begin = time.perf_counter()
         metrics, per_problem = evaluate_model(plan, out_dir, BEFORE_RL_SEED, Path(model_path),
-                                              out_dir / BEFORE_RL_DIR / sid / "eval", log, grading_workers=None)
+                                              start_eval_dir(out_dir, sid), log, grading_workers=None)
         starts[sid] = {"model_path": str(model_path), "seed": BEFORE_RL_SEED, "metrics": metrics,
                        "evaluations": per_problem, "eval_seconds": time.perf_counter() - begin}
     content = {"version": 1, "arms": arms, "starts": starts}

@@ -48,16 +48,19 @@ from grail.analysis.compare.stats import (
 from grail.analysis.compare.sweep import Layout, layout
 from grail.training.provenance import CODE_FILE, VERSION_KEYS
 
-__all__ = ["BEFORE_RL_FILE", "CHECKPOINT_AUROC_FILE", "EXTRA_METRICS_FILE", "RESULT_FILE", "WARMSTART_AUROC_FILE",
-           "RunData", "StartData", "clock_complete", "load_runs", "load_start", "paired_stats", "problem_values",
-           "run_path", "summarize", "trained_here"]
+__all__ = ["BEFORE_RL_DIR", "BEFORE_RL_FILE", "CHECKPOINT_AUROC_FILE", "EXTRA_METRICS_FILE", "FINAL_EVAL_DIR",
+           "RESULT_FILE", "WARMSTART_AUROC_FILE", "RunData", "StartData", "arm_stats", "clock_complete", "load_runs",
+           "load_start", "paired_stats", "problem_values", "read_jsonl", "run_path", "start_eval_dir", "summarize",
+           "trained_here"]
 
 RESULT_FILE = "compare_result.json"  # written last by a run: its presence means finished
 EXTRA_METRICS_FILE = "extra_metrics.json"
 CHECKPOINT_AUROC_FILE = "auroc_checkpoints.json"  # per run: {"N": {name: value}} (grail.analysis.compare.run)
 # per comparison: {arm label: {name: value}} (grail.analysis.compare.plan)
 WARMSTART_AUROC_FILE = "auroc_warmstart.json"
+FINAL_EVAL_DIR = Path("eval", "final")  # in a run directory: its final model's evaluation, one folder per evaluation
 BEFORE_RL_FILE = "before_rl.json"  # per comparison: the starts' evaluation before RL (grail.analysis.compare.start)
+BEFORE_RL_DIR = "before_rl"  # per comparison: before_rl/<start id>/eval/ holds that evaluation's harness files
 RESOLVE_POINTS = (1.0, 2.0, 5.0)  # differences (points) the seeds-needed table is given for
 SEED_COUNTS = (2, 3, 5, 10, 20, 50)
 COMPLETION_KEYS = ("completions/mean_length", "completions/clipped_ratio")  # TRL's logged completion statistics
@@ -75,6 +78,11 @@ def run_path(out_dir: str | Path, slug: str, seed: int) -> Path:
     return Path(out_dir) / "runs" / slug / f"seed{seed}"
 
 
+def start_eval_dir(out_dir: str | Path, start_id: str) -> Path:
+    """Where the evaluation before RL of one start keeps its harness files (one folder per evaluation)."""
+    return Path(out_dir) / BEFORE_RL_DIR / start_id / "eval"
+
+
 # ---- reading the runs ----------------------------------------------------------------------------------------
 
 @dataclass
@@ -89,7 +97,7 @@ class RunData:
     code: list[dict] = field(default_factory=list)  # code.jsonl: one line per start and resume of the run
 
 
-def _read_jsonl(path: Path) -> list[dict]:
+def read_jsonl(path: Path) -> list[dict]:
     if not path.is_file():
         return []
     lines = []
@@ -154,8 +162,8 @@ def load_runs(out_dir: str | Path, plan: dict, start: StartData | None = None) -
                      (json.loads(steps_file.read_text()) if steps_file.is_file() else {}).items()}
             if steps and arm["label"] in warm:
                 steps[0] = warm[arm["label"]]
-            runs.append(RunData(arm["label"], seed, path, result, _read_jsonl(path / "metrics.jsonl"), extra,
-                                dict(sorted(steps.items())), _read_jsonl(path / CODE_FILE)))
+            runs.append(RunData(arm["label"], seed, path, result, read_jsonl(path / "metrics.jsonl"), extra,
+                                dict(sorted(steps.items())), read_jsonl(path / CODE_FILE)))
     return runs
 
 
@@ -239,7 +247,7 @@ def _per_arm_stats(table: dict[str, dict[int, float]], arms: list[str]) -> dict:
     return {arm: {**asdict(t_interval(list(table[arm].values()))), "seeds": sorted(table[arm])} for arm in arms}
 
 
-def _stats(table: dict[str, dict[int, float]], arms: list[str], lay: Layout) -> dict:
+def arm_stats(table: dict[str, dict[int, float]], arms: list[str], lay: Layout) -> dict:
     """Per-arm intervals and paired differences against each arm's reference, JSON-ready."""
     paired = {arm: paired_stats(table[lay.baseline[arm]], table[arm], lay.baseline[arm]) for arm in lay.paired}
     tested = [arm for arm in paired if paired[arm]["sign_flip_p"] is not None]
@@ -328,9 +336,9 @@ def summarize(plan: dict, runs: list[RunData], start: StartData | None = None) -
     finished = [r for r in runs if r.result is not None]
     metric_names = list(dict.fromkeys(k for r in finished for k in r.result["metrics"]))
     extra_names = list(dict.fromkeys(k for r in finished for k in r.extra))
-    metrics = {m: _stats(_per_arm(finished, arms, lambda r, m=m: r.result["metrics"].get(m)), arms, lay)
+    metrics = {m: arm_stats(_per_arm(finished, arms, lambda r, m=m: r.result["metrics"].get(m)), arms, lay)
                for m in metric_names}
-    extra = {m: _stats(_per_arm(finished, arms, lambda r, m=m: r.extra.get(m)), arms, lay)
+    extra = {m: arm_stats(_per_arm(finished, arms, lambda r, m=m: r.extra.get(m)), arms, lay)
              for m in extra_names}
     weights = {k: _per_arm_stats(_per_arm(finished, arms, lambda r, k=k: _key_mean(r.log, k)), arms)
                for k in (*WEIGHT_KEYS, *POSITION_KEYS)}
