@@ -25,6 +25,9 @@ def test_steps_are_read_in_order_with_their_numbers():
     (REFERENCE.replace("38 - 8", "38 - 9").replace("= 30", "= 29"), "setup"),  # right number copied wrongly
     (REFERENCE.replace("38 - 8 = 30", "38 + 8 = 46"), "setup"),  # wrong operation, correctly computed
     (REFERENCE.replace("30 + 38", "30 + 15"), "setup"),  # a total of the wrong person
+    (REFERENCE.replace("23 + 15", "15 + 23"), "none"),  # + commutes: the same set-up
+    (REFERENCE.replace("23 + 15 = 38", "15 + 23 = 37").replace("38 -", "37 -"), "arithmetic"),
+    (REFERENCE.replace("38 - 8 = 30", "8 - 38 = -30"), "setup"),  # - does not
     (REFERENCE.replace("38 - 8", "37 - 8"), "setup"),  # the previous result not carried
     (REFERENCE.split(" Ben")[0] + " \\boxed{30}", "steps"),  # stopped a step early
     (REFERENCE.replace(" \\boxed", " Zoe has 68 + 1 = 69 apples. \\boxed"), "steps"),

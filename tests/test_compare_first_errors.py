@@ -21,8 +21,8 @@ from grail.analysis.compare.summary import (
 )
 from grail.tasks.chain_errors import chain_steps
 
-CHAINS = {"model_name_or_path": "smollm2-135m", "dataset": "synthetic", "task_style": "chains", "task_num_sft": 30, "task_num_train": 30,
-          "task_num_heldout": 20}
+CHAINS = {"model_name_or_path": "smollm2-135m", "dataset": "synthetic", "task_style": "chains",
+          "task_num_sft": 30, "task_num_train": 30, "task_num_heldout": 20}
 PRIMARY = "sampled/synthetic/acc@4"
 SLIPS = {"none": [4, 6, 8], "grail": [2, 6, 4]}  # per seed: how many of the 20 problems get an arithmetic slip
 SETUPS = 3  # and how many more (after those) a setup error, in every run

@@ -250,3 +250,50 @@ def test_on_a_subset_the_best_constant_is_counted_on_the_whole_split():
                                          "evaluated": {"answer": "7", "accuracy": 4 / P}}
     assert on_split["qualifies"]
     assert f"on the whole split of {len(whole)} problems" in format_markdown(on_split)
+
+
+def test_chain_problems_get_their_first_errors_and_other_problems_none():
+    """The sampled and greedy completions are read against the reference solutions given: each share is what the
+    completions were written to be; without solutions the table has no first errors."""
+    from grail.tasks.chain_errors import FIRST_ERRORS
+
+    reference = "Tom has 23 + 15 = 38 apples. Ava has 38 - 8 = 30 apples. \\boxed{30}"
+    slip, setup = reference.replace("= 38", "= 39"), reference.replace("- 8", "- 9")
+    legs = _boundary_legs()
+    legs["sampled"] = replace(legs["sampled"], completions_PN={
+        (BENCH, str(p)): [reference] * 4 + [slip] * 3 + [setup] for p in range(P)})
+    legs["greedy"] = replace(legs["greedy"], completions_PN={
+        (BENCH, str(p)): [slip if p < 25 else reference] for p in range(P)})
+    solutions = {(BENCH, str(p)): (reference, "30") for p in range(P)}
+    table = validity_table(legs, _references(ANSWERS), solutions=solutions)
+    sampled, greedy = table["first_errors"]["sampled"], table["first_errors"]["greedy"]
+    assert list(sampled) == list(FIRST_ERRORS)
+    assert (sampled["none"], sampled["arithmetic"], sampled["setup"]) == (4 / 8, 3 / 8, 1 / 8)
+    assert (greedy["none"], greedy["arithmetic"]) == (0.75, 0.25)
+    assert "| sampled | 50.0% | 37.5% | 12.5% | 0.0% | 0.0% | 0.0% |" in format_markdown(table)
+    without = validity_table(legs, _references(ANSWERS))
+    assert "first_errors" not in without and "first error" not in format_markdown(without)
+
+
+def test_leg_result_keeps_each_problems_completions_in_sample_order():
+    records = [{"benchmark": BENCH, "problem_id": "0", "sample_index": j, "correct": False, "tokens": 3,
+                "reason": "ok", "completion": f"c{j}"} for j in (1, 0)]
+    results = {"benchmarks": [{"name": BENCH, "acc_at_n": {"value": 0.0, "low": 0.0, "high": 0.0}}]}
+    leg = leg_result(records, results, {"sampling": {"n": 2, "max_new_tokens": 8}})
+    assert leg.completions_PN == {(BENCH, "0"): ["c0", "c1"]}
+
+
+def test_grail_validity_reads_chain_benchmarks_against_the_chain_tasks_solutions():
+    from grail.evaluation.benchmarks import load_benchmarks
+    from grail.evaluation.cli import _chain_solutions
+    from grail.tasks.chain_errors import first_error
+    from grail.tasks.chains import ChainSet
+
+    loaded = load_benchmarks(["synthetic_chains"], size=5, seed=0)
+    solutions = _chain_solutions(loaded)
+    examples = ChainSet().examples("heldout")
+    for problem in loaded[0].problems:  # the id the harness records is the index of the held-out example
+        solution, answer = solutions["synthetic_chains", problem.id]
+        assert answer == problem.answer and solution == examples[int(problem.id)].solution
+        assert first_error(solution, answer, solution) == "none"
+    assert _chain_solutions(load_benchmarks(["synthetic"], size=5, seed=0)) is None

@@ -11,7 +11,7 @@ from pathlib import Path
 from grail.tasks.chains import ChainSet
 from grail.tasks.synthetic import SyntheticSet
 
-__all__ = ["HUB_IDS", "LOCAL_FILE", "hub_id", "hub_rows", "local_rows", "synthetic_rows"]
+__all__ = ["HUB_IDS", "LOCAL_FILE", "chain_solutions", "hub_id", "hub_rows", "local_rows", "synthetic_rows"]
 
 HUB_IDS: dict[str, str | None] = {
     "math500": "HuggingFaceH4/MATH-500",
@@ -86,3 +86,9 @@ def synthetic_rows(synthetic_set: SyntheticSet | ChainSet | None = None) -> tupl
     synthetic_set = synthetic_set or SyntheticSet()
     return list(enumerate(synthetic_set.rows("heldout"))), (
         f"grail.tasks held-out split ({synthetic_set.num_heldout} problems, task_seed {synthetic_set.seed}, {which})")
+
+
+def chain_solutions(chain_set: ChainSet) -> dict[str, tuple[str, str]]:
+    """The held-out reference solutions of `chain_set` with their answers, by the problem id its benchmark gives each
+    row (the row's index in `synthetic_rows`): what `grail.tasks.chain_errors` reads completions against."""
+    return {str(i): (e.solution, e.answer) for i, e in enumerate(chain_set.examples("heldout"))}

@@ -238,6 +238,18 @@ def _references(loaded) -> dict[tuple[str, str], str]:
     return {(p.source, p.id): p.answer for bench in loaded for p in bench.problems}
 
 
+def _chain_solutions(loaded) -> dict[tuple[str, str], tuple[str, str]] | None:
+    """The reference solutions of the chain task's held-out problems among `loaded` (the first-error table), or None
+    where no benchmark is the chain task's."""
+    from grail.evaluation.benchmark_rows import SYNTHETIC_CHAINS
+    from grail.evaluation.benchmark_sources import chain_solutions
+    from grail.tasks.chains import ChainSet
+
+    if not any(bench.name == SYNTHETIC_CHAINS for bench in loaded):
+        return None
+    return {(SYNTHETIC_CHAINS, pid): pair for pid, pair in chain_solutions(ChainSet()).items()}
+
+
 def _loaded_from_run(path: Path, all_rows: bool = False):
     """The benchmarks an evaluation's run.json names, loaded as it loaded them (`all_rows`: every row instead)."""
     from grail.evaluation.benchmarks import load_benchmarks
@@ -278,7 +290,8 @@ def run_validity(args) -> int:
     legs = {leg.name: read_leg(directory / leg.name) for leg in LEGS}
     run_json = directory / "sampled" / "run.json"
     whole = list(_references(_loaded_from_run(run_json, all_rows=True)).values())  # the best constant's split
-    table = validity_table(legs, _references(_loaded_from_run(run_json)), split_references=whole)
+    loaded = _loaded_from_run(run_json)
+    table = validity_table(legs, _references(loaded), split_references=whole, solutions=_chain_solutions(loaded))
     print(write_table(directory, table))
     print(f"table: {directory}/validity.json, {directory}/validity.md")
     return 0

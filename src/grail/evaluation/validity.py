@@ -22,6 +22,10 @@ The table (`validity_table`):
                         the ⌈0.95·N⌉-th smallest); share with no box; share truncated (tokens = max_new_tokens: a
                         completion whose end-of-sequence token is the last one allowed counts too)
 
+    first errors        chain problems only (`solutions` given): the share of the sampled and greedy completions
+                        whose first step that differs from the reference solution is an arithmetic slip, a wrong
+                        set-up, ... (grail.tasks.chain_errors): where the failures lie; descriptive, not a criterion
+
 The criteria (`Thresholds`, their one home) and the regime qualifies when every one passes (bounds inclusive):
     sampled accuracy in [sampled_min, sampled_max]; mixed share ≥ mixed_min; best constant ≤ constant_max;
     answer-only accuracy ≤ answer_only_ratio_max × the accuracy with reasoning, greedy against greedy and sampled
@@ -35,11 +39,14 @@ import math
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from grail.tasks.chain_errors import FIRST_ERRORS, first_error_counts
+
 __all__ = [
-    "ANSWER_ONLY_TOKENS", "best_constant", "format_markdown", "LEGS", "Leg", "LegResult", "leg_result",
+    "ANSWER_ONLY_TOKENS", "best_constant", "first_error_shares", "format_markdown", "LEGS", "Leg", "LegResult",
+    "leg_result",
     "length_stats", "mixed_share", "read_leg", "Thresholds", "validity_table", "write_table"
 ]
 
@@ -84,7 +91,7 @@ class Thresholds:
 class LegResult:
     """What the table reads from one evaluation: acc@n with its interval ({"value", "low", "high"}, from
     results.json), each problem's correct flags (P problems → (N,)), every completion's tokens, and the counts of
-    completions without a box and of those that reached `max_new_tokens`."""
+    completions without a box and of those that reached `max_new_tokens`; each problem's completions (P → (N,))."""
 
     accuracy: dict[str, float]
     correct_PN: dict[tuple[str, str], list[bool]]
@@ -92,6 +99,7 @@ class LegResult:
     no_box: int
     truncated: int
     max_new_tokens: int
+    completions_PN: dict[tuple[str, str], list[str]] = field(default_factory=dict)
 
 
 def leg_result(records: Sequence[dict], results: dict, run: dict) -> LegResult:
@@ -102,12 +110,15 @@ def leg_result(records: Sequence[dict], results: dict, run: dict) -> LegResult:
     else:
         accuracy = next(a for a in results["averages"] if a["kind"] == "size_weighted")["acc_at_n"]
     correct_PN: dict[tuple[str, str], list[bool]] = defaultdict(list)
+    completions_PN: dict[tuple[str, str], list[str]] = defaultdict(list)
     for r in sorted(records, key=lambda r: r["sample_index"]):
         correct_PN[r["benchmark"], r["problem_id"]].append(bool(r["correct"]))
+        completions_PN[r["benchmark"], r["problem_id"]].append(str(r.get("completion", "")))
     max_new_tokens = run["sampling"]["max_new_tokens"]
     return LegResult(accuracy=dict(accuracy), correct_PN=dict(correct_PN), tokens=[r["tokens"] for r in records],
                      no_box=sum(r["reason"] == "no_box" for r in records),
-                     truncated=sum(r["tokens"] >= max_new_tokens for r in records), max_new_tokens=max_new_tokens)
+                     truncated=sum(r["tokens"] >= max_new_tokens for r in records), max_new_tokens=max_new_tokens,
+                     completions_PN=dict(completions_PN))
 
 
 def read_leg(directory: str | Path) -> LegResult:
@@ -158,7 +169,8 @@ def _criterion(name: str, value: float, low: float | None, high: float | None, b
 
 def validity_table(legs: Mapping[str, LegResult], references: Mapping[tuple[str, str], str],
                    thresholds: Thresholds = Thresholds(),
-                   split_references: Sequence[str] | None = None) -> dict:
+                   split_references: Sequence[str] | None = None,
+                   solutions: Mapping[tuple[str, str], tuple[str, str]] | None = None) -> dict:
     """The table as JSON-ready data: each leg's accuracy, the mixed share, the best constant, the completion lengths
     of the reasoning legs, each criterion (value, threshold, pass) and whether the regime qualifies.
 
@@ -167,6 +179,8 @@ def validity_table(legs: Mapping[str, LegResult], references: Mapping[tuple[str,
         references: each problem's reference answer, by (benchmark, problem id).
         split_references: every reference answer of the whole split the problems were drawn from, when the
             evaluation took a subset: the best constant is counted on them (None: on `references`).
+        solutions: chain problems' reference solutions and answers, by (benchmark, problem id): the first errors of
+            the sampled and greedy completions of the problems it holds (None: no first errors).
     """
     missing = [leg.name for leg in LEGS if leg.name not in legs]
     if missing:
@@ -202,7 +216,22 @@ def validity_table(legs: Mapping[str, LegResult], references: Mapping[tuple[str,
                               "evaluated": {"answer": evaluated_answer, "accuracy": evaluated}},
             "lengths": {name: length_stats(legs[name]) for name in ("sampled", "greedy")},
             "thresholds": asdict(thresholds), "criteria": criteria,
-            "qualifies": all(c["pass"] for c in criteria)}
+            "qualifies": all(c["pass"] for c in criteria),
+            **({"first_errors": first_error_shares(legs, solutions)} if solutions else {})}
+
+
+def first_error_shares(legs: Mapping[str, LegResult], solutions: Mapping[tuple[str, str], tuple[str, str]]
+                       ) -> dict[str, dict[str, float]]:
+    """{leg: {first error: share of its completions}} of the sampled and greedy legs, over the problems `solutions`
+    holds (grail.tasks.chain_errors)."""
+    shares = {}
+    for name in ("sampled", "greedy"):
+        counts = first_error_counts((*solutions[key], text) for key, texts in legs[name].completions_PN.items()
+                                    if key in solutions for text in texts)
+        total = sum(counts.values())
+        if total:
+            shares[name] = {error: counts[error] / total for error in FIRST_ERRORS}
+    return shares
 
 
 def _percent(estimate: Mapping[str, float]) -> str:
@@ -210,7 +239,8 @@ def _percent(estimate: Mapping[str, float]) -> str:
 
 
 def format_markdown(table: dict) -> str:
-    """The table as markdown: accuracies with their 95% intervals, completion lengths, then the criteria."""
+    """The table as markdown: accuracies with their 95% intervals, completion lengths, the criteria, then (chain
+    problems) the first errors."""
     lines = [f"Validity on {table['problems']} problems ({table['samples']} samples per problem when sampled).", "",
              "| evaluation | accuracy [95% interval] |", "|---|---|"]
     lines += [f"| {name} | {_percent(estimate)} |" for name, estimate in table["accuracy"].items()]
@@ -227,6 +257,11 @@ def format_markdown(table: dict) -> str:
           f"{subset['answer']}, {subset['accuracy']:.1%})" if constant["problems"] != table["problems"] else "")
     lines += ["", f"Best constant answer: {constant['answer']}{on}. The regime "
               + ("qualifies: every criterion passes." if table["qualifies"] else "does NOT qualify.")]
+    if table.get("first_errors"):
+        lines += ["", "| first error (chain task) | " + " | ".join(FIRST_ERRORS) + " |",
+                  "|---|" + "---|" * len(FIRST_ERRORS)]
+        lines += [f"| {name} | " + " | ".join(f"{shares[e]:.1%}" for e in FIRST_ERRORS) + " |"
+                  for name, shares in table["first_errors"].items()]
     return "\n".join(lines)
 
 

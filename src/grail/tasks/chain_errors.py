@@ -5,8 +5,8 @@ A chain solution (`grail.tasks.chain_problems`) is one sentence a step, "{name} 
 place; the first that differs names the completion's first error (`FIRST_ERRORS`):
 
     none        every step and the boxed answer are the reference's
-    arithmetic  the step's left number, operator and right number are the reference's, its result is not: a correct
-                set-up computed wrongly
+    arithmetic  the step's left number, operator and right number are the reference's (for + and *, in either order:
+                "15 + 23" sets up what "23 + 15" does), its result is not: a correct set-up computed wrongly
     setup       its left number, operator or right number is not the reference's: which quantities are combined,
                 and how (a question number copied wrongly, a previous result not carried, the wrong operation or the
                 wrong earlier person of a total); this is the reasoning the task asks for
@@ -49,8 +49,12 @@ class ChainStep:
     right: int
     result: int
 
-    def setup(self) -> tuple[int, str, int]:
-        return self.left, self.op, self.right
+    def same_setup(self, other: ChainStep) -> bool:
+        """The same operation on the same numbers (either order for the commutative + and *)."""
+        if self.op != other.op:
+            return False
+        pairs = {(self.left, self.right)} | ({(self.right, self.left)} if self.op in "+*" else set())
+        return (other.left, other.right) in pairs
 
 
 def chain_steps(text: str) -> list[ChainStep]:
@@ -68,9 +72,10 @@ def first_error(reference: str, answer: str, completion: str) -> str:
     if not written:
         return "unparsed"
     for mine, theirs in zip(written, expected, strict=False):  # the shorter's steps; lengths next
-        if mine == theirs:
-            continue
-        return "arithmetic" if mine.setup() == theirs.setup() else "setup"
+        if not mine.same_setup(theirs):
+            return "setup"
+        if mine.result != theirs.result:
+            return "arithmetic"
     if len(written) != len(expected):
         return "steps"
     boxed = last_boxed_content(completion)

@@ -45,14 +45,14 @@ References = dict[str, tuple[str, str]]  # problem id → (reference solution, a
 def _references(plan: dict, arm: dict, out_dir: Path) -> References | None:
     """The held-out reference solutions of `arm`'s task, by problem id; None unless it trains on the chain task."""
     from grail.analysis.compare.run import arm_config
+    from grail.evaluation.benchmark_sources import chain_solutions
     from grail.options.fields import SYNTHETIC_DATASET
     from grail.tasks.chain_problems import ChainConfig
 
     cfg = arm_config(plan, arm, out_dir)
     if cfg.dataset != SYNTHETIC_DATASET or cfg.task_style != ChainConfig.style:
         return None
-    examples = cfg.synthetic_set().examples("heldout")  # in evaluation order: problem i has id "i" (benchmark_sources)
-    return {str(i): (e.solution, e.answer) for i, e in enumerate(examples)}
+    return chain_solutions(cfg.synthetic_set())
 
 
 def problem_shares(path: Path, references: References) -> dict[str, dict[str, float]] | None:
