@@ -111,3 +111,17 @@ def test_another_task_has_no_first_errors(tmp_path):
     plan = write_plan(tmp_path, {"dataset": "synthetic"})
     start = load_start(tmp_path, ["none", "grail"])
     assert first_error_summary(plan, tmp_path, load_runs(tmp_path, plan, start), start) == {}
+
+
+def test_each_arms_change_from_before_rl_is_paired_over_problems_and_over_seeds(chains):
+    out, summary = chains
+    change = summary["first_errors"]["greedy"]["change"]
+    slipped = change["arithmetic"]["none"]  # the start slipped on problems 0-9, the runs on 0-3, 0-5 and 0-7
+    assert slipped["before"] == pytest.approx(0.5) and slipped["seeds"] == [0, 1, 2]
+    assert slipped["over_problems"]["mean"] == pytest.approx(6 / 20 - 0.5) and slipped["over_problems"]["n"] == 20
+    assert slipped["over_seeds"]["values"] == pytest.approx([s / 20 - 0.5 for s in SLIPS["none"]])
+    assert change["setup"]["grail"]["over_problems"]["mean"] == pytest.approx(SETUPS / 20)
+    text = (out / "report.md").read_text()
+    section = text.split("### First errors, greedy: change from before RL")[1].split("##")[0]
+    assert "| none | arithmetic | 50.0 | 30.0 | -20.0 ± " in section
+    assert "unparsed" not in section  # a class that never occurs gets no row

@@ -31,7 +31,7 @@ from grail.analysis.compare.summary import (
     start_eval_dir,
 )
 from grail.analysis.compare.sweep import layout
-from grail.analysis.compare.tables import stat_tables
+from grail.analysis.compare.tables import change_table, stat_tables
 from grail.tasks.chain_errors import FIRST_ERRORS, first_error
 
 __all__ = ["EVALUATIONS", "first_error_lines", "first_error_summary", "problem_shares"]
@@ -69,13 +69,24 @@ def problem_shares(path: Path, references: References) -> dict[str, dict[str, fl
             for name in FIRST_ERRORS}
 
 
-def _overall(shares: dict[str, dict[str, float]]) -> dict[str, float]:
-    return {name: sum(values.values()) / len(values) for name, values in shares.items()}
+def _mean(values: dict[str, float]) -> float:
+    return sum(values.values()) / len(values)
+
+
+def _change(before: dict[str, float], after: list[dict[str, float]], start_id: str, seeds: list[int]) -> dict:
+    """One class's change from before RL for one arm, as summary's accuracy change: paired over problems (each
+    problem's share averaged over the arm's seeds, minus its share before) and over seeds (each run's share minus the
+    start's)."""
+    common = [p for p in before if all(p in a for a in after)]
+    return {"start": start_id, "before": _mean(before), "seeds": seeds,
+            "over_seeds": asdict(t_interval([_mean(a) - _mean(before) for a in after])),
+            "over_problems": asdict(t_interval([sum(a[p] for a in after) / len(after) - before[p] for p in common]))}
 
 
 def first_error_summary(plan: dict, out_dir: str | Path, runs: list[RunData], start: StartData) -> dict:
     """{evaluation: {"stats": {first error: per-arm and paired statistics}, "before": the starts' shares (the
-    accuracy table's `before_rl` shape)}}; empty unless the comparison is on the chain task."""
+    accuracy table's `before_rl` shape), "change": {first error: {arm: its change from before RL}}}}; empty unless
+    the comparison is on the chain task."""
     if plan["protocol"].get("kind") == "benchmarks":
         return {}
     out_dir = Path(out_dir)
@@ -86,25 +97,29 @@ def first_error_summary(plan: dict, out_dir: str | Path, runs: list[RunData], st
     lay = layout(plan)
     summary = {}
     for evaluation in EVALUATIONS:
-        table: dict[str, dict[str, dict[int, float]]] = {name: {arm: {} for arm in arms} for name in FIRST_ERRORS}
-        for run in runs:
-            refs = references.get(run.arm)
-            shares = (problem_shares(run.path / FINAL_EVAL_DIR / evaluation / SAMPLES_FILE, refs)
-                      if run.result is not None and refs else None)
-            for name, value in (_overall(shares) if shares else {}).items():
-                table[name][run.arm][run.seed] = value
-        starts = {}
+        shares = {(run.arm, run.seed): problem_shares(run.path / FINAL_EVAL_DIR / evaluation / SAMPLES_FILE,
+                                                      references[run.arm])
+                  for run in runs if run.result is not None and references.get(run.arm)}
+        shares = {key: value for key, value in shares.items() if value}
+        table = {name: {arm: {seed: _mean(value[name]) for (a, seed), value in shares.items() if a == arm}
+                        for arm in arms} for name in FIRST_ERRORS}
+        starts, change = {}, {}
         for sid, record in start.starts.items():
             members = [arm for arm in arms if start.arms.get(arm) == sid and references.get(arm)]
-            shares = members and problem_shares(start_eval_dir(out_dir, sid) / evaluation / SAMPLES_FILE,
+            before = members and problem_shares(start_eval_dir(out_dir, sid) / evaluation / SAMPLES_FILE,
                                                 references[members[0]])
-            if shares:
-                starts[sid] = {"arms": members, "seed": record.get("seed"),
-                               "over_problems": {name: asdict(t_interval(list(v.values())))
-                                                 for name, v in shares.items()}}
-        if any(table[name][arm] for name in FIRST_ERRORS for arm in arms) or starts:
+            if not before:
+                continue
+            starts[sid] = {"arms": members, "seed": record.get("seed"),
+                           "over_problems": {name: asdict(t_interval(list(v.values()))) for name, v in before.items()}}
+            for arm in members:
+                mine = sorted((seed, value) for (a, seed), value in shares.items() if a == arm)
+                for name in FIRST_ERRORS if mine else ():
+                    change.setdefault(name, {})[arm] = _change(before[name], [v[name] for _, v in mine], sid,
+                                                               [seed for seed, _ in mine])
+        if shares or starts:
             summary[evaluation] = {"stats": {name: arm_stats(table[name], arms, lay) for name in FIRST_ERRORS},
-                                   "before": {"starts": starts}}
+                                   "before": {"starts": starts}, "change": change}
     return summary
 
 
@@ -123,4 +138,8 @@ def first_error_lines(s: dict) -> list[str]:
     for evaluation, e in errors.items():
         lines += stat_tables(f"First errors, {evaluation} (percent of completions)", e["stats"], s["arms"], 100.0,
                              1, "percent; differences in points", before=e["before"])
+        moved = {name: c for name, c in (e.get("change") or {}).items()  # the classes that occur
+                 if any(c[arm]["before"] or e["stats"][name]["per_arm"][arm]["mean"] for arm in c)}
+        lines += change_table(f"First errors, {evaluation}: change from before RL",
+                              "share of completions with that first error", moved, e["stats"], s["arms"])
     return lines

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from grail.analysis.compare.summary import RESOLVE_POINTS, SEED_COUNTS
 
-__all__ = ["cell", "change_lines", "resolution_lines", "spread", "stat_tables", "table"]
+__all__ = ["cell", "change_lines", "change_table", "resolution_lines", "spread", "stat_tables", "table"]
 
 
 def cell(stat: dict, scale: float, digits: int, signed: bool = False) -> str:
@@ -101,24 +101,30 @@ def _robust_lines(stats: dict, names: list[str], scale: float, digits: int) -> l
 def change_lines(s: dict) -> list[str]:
     """Each arm's change from before RL, for the headline (non-pass@) metrics."""
     change = (s.get("before_rl") or {}).get("change") or {}
-    names = [m for m in change if "/pass@" not in m]
-    if not names:
+    return change_table("Change from before RL", "accuracy", {m: c for m, c in change.items() if "/pass@" not in m},
+                        s["metrics"], s["arms"])
+
+
+def change_table(title: str, quantity: str, change: dict, stats: dict, arms: list[str]) -> list[str]:
+    """The table of `change` ({metric: {arm: summary's before-RL change}}) with its two intervals explained;
+    `quantity` names what a problem's value is (its accuracy, its share of completions with an error...)."""
+    if not change:
         return []
-    lines = ["### Change from before RL", "",
+    lines = [f"### {title}", "",
              "Each arm's mean over seeds minus its start's value before RL (points), with two 95% t-intervals. "
-             "**Paired over problems**: each held-out problem's accuracy, averaged over the arm's seeds, minus its "
-             "accuracy before RL, then the t-interval over the problems; this is what one evaluation of the start "
+             f"**Paired over problems**: each held-out problem's {quantity}, averaged over the arm's seeds, minus its "
+             f"{quantity} before RL, then the t-interval over the problems; this is what one evaluation of the start "
              "supports, and it holds the problems' and the evaluation sampling's variation, but training's "
              "seed-to-seed variation only as far as it differs between problems. **Over seeds**: arm_s − before for "
              "each seed s, then the t-interval over seeds; it holds training's seed-to-seed variation but treats the "
              "before value as exact.", ""]
     rows = []
-    for m in names:
-        for arm in s["arms"]:
+    for m in change:
+        for arm in arms:
             c = change[m].get(arm)
             if c is None:
                 continue
-            after = s["metrics"][m]["per_arm"][arm]["mean"]
+            after = stats[m]["per_arm"][arm]["mean"]
             rows.append([arm, m, f"{100 * c['before']:.1f}", "–" if after is None else f"{100 * after:.1f}",
                          "–" if c["over_problems"] is None else cell(c["over_problems"], 100.0, 1, signed=True)
                          + f" ({c['over_problems']['n']} problems)",
