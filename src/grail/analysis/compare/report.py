@@ -287,8 +287,10 @@ def write_report(out_dir: str | Path, plan: dict, jobs: int = 1, into: str | Pat
     into = out_dir if into is None else Path(into)
     start = load_start(out_dir, [a["label"] for a in plan["arms"]])
     runs = load_runs(out_dir, plan, start)
-    summary = {"setting": describe_setting(plan, out_dir), **summarize(plan, runs, start),
-               "first_errors": first_error_summary(plan, out_dir, runs, start)}
+    summary = {"setting": describe_setting(plan, out_dir), **summarize(plan, runs, start)}
+    first_errors = first_error_summary(plan, out_dir, runs, start)
+    if first_errors:  # chain task only: other reports stay as earlier versions rendered them (--check-report)
+        summary["first_errors"] = first_errors
     try:
         plots, note = write_plots(summary, [r for r in runs if r.result is not None], into), ""
     except ImportError:
