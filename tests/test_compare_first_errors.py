@@ -70,11 +70,12 @@ def chains(tmp_path_factory):
             write_samples(run / FINAL_EVAL_DIR / "greedy" / "samples.jsonl", examples, slips, SETUPS)
             (run / "metrics.jsonl").write_text("")
             (run / RESULT_FILE).write_text(json.dumps({"metrics": {PRIMARY: 0.5}, "train_seconds": 1.0,
-                                                       "seconds_per_step": 1.0, "eval_seconds": 1.0}))
+                                                       "seconds_per_step": 1.0, "eval_seconds": 1.0,
+                                                       "evaluations": {"greedy": []}}))
     write_samples(start_eval_dir(out, "start-x") / "greedy" / "samples.jsonl", examples, 10, 0, samples=4)
     (out / BEFORE_RL_FILE).write_text(json.dumps({"version": 1, "arms": {"none": "start-x", "grail": "start-x"},
                                                   "starts": {"start-x": {"model_path": "m", "seed": 0, "metrics": {},
-                                                                         "evaluations": {}}}}))
+                                                                         "evaluations": {"greedy": []}}}}))
     return out, write_report(out, plan)
 
 

@@ -59,7 +59,7 @@ __all__ = [
     "BENCHMARK_NAMES", "load_benchmark", "load_benchmarks", "LOADABLE_NAMES", "LoadedBenchmark",
     "parse_benchmark_list", "Problem", "RELEASE_ANSWER_FIELDS", "release_reference", "RELEASE_SUBSET_FILES",
     "release_subset_ids", "seeded_subset", "strip_math_delimiters", "SYNTHETIC", "SYNTHETIC_CHAINS", "SYNTHETIC_NAMES",
-    "SYNTHETIC_WORDS"
+    "SYNTHETIC_WORDS", "synthetic_problems"
 ]
 
 # the identity lists of the release's fixed subsets, <lists_dir>/<name>/<file>; the other benchmarks: every row
@@ -162,6 +162,21 @@ def _release_subset(name: str, problems: list[Problem], rows: list[tuple[int, di
     return tuple(by_id[i] for i, _ in entries), f"release {len(entries)} of {len(problems)} ({path})"
 
 
+def synthetic_problems(name: str, synthetic_set: SyntheticSet | ChainSet | None = None
+                       ) -> SyntheticSet | ChainSet | None:
+    """The problem set behind the synthetic benchmark `name`, given a run's `synthetic_set` (`load_benchmark`'s
+    argument: which one each name takes, and its defaults); None for "synthetic" without one (`synthetic_rows`'
+    default)."""
+    if name == SYNTHETIC_WORDS:
+        from grail.tasks.synthetic import WORDS_SET
+
+        words = synthetic_set is not None and synthetic_set.task.style == "words"
+        return synthetic_set if words else WORDS_SET
+    if name == SYNTHETIC_CHAINS:
+        return synthetic_set if isinstance(synthetic_set, ChainSet) else ChainSet()
+    return synthetic_set
+
+
 def load_benchmark(
     name: str,
     *,
@@ -191,16 +206,8 @@ def load_benchmark(
     release_list = None  # found before the rows are read: a missing list stops before a Hub download
     if size == "release" and name in RELEASE_SUBSET_FILES:
         release_list = _release_list_path(name, release_subsets_dir or data_dir)
-    if name == SYNTHETIC:
-        rows, origin = synthetic_rows(synthetic_set)
-    elif name == SYNTHETIC_WORDS:
-        from grail.tasks.synthetic import WORDS_SET
-
-        words = synthetic_set is not None and synthetic_set.task.style == "words"
-        rows, origin = synthetic_rows(synthetic_set if words else WORDS_SET)
-    elif name == SYNTHETIC_CHAINS:
-        chains = isinstance(synthetic_set, ChainSet)
-        rows, origin = synthetic_rows(synthetic_set if chains else ChainSet())
+    if name in SYNTHETIC_NAMES:
+        rows, origin = synthetic_rows(synthetic_problems(name, synthetic_set))
     elif data_dir is None:
         rows, origin = hub_rows(name)
     else:

@@ -243,11 +243,12 @@ def _chain_solutions(loaded) -> dict[tuple[str, str], tuple[str, str]] | None:
     where no benchmark is the chain task's."""
     from grail.evaluation.benchmark_rows import SYNTHETIC_CHAINS
     from grail.evaluation.benchmark_sources import chain_solutions
-    from grail.tasks.chains import ChainSet
+    from grail.evaluation.benchmarks import synthetic_problems
 
     if not any(bench.name == SYNTHETIC_CHAINS for bench in loaded):
         return None
-    return {(SYNTHETIC_CHAINS, pid): pair for pid, pair in chain_solutions(ChainSet()).items()}
+    chains = synthetic_problems(SYNTHETIC_CHAINS)  # the set `grail eval` loaded for it (no run's set here)
+    return {(SYNTHETIC_CHAINS, pid): pair for pid, pair in chain_solutions(chains).items()}
 
 
 def _loaded_from_run(path: Path, all_rows: bool = False):

@@ -47,9 +47,10 @@ from grail.tasks.chain_errors import FIRST_ERRORS, first_error_counts
 __all__ = [
     "ANSWER_ONLY_TOKENS", "best_constant", "first_error_shares", "format_markdown", "LEGS", "Leg", "LegResult",
     "leg_result",
-    "length_stats", "mixed_share", "read_leg", "Thresholds", "validity_table", "write_table"
+    "length_stats", "mixed_share", "read_leg", "REASONING_LEGS", "Thresholds", "validity_table", "write_table"
 ]
 
+REASONING_LEGS = ("sampled", "greedy")  # the legs that reason (their lengths and first errors are tabulated)
 ANSWER_ONLY_TOKENS = 8  # new tokens after the prefilled `\boxed{`: room for an integer and the closing brace
 
 
@@ -214,7 +215,7 @@ def validity_table(legs: Mapping[str, LegResult], references: Mapping[tuple[str,
             "accuracy": {leg.name: legs[leg.name].accuracy for leg in LEGS}, "mixed_share": mixed,
             "best_constant": {"answer": constant_answer, "accuracy": constant, "problems": len(whole),
                               "evaluated": {"answer": evaluated_answer, "accuracy": evaluated}},
-            "lengths": {name: length_stats(legs[name]) for name in ("sampled", "greedy")},
+            "lengths": {name: length_stats(legs[name]) for name in REASONING_LEGS},
             "thresholds": asdict(thresholds), "criteria": criteria,
             "qualifies": all(c["pass"] for c in criteria),
             **({"first_errors": first_error_shares(legs, solutions)} if solutions else {})}
@@ -225,7 +226,7 @@ def first_error_shares(legs: Mapping[str, LegResult], solutions: Mapping[tuple[s
     """{leg: {first error: share of its completions}} of the sampled and greedy legs, over the problems `solutions`
     holds (grail.tasks.chain_errors)."""
     shares = {}
-    for name in ("sampled", "greedy"):
+    for name in REASONING_LEGS:
         counts = first_error_counts((*solutions[key], text) for key, texts in legs[name].completions_PN.items()
                                     if key in solutions for text in texts)
         total = sum(counts.values())

@@ -1,9 +1,10 @@
 """What changed, beside how much: the chain task's first errors in `grail compare`'s report.
 
-For each held-out evaluation (greedy, sampled), the share of completions whose first error is each class of
-`grail.tasks.chain_errors` (none, arithmetic, setup, steps, answer, unparsed): per arm over seeds, paired with the
-reference arm, and for the start before RL. The accuracy table says how much an arm moved; this says whether it moved
-the reasoning (setup errors: which quantities combine, and how) or the arithmetic (a right set-up computed wrongly).
+For each held-out evaluation the runs recorded (greedy, sampled), the share of completions whose first error is each
+class of `grail.tasks.chain_errors` (none, arithmetic, setup, steps, answer, unparsed): per arm over seeds, paired
+with the reference arm, and for the start before RL. The accuracy table says how much an arm moved; this says
+whether it moved the reasoning (setup errors: which quantities combine, and how) or the arithmetic (a right set-up
+computed wrongly).
 
 Read from the evaluations' samples, `runs/<arm>/seed<s>/eval/final/<evaluation>/samples.jsonl` and the start's
 `before_rl/<id>/eval/<evaluation>/samples.jsonl` (an archive keeps both), against the reference solutions of the
@@ -34,9 +35,8 @@ from grail.analysis.compare.sweep import layout
 from grail.analysis.compare.tables import change_table, stat_tables
 from grail.tasks.chain_errors import FIRST_ERRORS, first_error
 
-__all__ = ["EVALUATIONS", "first_error_lines", "first_error_summary", "problem_shares"]
+__all__ = ["first_error_lines", "first_error_summary", "problem_shares"]
 
-EVALUATIONS = ("greedy", "sampled")  # the synthetic protocol's held-out evaluations (grail.training.heldout)
 SAMPLES_FILE = "samples.jsonl"
 
 References = dict[str, tuple[str, str]]  # problem id → (reference solution, answer)
@@ -95,8 +95,10 @@ def first_error_summary(plan: dict, out_dir: str | Path, runs: list[RunData], st
     if not any(references.values()):
         return {}
     lay = layout(plan)
+    evaluations = dict.fromkeys(name for record in [*(r.result for r in runs if r.result), *start.starts.values()]
+                                for name in record.get("evaluations") or {})  # as the runs recorded them
     summary = {}
-    for evaluation in EVALUATIONS:
+    for evaluation in evaluations:
         shares = {(run.arm, run.seed): problem_shares(run.path / FINAL_EVAL_DIR / evaluation / SAMPLES_FILE,
                                                       references[run.arm])
                   for run in runs if run.result is not None and references.get(run.arm)}
