@@ -5,7 +5,12 @@ another comparison is refused."""
 import json
 
 from comparing import compare_argv
-from grail.analysis.compare.archive import WEIGHT_SUFFIXES
+from grail.analysis.compare.archive import (
+    ARCHIVE_EACH_FILE,
+    WEIGHT_SUFFIXES,
+    remember_destination,
+    remembered_destination,
+)
 from grail.analysis.compare.summary import RESULT_FILE
 from grail.cli import main
 
@@ -23,6 +28,16 @@ def test_an_archive_re_renders_the_report_and_trains_only_the_runs_it_lacks(tmp_
     logged = capsys.readouterr().out  # --archive-each: once the plan is written, after each run, with the report
     assert [line.split(" finished run(s)")[0].rsplit(" ", 1)[-1] for line in logged.splitlines()
             if line.startswith("compare: archived ")] == ["0", "1", "2", "2"]
+    # the comparison keeps DEST: a resume goes on archiving there without the flag, until --no-archive-each
+    assert remembered_destination(out) == str(each.resolve()) and ARCHIVE_EACH_FILE not in _files(each)
+    assert main(["compare", "--resume", str(out)]) == 0
+    logged = capsys.readouterr().out
+    assert f"archiving into {each.resolve()} as each run finishes" in logged and "compare: archived 2" in logged
+    assert main(["compare", "--resume", str(out), "--no-archive-each"]) == 0
+    assert "compare: archived" not in capsys.readouterr().out and remembered_destination(out) is None
+    assert main(["compare", "--resume", str(out), "--archive-each", str(each), "--no-archive-each"]) == 2
+    assert "give one" in capsys.readouterr().err
+    remember_destination(out, each)
 
     dest = tmp_path / "archive"
     assert main(["compare", "--resume", str(out), "--archive", str(dest)]) == 0
@@ -36,6 +51,7 @@ def test_an_archive_re_renders_the_report_and_trains_only_the_runs_it_lacks(tmp_
     # nothing to train: the report again, from the files; it still says the runs trained one at a time
     assert main(["compare", "--resume", str(dest), "--jobs", "2"]) == 0
     assert (dest / "report.md").read_text() == report and "1 run(s) at a time" in report
+    assert remembered_destination(dest) is None  # the archive does not carry where its source was archived
     assert not (dest / "runs/none/seed0/final").exists()
 
     # a run that had not finished is not archived; from the archive it trains, to the same numbers

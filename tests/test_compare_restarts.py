@@ -142,12 +142,36 @@ def test_a_clock_that_covers_part_of_a_run_is_told_apart_from_a_whole_one():
 
 
 def test_the_eta_comes_from_whole_runs_and_says_when_it_is_a_lower_bound(tmp_path):
-    from grail.analysis.compare.schedule import _Progress
+    from grail.analysis.compare.schedule import _Progress, run_cost
 
     plan = {"arms": [{"slug": "none", "label": "none"}]}
     lines = []
-    whole = _Progress(plan, tmp_path, 4, {"none/seed0": (1000.0, True), "none/seed1": (100.0, False)}, 1,
-                      lines.append)
+    evaluated_only = run_cost({"wall_seconds": 100.0, "trained_earlier": True})  # no step time recorded: a part
+    whole = _Progress(plan, tmp_path, 4, {"none/seed0": run_cost({"wall_seconds": 1000.0}),
+                                          "none/seed1": evaluated_only}, 1, lines.append)
     assert whole._line().endswith("eta 0:33:20")  # 2 left × 1000 s: the evaluation-only 100 s is not averaged in
-    partial = _Progress(plan, tmp_path, 4, {"none/seed1": (100.0, False)}, 1, lines.append)
+    partial = _Progress(plan, tmp_path, 4, {"none/seed1": evaluated_only}, 1, lines.append)
     assert partial._line().endswith("eta ≥ 0:05:00")  # 3 left × 100 s, known to be short
+
+
+def test_a_resumed_run_is_costed_from_its_step_time_and_a_running_one_from_its_steps_left(tmp_path):
+    """After a resume the wall clocks cover parts of runs; the median step time × steps + the evaluation covers a
+    whole one, and a run resumed at step 4 of 60 still has 56 steps to go (not the mean less the minutes since the
+    restart, which told a two-hour wait as twelve minutes)."""
+    from grail.analysis.compare.schedule import _Progress, run_cost
+
+    resumed = {"wall_seconds": 700.0, "trained_earlier": True, "seconds_per_step": 100.0, "steps": 60,
+               "eval_seconds": 600.0}
+    assert run_cost(resumed) == {"seconds": 6600.0, "per_step": 100.0, "eval": 600.0, "whole": True}
+    plan = {"arms": [{"slug": "none", "label": "none", "resolved": {"max_steps": 60}},
+                     {"slug": "grail", "label": "grail", "resolved": {"max_steps": 60}}]}
+    progress = _Progress(plan, tmp_path, 4, {"none/seed0": run_cost(resumed)}, 2, [].append)
+    for name, step in (("none/seed1", 4), ("grail/seed1", 10)):
+        run_dir = tmp_path / "runs" / name
+        run_dir.mkdir(parents=True)
+        progress.running[name], progress.wall_start[name] = time.perf_counter(), time.time() - 5
+        (run_dir / "metrics.jsonl").write_text(json.dumps({"step": step}) + "\n")
+    line = progress._line()
+    # 1 left × 6600 s + (56 + 50) steps × 100 s (grail has no finished run: none's step time) + 2 evaluations of 600 s,
+    # over 2 jobs: 9200 s
+    assert " | eta 2:33:20 | " in line and line.endswith("none/seed1 step 4/60, grail/seed1 step 10/60")

@@ -12,7 +12,9 @@ it was archived (same names, sizes and modification times: copies keep their tim
 DEST's other runs stay, so that archiving into the same DEST after every session accumulates the finished runs.
 
 `grail compare ... --archive-each DEST` does the same while the comparison runs: once its plan is written, after
-each run finishes and with the final report (a failed copy is logged and the runs go on).
+each run finishes and with the final report (a failed copy is logged and the runs go on). The comparison keeps DEST
+in ARCHIVE_EACH_FILE, so that a resume goes on archiving there without the flag (`--no-archive-each` forgets it);
+that file names a place on this machine and is not archived.
 
 DEST must be empty, new, or hold the same comparison (arms, seeds' fields, protocol, base config and AUROC plan);
 checkpointing fields and the number of seeds may differ (they change on resume). Copying goes both ways: archiving
@@ -25,6 +27,7 @@ folder DEST would, and the file is then written again whole, replacing the earli
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from contextlib import ExitStack, contextmanager
@@ -36,10 +39,12 @@ from grail.analysis.compare.run import Log
 from grail.analysis.compare.summary import RESULT_FILE, plan_seeds, run_path
 from grail.options.checkpoint_dirs import checkpoint_dirs
 
-__all__ = ["WEIGHT_SUFFIXES", "archive_comparison", "check_destination"]
+__all__ = ["ARCHIVE_EACH_FILE", "WEIGHT_SUFFIXES", "archive_comparison", "check_destination", "forget_destination",
+           "remember_destination", "remembered_destination"]
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt")
 _SAME_KEYS = ("arms", "seed_fields", "protocol", "first_seed", "auroc_rows", "auroc_set", "auroc_methods")
+ARCHIVE_EACH_FILE = "archive_each.json"  # in a comparison: {"dest": where --archive-each copies it}
 _CHECKPOINTING = {"save_steps", "save_total_limit"}  # the only base fields a resume may change (plan.amend_plan)
 
 
@@ -51,7 +56,7 @@ def _archived(source: Path, skip_dirs: set[Path], prefix: str = ""):
     """(path relative to source, path) of every folder and file archived from source, a folder before its contents:
     no weights, locks, temporaries, links or skip_dirs, in sorted order."""
     for item in sorted(source.iterdir()):
-        if item in skip_dirs or item.is_symlink():
+        if item in skip_dirs or item.is_symlink() or (not prefix and item.name == ARCHIVE_EACH_FILE):
             continue
         if item.is_dir():
             yield f"{prefix}{item.name}", item
@@ -87,6 +92,26 @@ def _check_same(plan: dict, stored: dict, dest: Path, flag: str) -> None:
     if differs:
         raise ValueError(f"{flag} {dest}: it holds another comparison ({differs[0]} differs); give an empty or new "
                          f"directory, or the archive of this comparison.")
+
+
+def remember_destination(out_dir: str | Path, dest: str | Path) -> None:
+    """Keep --archive-each's DEST (as an absolute path) with the comparison in out_dir, for its resumes."""
+    (Path(out_dir) / ARCHIVE_EACH_FILE).write_text(json.dumps({"dest": os.path.abspath(dest)}) + "\n")
+
+
+def remembered_destination(out_dir: str | Path) -> str | None:
+    """The DEST an earlier command gave --archive-each for the comparison in out_dir, or None."""
+    path = Path(out_dir) / ARCHIVE_EACH_FILE
+    try:
+        return json.loads(path.read_text())["dest"] if path.is_file() else None
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{path}: unreadable ({err}); delete it, and give --archive-each DEST again if you want "
+                         "the comparison archived as it runs.") from None
+
+
+def forget_destination(out_dir: str | Path) -> None:
+    """--no-archive-each: the comparison in out_dir is no longer archived as it runs."""
+    (Path(out_dir) / ARCHIVE_EACH_FILE).unlink(missing_ok=True)
 
 
 def check_destination(plan: dict, out_dir: str | Path, dest: str | Path, flag: str = "--archive") -> None:

@@ -47,7 +47,8 @@ archive: `grail compare --resume DIR --archive DEST` copies the comparison witho
         checkpoints) and without its unfinished runs into DEST, and trains nothing: a few MB to keep in a repository
         or carry to another machine. `grail compare --resume DEST` renders the same report from it, computing nothing,
         or trains the runs it lacks; archiving into the same DEST again adds the runs finished since.
-        `--archive-each DEST` beside a comparison that trains does this as it goes: after each run finishes.
+        `--archive-each DEST` beside a comparison that trains does this as it goes: after each run finishes; the
+        comparison keeps DEST, so its resumes go on archiving there (`--no-archive-each` stops it).
         DEST may be a compressed file, NAME.tar.xz (about a tenth of the folder), written whole each time. A .tar.xz
         is read-only: `--resume NAME.tar.xz --check-report` reads it as it is; to re-render or train from it, unpack
         it into a folder first with `--resume NAME.tar.xz --archive DIR`.
@@ -67,7 +68,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
         description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False,
         usage="grail compare --arms A,B,... [--seeds S] [--jobs N] [--sweep FIELD=v1,v2] [--preset NAME | "
               "--config FILE] [--output_dir DIR] [--FIELD VALUE ...]\n       grail compare --resume DIR [--jobs N] "
-              "[--seeds MORE] [--save_steps N] [--save_total_limit N] [--drop-checkpoints] [--archive-each DEST]\n"
+              "[--seeds MORE] [--save_steps N] [--save_total_limit N] [--drop-checkpoints]\n"
+              "         [--archive-each DEST | --no-archive-each]\n"
               "       grail compare --resume DIR|NAME.tar.xz --archive DEST|DEST.tar.xz\n"
               "       grail compare --resume DIR --report-only\n"
               "       grail compare --resume DIR|NAME.tar.xz --check-report")
@@ -86,7 +88,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
     parser.add_argument("--archive-each", metavar="DEST",
                         help="while the comparison runs: archive it into DEST as --archive does, once its plan is "
                              "written, after each run finishes and with the report (for a machine that may not "
-                             "outlive it: keep DEST on lasting storage)")
+                             "outlive it: keep DEST on lasting storage); kept with the comparison, so that "
+                             "--resume goes on archiving there")
+    parser.add_argument("--no-archive-each", action="store_true",
+                        help="with --resume DIR: stop archiving as the runs finish, which an earlier --archive-each "
+                             "asked")
     parser.add_argument("--report-only", action="store_true",
                         help="with --resume DIR: write the report from the runs finished so far and train nothing "
                              "(also while the comparison runs); a partial report says which runs it leaves out")
@@ -180,9 +186,14 @@ def run(args, rest: list[str]) -> int:
         return _analyse(args, rest)
     stops = [flag for flag, given in (("--archive", args.archive), ("--report-only", args.report_only),
                                       ("--check-report", args.check_report)) if given]
-    if len(stops) > 1 or (stops and args.archive_each):
-        raise ValueError(f"{stops[0]} trains nothing; drop {(stops[1:] or ['--archive-each'])[0]} beside it (one of "
-                         f"--archive, --report-only, --check-report at a time; --archive-each goes with training).")
+    each = [flag for flag, given in (("--archive-each", args.archive_each), ("--no-archive-each", args.no_archive_each))
+            if given]
+    if len(each) > 1:
+        raise ValueError("--archive-each DEST and --no-archive-each: give one.")
+    if len(stops) > 1 or (stops and each):
+        raise ValueError(f"{stops[0]} trains nothing; drop {(stops[1:] or each)[0]} beside it (one of --archive, "
+                         f"--report-only, --check-report at a time; {each[0] if each else '--archive-each'} goes with "
+                         "training).")
     if args.check_report:
         return _check_report(args, rest)
     if args.archive:
@@ -191,7 +202,7 @@ def run(args, rest: list[str]) -> int:
         return _report_only(args, rest)
     if args.resume:
         plan, out_dir = _resumed_plan(args, rest)
-        return _run(run_comparison, plan, out_dir, args.jobs, args.archive_each)
+        return _run(run_comparison, plan, out_dir, args.jobs, _archive_each(args, out_dir))
     if not args.arms:
         raise ValueError("--arms is required: give the arms to compare (e.g. --arms none,grail), or --resume DIR to "
                          "resume an earlier comparison.")
@@ -217,7 +228,24 @@ def run(args, rest: list[str]) -> int:
                      auroc_methods=None if args.auroc_methods is None else
                      [m.strip() for m in args.auroc_methods.split(",") if m.strip()])
     check_plan(plan, out_dir)  # before anything is written or trained
-    return _run(run_comparison, plan, out_dir, args.jobs, args.archive_each)
+    return _run(run_comparison, plan, out_dir, args.jobs, _archive_each(args, out_dir))
+
+
+def _archive_each(args, out_dir) -> str | None:
+    """Where to archive as the runs finish: --archive-each DEST; else the DEST an earlier command gave for this
+    comparison (said in the log), unless --no-archive-each, which forgets it."""
+    from grail.analysis.compare.archive import forget_destination, remembered_destination
+
+    if args.no_archive_each:
+        forget_destination(out_dir)
+        return None
+    if args.archive_each:
+        return args.archive_each
+    dest = remembered_destination(out_dir)
+    if dest is not None:
+        print(f"compare: archiving into {dest} as each run finishes, as --archive-each asked when this comparison "
+              "ran before (--no-archive-each stops it)")
+    return dest
 
 
 def _as_it_is(args, rest: list[str], flag: str, verb: str, missing: str, refuse_jobs: bool) -> None:
@@ -255,6 +283,7 @@ def _analyse(args, rest: list[str]) -> int:
     flag = analyse.requested(args)[0]
     _as_it_is(args, rest, flag, "reads", f"{flag} analyses an existing comparison", True)
     others = [f for f, given in (("--archive", args.archive), ("--archive-each", args.archive_each),
+                                 ("--no-archive-each", args.no_archive_each),
                                  ("--report-only", args.report_only), ("--check-report", args.check_report)) if given]
     if others:
         raise ValueError(f"{flag} reads the comparison as it is; drop {others[0]} beside it (run it on its own).")

@@ -71,41 +71,77 @@ def _latest_step(run_dir: Path, since: float = 0.0) -> int | None:
         return None
 
 
+def run_cost(result: dict) -> dict:
+    """What a finished run (its compare_result.json) took, for the ETA: `seconds`, the whole run (its wall clock when
+    that covers all of it, else its median training step × its steps + its evaluation); `per_step` and `eval`, those
+    parts (None when not recorded); `whole`: False when `seconds` covers only a part (a resumed run whose result lacks
+    the step time), so an ETA from it is a lower bound."""
+    wall, per_step, steps = result.get("wall_seconds", 0.0), result.get("seconds_per_step"), result.get("steps")
+    evaluation = result.get("eval_seconds")
+    cost = {"seconds": wall, "per_step": per_step, "eval": evaluation, "whole": clock_complete(result)}
+    if not cost["whole"] and per_step and steps and evaluation is not None:
+        cost.update(seconds=per_step * steps + evaluation, whole=True)
+    return cost
+
+
+def _mean(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
 class _Progress:
     """One line per start and finish, and a status line every STATUS_EVERY_S: done / running / left, elapsed, ETA
-    from the finished runs' durations (those whose clock covers the whole run: summary.clock_complete), and each
-    running run's latest step. `done`: run name → (seconds, whether they cover the whole run)."""
+    and each running run's latest step. The ETA: each run not started costs the mean of the finished runs (run_cost);
+    each running one, its steps left × its arm's seconds per step (any arm's when its own has not finished a run)
+    plus an evaluation, or when its step is unknown, the mean less the time it has run; the sum over the jobs. It
+    says `≥` when a finished run's time covers only part of it. `done`: run name → run_cost of its result."""
 
-    def __init__(self, plan: dict, out_dir: Path, total: int, done: dict[str, tuple[float, bool]], jobs: int,
+    def __init__(self, plan: dict, out_dir: Path, total: int, done: dict[str, dict], jobs: int,
                  log: Log, on_finished=lambda: None):
         self.plan, self.out_dir, self.total, self.jobs, self.log = plan, out_dir, total, jobs, log
         self.on_finished = on_finished  # called after each run that finished well (run_comparison: the archive)
-        self.durations = dict(done)  # run name → (seconds, whether they cover the whole run)
+        self.costs = dict(done)  # run name → run_cost
         self.running: dict[str, float] = {}  # run name → start time
         self.wall_start: dict[str, float] = {}  # run name → its start, wall clock (file times)
         self.failed = 0
         self.start = self.last = time.perf_counter()
 
+    def _arm(self, name: str) -> tuple[dict, int]:
+        slug, seed = name.rsplit("/seed", 1)
+        return next(a for a in self.plan["arms"] if a["slug"] == slug), int(seed)
+
+    def _remaining(self, name: str, step: int | None, max_steps, now: float, mean: float) -> float:
+        arm, _ = self._arm(name)
+        own = [c for n, c in self.costs.items() if self._arm(n)[0]["slug"] == arm["slug"]]
+        per_step = _mean([c["per_step"] for c in own]) or _mean([c["per_step"] for c in self.costs.values()])
+        evaluation = _mean([c["eval"] for c in own]) or _mean([c["eval"] for c in self.costs.values()])
+        if step is None or per_step is None or evaluation is None or not isinstance(max_steps, int):
+            return max(0.0, mean - (now - self.running[name]))
+        return max(0, max_steps - step) * per_step + evaluation
+
     def _line(self) -> str:
         now = time.perf_counter()
-        left = self.total - len(self.durations) - len(self.running)
+        left = self.total - len(self.costs) - len(self.running)
         failed = f" ({self.failed} failed)" if self.failed else ""
-        text = (f"{len(self.durations)}/{self.total} done, {len(self.running)} running, {left} left{failed} | "
+        text = (f"{len(self.costs)}/{self.total} done, {len(self.running)} running, {left} left{failed} | "
                 f"elapsed {_duration(now - self.start)}")
-        whole = [seconds for seconds, complete in self.durations.values() if complete]
-        timed = whole or [seconds for seconds, _ in self.durations.values()]
-        if timed:  # from the runs whose clock covers all of them; else from resumed ones: then a lower bound
-            mean = sum(timed) / len(timed)
-            remaining = left * mean + sum(max(0.0, mean - (now - t)) for t in self.running.values())
-            text += f" | eta {'' if whole else '≥ '}{_duration(remaining / self.jobs)}"
-        steps = []
+        steps, remaining = [], 0.0
+        whole = [c["seconds"] for c in self.costs.values() if c["whole"]]
+        timed = whole or [c["seconds"] for c in self.costs.values()]
+        mean = _mean(timed)
         for name in self.running:
-            slug, seed = name.rsplit("/seed", 1)
-            arm = next(a for a in self.plan["arms"] if a["slug"] == slug)
-            step = _latest_step(run_path(self.out_dir, slug, int(seed)), since=self.wall_start[name])
+            arm, seed = self._arm(name)
+            step = _latest_step(run_path(self.out_dir, arm["slug"], seed), since=self.wall_start[name])
+            max_steps = None
             if step is not None:  # the arm's record, or an earlier plan's raw values
-                values = arm.get("resolved") or run_values(self.plan, arm, int(seed), self.out_dir)
-                steps.append(f"{arm['label']}/seed{seed} step {step}/{values.get('max_steps', '?')}")
+                values = arm.get("resolved") or run_values(self.plan, arm, seed, self.out_dir)
+                max_steps = values.get("max_steps")
+                steps.append(f"{arm['label']}/seed{seed} step {step}/{max_steps or '?'}")
+            if mean is not None:
+                remaining += self._remaining(name, step, max_steps, now, mean)
+        if mean is not None:  # from the runs whose time covers all of them; else a lower bound
+            remaining += left * mean
+            text += f" | eta {'' if whole else '≥ '}{_duration(remaining / self.jobs)}"
         return text + (f" | {', '.join(steps)}" if steps else "")
 
     def started(self, name: str) -> None:
@@ -115,8 +151,8 @@ class _Progress:
     def finished(self, name: str, ok: bool = True) -> None:
         seconds = time.perf_counter() - self.running.pop(name)
         if ok:
-            slug, seed = name.rsplit("/seed", 1)
-            self.durations[name] = (seconds, _clock_complete(run_path(self.out_dir, slug, int(seed))))
+            arm, seed = self._arm(name)
+            self.costs[name] = _run_cost_of(run_path(self.out_dir, arm["slug"], seed), seconds)
         else:
             self.failed += 1
         self.log(f"compare: {'finished' if ok else 'FAILED'} {name} in {_duration(seconds)} | {self._line()}")
@@ -130,11 +166,12 @@ class _Progress:
             self.log(f"compare: {self._line()}")
 
 
-def _clock_complete(run_dir: Path) -> bool:
+def _run_cost_of(run_dir: Path, seconds: float) -> dict:
+    """run_cost of a run that just finished; `seconds` (its time in this process) when its result cannot be read."""
     try:
-        return clock_complete(json.loads((run_dir / RESULT_FILE).read_text()))
+        return run_cost(json.loads((run_dir / RESULT_FILE).read_text()))
     except (OSError, ValueError):
-        return False
+        return {"seconds": seconds, "per_step": None, "eval": None, "whole": False}
 
 
 def _gpu_ids() -> list[str]:
@@ -230,8 +267,9 @@ def run_comparison(plan: dict, out_dir: str | Path, jobs: int = 1, log: Log = pr
     """Every run of the plan (finished ones skipped), then the report; returns report.json's content. The plan is
     written to out_dir/compare.json once the data and the warm start are found, or must equal the one there.
     `archive_to`: archive the comparison there once the plan is written, after each run finishes and with the report
-    (`--archive-each`); a destination that cannot take it is refused before anything runs."""
-    from grail.analysis.compare.archive import check_destination
+    (`--archive-each`), and keep it for the comparison's resumes; a destination that cannot take it is refused before
+    anything runs."""
+    from grail.analysis.compare.archive import check_destination, remember_destination
     from grail.training.run import quiet_libraries
 
     if jobs < 1:
@@ -251,6 +289,8 @@ def run_comparison(plan: dict, out_dir: str | Path, jobs: int = 1, log: Log = pr
                 old.get("sweeps") != plan.get("sweeps")):
             write_json(stored, plan)  # new, or written before sweeps / base_source were recorded (check_plan: the rest
             # is equal)
+        if archive_to is not None:
+            remember_destination(out_dir, archive_to)
         archive()
         keys = [(arm["slug"], seed) for seed in plan_seeds(plan) for arm in plan["arms"]]  # seed-major: pairs early
         done = {}
@@ -258,7 +298,7 @@ def run_comparison(plan: dict, out_dir: str | Path, jobs: int = 1, log: Log = pr
             marker = run_path(out_dir, slug, seed) / RESULT_FILE
             if marker.is_file():
                 result = json.loads(marker.read_text())
-                done[f"{slug}/seed{seed}"] = (result.get("wall_seconds", 0.0), clock_complete(result))
+                done[f"{slug}/seed{seed}"] = run_cost(result)
         pending = [(slug, seed) for slug, seed in keys if f"{slug}/seed{seed}" not in done]
         log(f"compare: {len(keys)} runs ({len(plan['arms'])} arms × {plan['seeds']} seeds), {len(done)} finished "
             f"earlier; {jobs} at a time; directory {out_dir}")
