@@ -241,6 +241,11 @@ def test_a_resumed_comparison_redoes_only_what_is_missing(comparison, tmp_path, 
     assert total["step_seconds"] == pytest.approx(sum(v for arm in report["timing"]["step_seconds"].values()
                                                       for v in arm["values"]))
     assert "2 of them resumed (in training or evaluation)" in (out / "report.md").read_text()
+    # the weights' own timer over the step times, per run: tiny for GRPO's w = 1, a real share for the probed arm
+    shares = report["timing"]["weights_share"]
+    assert shares["none"]["n"] == shares["grail@saliency_leaf=middle"]["n"] == 2
+    assert 0 <= shares["none"]["mean"] < shares["grail@saliency_leaf=middle"]["mean"] < 1
+    assert "weights' share of step time (%)" in (out / "report.md").read_text()
 
 
 @pytest.mark.parametrize("change, named", [

@@ -175,3 +175,12 @@ def test_a_resumed_run_is_costed_from_its_step_time_and_a_running_one_from_its_s
     # 1 left × 6600 s + (56 + 50) steps × 100 s (grail has no finished run: none's step time) + 2 evaluations of 600 s,
     # over 2 jobs: 9200 s
     assert " | eta 2:33:20 | " in line and line.endswith("none/seed1 step 4/60, grail/seed1 step 10/60")
+
+
+def test_the_weights_share_of_step_time_sums_both_timers_over_the_steps_that_log_them():
+    from grail.analysis.compare.timing import weights_share
+
+    log = [{"step": 1, "step_time": 10.0, "weights/seconds": 1.0}, {"step": 2, "step_time": 30.0,
+           "weights/seconds": 3.0}, {"step": 3, "step_time": 50.0}, {"eval": 1}]  # step 3 logged no weights time
+    assert weights_share(log) == pytest.approx(4.0 / 40.0)
+    assert weights_share([{"step": 1, "step_time": 10.0}]) is None and weights_share([]) is None

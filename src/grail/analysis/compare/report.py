@@ -241,6 +241,13 @@ def render_markdown(s: dict, plots: list[str], plot_note: str, jobs: int) -> str
         lines += table(["arm", "reference", "seeds", "step time ÷ reference's", "share beyond the reference's step"],
                         [[arm, r["reference"], str(r["ratio"]["n"]), spread(r["ratio"], 2),
                           spread(r["extra_share"], 2)] for arm, r in ratios.items()])
+    shares = t.get("weights_share") or {}  # a report.json of earlier versions has none
+    if any(shares[arm]["n"] for arm in shares):
+        lines += ["", "The token weights' share of each run's training step time (the trainer's own timer around the "
+                      "weights, summed over the run's steps, ÷ the sum of TRL's step times), percent, mean [min, max] "
+                      "over seeds:", ""]
+        lines += table(["arm", "runs", "weights' share of step time (%)"],
+                        [[arm, str(shares[arm]["n"]), _percent_spread(shares[arm])] for arm in arms])
     phases = t.get("eval_phase_seconds") or {}
     if phases:
         lines += ["", "Where the evaluation's time went, seconds per run, mean [min, max] over the same runs: each "
@@ -302,3 +309,10 @@ def write_report(out_dir: str | Path, plan: dict, jobs: int = 1, into: str | Pat
         temporary.write_text(text)
         os.replace(temporary, into / name)
     return summary
+
+
+def _percent_spread(stat: dict) -> str:
+    """spread() of a fraction's per-arm stat, in percent with one decimal."""
+    if stat["mean"] is None:
+        return "–"
+    return spread({"mean": 100 * stat["mean"], "values": [100 * v for v in stat["values"]]}, 1)

@@ -46,6 +46,7 @@ from grail.analysis.compare.stats import (
     t_quantile,
 )
 from grail.analysis.compare.sweep import Layout, layout
+from grail.analysis.compare.timing import step_ratios, step_seconds, weights_share
 from grail.training.provenance import CODE_FILE, VERSION_KEYS
 
 __all__ = ["BEFORE_RL_DIR", "BEFORE_RL_FILE", "CHECKPOINT_AUROC_FILE", "EXTRA_METRICS_FILE", "FINAL_EVAL_DIR",
@@ -200,29 +201,6 @@ def clock_complete(result: dict) -> bool:
     return not result.get("resumed") and trained_here(result)
 
 
-def step_seconds(log: list[dict]) -> float | None:
-    """The sum of TRL's `step_time` (generation and loss of one optimiser step) over the run's logged steps: its
-    training time as if it had run uninterrupted, also for a resumed run (grail.training.resume cuts metrics.jsonl
-    back to the checkpoint, so no step is counted twice; work lost to a kill is not counted)."""
-    values = [line["step_time"] for line in log if isinstance(line.get("step_time"), int | float)]
-    return sum(values) if values else None
-
-
-def step_ratios(step_seconds_by_arm: dict[str, dict[int, float]], lay: Layout) -> dict:
-    """Each paired arm's training step time against its reference's, paired by seed: the t-interval over seeds of
-    ratio = Σ steps' time (arm) / Σ steps' time (reference), and of extra = 1 − 1 / ratio, the share of the arm's
-    step time that the reference's step does not spend (its token weights: their forward and backward, and any
-    extra work in the loss). A share measured on runs that shared the machine is as noisy as their clocks."""
-    out = {}
-    for arm in lay.paired:
-        mine, base = step_seconds_by_arm[arm], step_seconds_by_arm[lay.baseline[arm]]
-        seeds = sorted(s for s in set(mine) & set(base) if base[s] > 0 and mine[s] > 0)
-        ratios = [mine[s] / base[s] for s in seeds]
-        out[arm] = {"reference": lay.baseline[arm], "seeds": seeds, "ratio": asdict(t_interval(ratios)),
-                    "extra_share": asdict(t_interval([1 - 1 / r for r in ratios]))}
-    return out
-
-
 def _key_mean(log: list[dict], key: str, last: int | None = None) -> float | None:
     """Mean of `key` over the log lines that hold it (the last `last` of them, if given)."""
     values = [line[key] for line in log if isinstance(line.get(key), int | float)]
@@ -355,6 +333,7 @@ def summarize(plan: dict, runs: list[RunData], start: StartData | None = None) -
                               arms) for k in phases}
     timing["step_seconds"] = _per_arm_stats(_per_arm(finished, arms, lambda r: step_seconds(r.log)), arms)
     timing["step_ratio"] = step_ratios(_per_arm(finished, arms, lambda r: step_seconds(r.log)), lay)
+    timing["weights_share"] = _per_arm_stats(_per_arm(finished, arms, lambda r: weights_share(r.log)), arms)
     timing["total"] = {
         "runs": len(finished), "resumed": len(finished) - len(untimed),  # in training or in evaluation
         "step_seconds": sum(step_seconds(r.log) or 0.0 for r in finished),
