@@ -184,3 +184,80 @@ def test_the_weights_share_of_step_time_sums_both_timers_over_the_steps_that_log
            "weights/seconds": 3.0}, {"step": 3, "step_time": 50.0}, {"eval": 1}]  # step 3 logged no weights time
     assert weights_share(log) == pytest.approx(4.0 / 40.0)
     assert weights_share([{"step": 1, "step_time": 10.0}]) is None and weights_share([]) is None
+
+
+_WAITS_FOR_USR1 = ("import signal, sys, time; signal.signal(signal.SIGUSR1, lambda *a: sys.exit(75)); "
+                   "print('ready', flush=True); time.sleep(60); sys.exit(1)")
+
+
+def test_a_stop_signal_to_the_scheduler_reaches_every_running_worker_once():
+    """The scheduler passes SIGUSR1 / SIGTERM on to its workers (each then checkpoints and stops), records which
+    signal asked, and puts its own handlers back after the workers have ended."""
+    from grail.analysis.compare.schedule import _forwarding_stops
+
+    workers = [subprocess.Popen([sys.executable, "-c", _WAITS_FOR_USR1], stdout=subprocess.PIPE, text=True)
+               for _ in range(2)]
+    for worker in workers:
+        assert worker.stdout.readline().strip() == "ready"
+    slots, asked = {i: (f"none/seed{i}", w) for i, w in enumerate(workers)}, []
+    before = signal.getsignal(signal.SIGUSR1)
+    with _forwarding_stops(slots, asked):
+        os.kill(os.getpid(), signal.SIGUSR1)
+        codes = [worker.wait(timeout=30) for worker in workers]
+    assert codes == [75, 75] and asked == ["SIGUSR1"]
+    assert signal.getsignal(signal.SIGUSR1) is before
+
+
+@pytest.mark.slow
+def test_a_comparison_stopped_by_a_signal_checkpoints_its_runs_and_resumes(tmp_path, warm_cache):
+    """SIGUSR1 to `grail compare --jobs 2` while both runs train: each saves a checkpoint at the end of its step, the
+    comparison exits with STOPPED_EXIT_CODE and starts nothing more, and `--resume` finishes it from there."""
+    from grail.analysis.compare.schedule import _latest_step
+    from grail.training.resume import complete_checkpoints
+    from grail.training.stop import STOPPED_EXIT_CODE
+
+    cache, _ = warm_cache
+    out = tmp_path / "cmp"
+    argv = compare_argv(cache, out, "none,grail", "1", "--jobs", "2", "--max_steps", "6", "--save_steps", "100")
+    process = subprocess.Popen([sys.executable, "-m", "grail", *argv], env={**os.environ, "OMP_NUM_THREADS": "1"},
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    runs = [out / "runs/none/seed0", out / "runs/grail/seed0"]
+    deadline = time.monotonic() + 600
+    while not all(_latest_step(run) for run in runs):
+        assert process.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    process.send_signal(signal.SIGUSR1)
+    out_text, err = process.communicate(timeout=600)
+    assert process.returncode == STOPPED_EXIT_CODE, err[-2000:]
+    assert "compare: SIGUSR1: stopped; 2 run(s)" in out_text and f"grail compare --resume {out}" in err
+    for run in runs:
+        (checkpoint,) = complete_checkpoints(run)  # save_steps 100: only the stop's
+        assert 1 <= int(checkpoint.name.split("-")[1]) < 6 and not (run / RESULT_FILE).exists()
+    assert main(["compare", "--resume", str(out), "--jobs", "2"]) == 0
+    assert all((run / RESULT_FILE).is_file() for run in runs) and (out / "report.md").is_file()
+    for run in runs:
+        steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()
+                 if "reward" in json.loads(line)]
+        assert steps == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_run_stopped_in_process_stops_the_comparison_without_counting_it_done_or_failed(tmp_path, monkeypatch):
+    """--jobs 1 trains in the scheduler's own process: a stop signal there ends the run's training with a checkpoint
+    (TrainingStopped), and the comparison stops with it, starting no further run."""
+    from grail.analysis.compare import schedule
+    from grail.training.stop import TrainingStopped
+
+    started = []
+
+    def stopped_run(plan, out_dir, slug, seed, log, grading_workers):
+        started.append(seed)
+        raise TrainingStopped(3, "checkpoint-3", "SIGUSR1")
+
+    monkeypatch.setattr(schedule, "run_one", stopped_run)
+    plan = {"arms": [{"slug": "none", "label": "none"}]}
+    lines = []
+    progress = schedule._Progress(plan, tmp_path, 2, {}, 1, lines.append)
+    with pytest.raises(schedule.ComparisonStopped, match="none/seed0: stopped by SIGUSR1 after step 3"):
+        schedule._in_process(plan, tmp_path, [("none", 0), ("none", 1)], 1, progress)
+    assert started == [0] and not progress.costs and not progress.failed
+    assert lines[-1].startswith("compare: stopped none/seed0 after ")

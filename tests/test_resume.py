@@ -177,3 +177,34 @@ def test_a_run_killed_after_its_first_checkpoint_resumes_to_the_uninterrupted_re
     attempts = [json.loads(x)["from_step"] for x in (killed / CODE_FILE).read_text().splitlines()]
     assert attempts == [0, step]  # the start and the resume; the refused rerun wrote none
 
+
+
+def test_a_signal_saves_a_checkpoint_at_the_end_of_the_step_and_the_resume_is_exact(tmp_path, warm_cache, whole_run):
+    """SIGUSR1 during training (a batch job's warning that its time is up): the run saves a checkpoint at the end of
+    the step it is in, whatever save_steps says, and exits with STOPPED_EXIT_CODE without a final model; resumed,
+    it ends as the uninterrupted run did."""
+    from grail.training.stop import STOPPED_EXIT_CODE
+
+    cache, _ = warm_cache
+    stopped = tmp_path / "stopped"
+    process = subprocess.Popen(_command(cache, stopped), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True)
+    deadline = time.time() + 600
+    while time.time() < deadline and process.poll() is None:
+        metrics = stopped / "metrics.jsonl"
+        lines = metrics.read_text().splitlines() if metrics.exists() else []
+        if any(line.endswith("}") and json.loads(line).get("step") == SAVE_EVERY for line in lines):
+            process.send_signal(signal.SIGUSR1)  # during step SAVE_EVERY + 1, between save_steps' checkpoints
+            break
+        time.sleep(0.02)
+    _, err = process.communicate(timeout=600)
+    assert process.returncode == STOPPED_EXIT_CODE, err[-2000:]
+    (checkpoint,) = [p for p in complete_checkpoints(stopped) if p.name != f"checkpoint-{SAVE_EVERY}"]
+    step = int(checkpoint.name.split("-")[1])
+    assert SAVE_EVERY < step < STEPS and not (stopped / "final").exists()
+    assert f"stopped by SIGUSR1 after step {step}" in err and "--resume_from_checkpoint true" in err
+    resumed = subprocess.run(_command(cache, stopped, "--resume_from_checkpoint", "true"), env=_env(),
+                             capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert json.loads((stopped / "resumed.jsonl").read_text())["step"] == step
+    _assert_same_run(stopped, whole_run)

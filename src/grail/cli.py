@@ -80,6 +80,7 @@ def _default_run_dir(command: str) -> str:
 def _train(args, rest: list[str]) -> int:
     from grail.training.overrides import build_config, merge, parse_flags  # the training layer (TRL) only when training
     from grail.training.run import quiet_libraries, train
+    from grail.training.stop import STOPPED_EXIT_CODE, TrainingStopped
 
     quiet_libraries()
 
@@ -90,6 +91,9 @@ def _train(args, rest: list[str]) -> int:
     values.setdefault("output_dir", _default_run_dir("train"))
     try:
         result = train(build_config(values), values)
+    except TrainingStopped as stopped:  # a signal asked for it: the checkpoint is saved, the same command goes on
+        print(f"grail: {stopped}", file=sys.stderr)
+        return STOPPED_EXIT_CODE
     finally:
         _close_process_group()
     print(f"done: {result.steps} steps in {result.train_seconds:.1f} s; model saved to {result.final_dir}")

@@ -8,7 +8,8 @@ the marker, which resuming never picks. `resume_from_checkpoint` (TRL's field) t
 `true` (the last complete checkpoint of output_dir).
 
 On resume, `metrics.jsonl` is cut back to the lines of steps up to the checkpoint's (the lines written after it
-belong to steps that are trained again), and `resumed.jsonl` records each resume (from which checkpoint, at which
+belong to steps that are trained again; an attempt stopped by a signal also wrote its end-of-training line, which
+goes too), and `resumed.jsonl` records each resume (from which checkpoint, at which
 step, when). Starting a run into an output_dir that already holds a run refuses, naming the flag that resumes it
 and the one that overwrites it.
 """
@@ -113,12 +114,18 @@ def prepare_run_dir(run_dir: str | Path, resume_from: Path | None, overwrite: bo
     metrics = run_dir / "metrics.jsonl"
     if metrics.is_file():
         kept = [line for line in metrics.read_text().splitlines()
-                if (line_step := _line_step(line)) is not None and line_step <= step]
+                if (line_step := _line_step(line)) is not None and line_step <= step and not _summary(line)]
         temporary = metrics.with_suffix(".jsonl.tmp")
         temporary.write_text("".join(line + "\n" for line in kept))
         os.replace(temporary, metrics)
     with (run_dir / "resumed.jsonl").open("a") as f:
         f.write(json.dumps({"from": str(resume_from), "step": step, "time": time.time()}) + "\n")
+
+
+def _summary(line: str) -> bool:
+    """The end-of-training line transformers logs (`train_runtime`, `train_loss`): an attempt that a stop signal
+    ended early wrote one at its checkpoint's step (grail.training.stop); the resumed run writes its own at the end."""
+    return '"train_runtime"' in line
 
 
 def _line_step(line: str) -> int | None:

@@ -4,7 +4,8 @@ Run directory (`output_dir`):
     config.yaml           the values set by preset, file and flags: `grail train --config` on it reruns the run
     resolved_config.json  every field after defaults, device and prompt-format resolution (for the record)
     metrics.jsonl         one JSON object per logging step ({"step": N, ...TRL and grail metrics})
-    checkpoint-N/         TRL checkpoints every `save_steps`, marked complete once fully saved (grail.training.resume)
+    checkpoint-N/         TRL checkpoints every `save_steps`, marked complete once fully saved (grail.training.resume),
+                          and one where a SIGUSR1 or SIGTERM stopped the run (grail.training.stop: no final/ then)
     resumed.jsonl         one line per resume (`--resume_from_checkpoint`): from which checkpoint, at which step
     code.jsonl            one line per start and resume: grail-rl's version and git commit, torch, transformers, TRL
                           (grail.training.provenance)
@@ -37,6 +38,7 @@ from grail.training.config import GRAILConfig
 from grail.training.data import format_prompts, load_prompts, prompts_are_messages
 from grail.training.provenance import record_code
 from grail.training.resume import CheckpointMarker, checkpoint_step, prepare_run_dir, resolve_resume
+from grail.training.stop import StopOnSignal, TrainingStopped
 from grail.training.trainer import GRAILTrainer
 
 __all__ = [
@@ -339,7 +341,8 @@ def train(cfg: GRAILConfig, overrides: dict | None = None, log: Log = print,
     callbacks = [MetricsJsonl(run_dir / "metrics.jsonl"), progress]
     if benchmarks is not None:
         callbacks.append(CheckpointEval(cfg, run_dir, log, prompt=fmt, loaded=benchmarks))
-    callbacks.append(CheckpointMarker())
+    stop = StopOnSignal()  # SIGUSR1 / SIGTERM: a checkpoint at the end of the step, then TrainingStopped
+    callbacks += [CheckpointMarker(), stop]
     trainer = GRAILTrainer(model=model_path, reward_funcs=[reward_function(cfg)], args=cfg,
                            train_dataset=dataset, callbacks=callbacks)
     if main_process and resume_from is None:  # the run's first file, once every check has passed (a resumed run
@@ -353,6 +356,9 @@ def train(cfg: GRAILConfig, overrides: dict | None = None, log: Log = print,
     start = time.perf_counter()
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from is not None else None)
     train_seconds = time.perf_counter() - start
+    if stop.signal_name is not None and trainer.state.global_step < trainer.state.max_steps:
+        raise TrainingStopped(trainer.state.global_step, str(run_dir / f"checkpoint-{trainer.state.global_step}"),
+                              stop.signal_name)
     final_dir = run_dir / "final"
     save_final(trainer, final_dir)
     if main_process:

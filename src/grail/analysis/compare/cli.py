@@ -52,6 +52,8 @@ archive: `grail compare --resume DIR --archive DEST` copies the comparison witho
         DEST may be a compressed file, NAME.tar.xz (about a tenth of the folder), written whole each time. A .tar.xz
         is read-only: `--resume NAME.tar.xz --check-report` reads it as it is; to re-render or train from it, unpack
         it into a folder first with `--resume NAME.tar.xz --archive DIR`.
+stop: SIGUSR1 or SIGTERM to `grail compare` makes each run that trains save a checkpoint at the end of its step and
+        stop; the comparison starts no further run and exits with code 75; `--resume DIR` goes on from there.
 check: `grail compare --resume DIR --check-report` renders the report again from the runs, elsewhere, and says whether
         DIR's report.json and report.md are the same (exit 1 and the differences if not).
 report: `grail compare --resume DIR --report-only` writes the report from the runs finished so far and trains
@@ -314,8 +316,14 @@ def _archive(args, rest: list[str]) -> int:
 
 
 def _run(run_comparison, plan: dict, out_dir, jobs: int, archive_to: str | None = None) -> int:
+    from grail.analysis.compare.schedule import ComparisonStopped
+    from grail.training.stop import STOPPED_EXIT_CODE
+
     try:
         run_comparison(plan, out_dir, jobs=jobs, archive_to=archive_to)
+    except ComparisonStopped as stopped:  # SIGUSR1 / SIGTERM: checkpoints saved, `--resume` goes on
+        print(f"grail: {stopped}", file=sys.stderr)
+        return STOPPED_EXIT_CODE
     except RuntimeError as err:  # a run failed: the others are kept, a rerun resumes
         print(f"grail: error: {err}", file=sys.stderr)
         return 1

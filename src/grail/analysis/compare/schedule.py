@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from grail.analysis.compare.auroc import AurocPlan, run_auroc
@@ -45,8 +48,9 @@ from grail.analysis.compare.summary import (
     run_path,
 )
 from grail.options.fields import SYNTHETIC_DATASET
+from grail.training.stop import STOP_SIGNALS, STOPPED_EXIT_CODE, TrainingStopped
 
-__all__ = ["report_only", "reported_jobs", "run_comparison", "run_worker"]
+__all__ = ["ComparisonStopped", "report_only", "reported_jobs", "run_comparison", "run_worker"]
 
 # ---- the comparison ------------------------------------------------------------------------------------------------
 
@@ -158,6 +162,12 @@ class _Progress:
         self.log(f"compare: {'finished' if ok else 'FAILED'} {name} in {_duration(seconds)} | {self._line()}")
         if ok:
             self.on_finished()
+        self.last = time.perf_counter()
+
+    def stopped(self, name: str) -> None:
+        """A run a stop signal ended before it finished (it resumes): neither done nor failed."""
+        seconds = time.perf_counter() - self.running.pop(name)
+        self.log(f"compare: stopped {name} after {_duration(seconds)} | {self._line()}")
         self.last = time.perf_counter()
 
     def tick(self) -> None:
@@ -333,54 +343,113 @@ def _in_process(plan: dict, out_dir: Path, pending: list, jobs: int, progress: _
                 handle.flush()
                 progress.tick()
 
-            run_one(plan, out_dir, slug, seed, log, grading_workers=None)
+            try:
+                run_one(plan, out_dir, slug, seed, log, grading_workers=None)
+            except TrainingStopped as stopped:  # a stop signal while it trained (grail.training.stop)
+                progress.stopped(name)
+                raise ComparisonStopped(f"{name}: {stopped}") from None
         progress.finished(name)
     return []
+
+
+class ComparisonStopped(Exception):
+    """A stop signal ended the comparison early: its training runs saved checkpoints; `--resume` goes on."""
+
+
+@contextmanager
+def _forwarding_stops(slots: dict, asked: list[str]):
+    """While the workers run: a STOP_SIGNALS signal to the scheduler is passed on to every worker (each saves a
+    checkpoint at the end of its step and stops: grail.training.stop) and no further run starts; `asked` gets the
+    signal's name. A second one ends the scheduler at once (its workers then end with it). Outside the main thread
+    nothing is installed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def forward(signum, frame):
+        if asked:  # the second: as without this handler
+            for s, h in previous.items():
+                signal.signal(s, h)
+            os.kill(os.getpid(), signum)
+            return
+        asked.append(signal.Signals(signum).name)
+        for _, process in slots.values():
+            if process.poll() is None:
+                process.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
 def _in_workers(plan: dict, out_dir: Path, pending: list, jobs: int, progress: _Progress) -> list[str]:
     threads = max(1, (os.cpu_count() or 1) // jobs)
     if os.environ.get("OMP_NUM_THREADS", "").isdigit():
         threads = max(1, min(threads, int(os.environ["OMP_NUM_THREADS"])))
-    gpus = _gpu_ids()
     slots: dict[int, tuple[str, subprocess.Popen]] = {}
     failed: list[str] = []
+    stopped: list[str] = []  # runs a stop signal ended before they finished
+    asked: list[str] = []  # the stop signal's name, once one came (_forwarding_stops)
     pending = list(pending)
     try:
-        while pending or slots:
-            while pending and len(slots) < jobs and not failed:
-                slug, seed = pending.pop(0)
-                slot = min(set(range(jobs)) - set(slots))
-                env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-                if len(gpus) > 1:
-                    env["CUDA_VISIBLE_DEVICES"] = gpus[slot % len(gpus)]
-                run_dir = run_path(out_dir, slug, seed)
-                run_dir.mkdir(parents=True, exist_ok=True)
-                with (run_dir / LOG_FILE).open("a") as handle:
-                    process = subprocess.Popen(
-                        [sys.executable, "-m", "grail.analysis.compare.cli", str(out_dir), slug, str(seed),
-                         str(threads), str(os.getpid())], stdout=handle, stderr=subprocess.STDOUT, env=env)
-                slots[slot] = (f"{slug}/seed{seed}", process)
-                progress.started(f"{slug}/seed{seed}")
-            time.sleep(0.2)
-            for slot, (name, process) in list(slots.items()):
-                if process.poll() is None:
-                    continue
-                del slots[slot]
-                ok = process.returncode == 0
-                progress.finished(name, ok)
-                if not ok:
-                    slug, seed = name.rsplit("/seed", 1)
-                    log_path = run_path(out_dir, slug, int(seed)) / LOG_FILE
-                    tail = log_path.read_text().strip().splitlines()[-1:] if log_path.is_file() else []
-                    failed.append(f"{name} (exit {process.returncode}: {' '.join(tail)}; log {log_path})")
-            progress.tick()
+        with _forwarding_stops(slots, asked):
+            _run_slots(plan, out_dir, pending, jobs, progress, threads, slots, failed, stopped, asked)
     finally:
-        for _, process in slots.values():  # interrupted: stop the workers (they resume on the next run)
-            process.terminate()
+        for _, process in slots.values():  # interrupted: stop the workers (they save a checkpoint at the end of
+            process.terminate()  # their step if training, else end at once, and resume on the next run)
         for _, process in slots.values():
             process.wait()
+    if asked:
+        progress.log(f"compare: {asked[0]}: stopped; {len(stopped)} run(s) saved a checkpoint or stopped in their "
+                     f"evaluation ({', '.join(stopped) or 'none'}), {len(pending)} not started. Go on with: "
+                     f"grail compare --resume {out_dir}")
+        raise ComparisonStopped(f"stopped by {asked[0]}; grail compare --resume {out_dir} goes on")
     return failed
+
+
+def _run_slots(plan: dict, out_dir: Path, pending: list, jobs: int, progress: _Progress, threads: int, slots: dict,
+               failed: list[str], stopped: list[str], asked: list[str]) -> None:
+    """Start workers while runs are pending and slots free (none after a failure or a stop signal), and collect the
+    ones that end: finished (exit 0), stopped (after a stop signal: a checkpoint saved, or ended in evaluation), or
+    failed."""
+    gpus = _gpu_ids()
+    while pending or slots:
+        while pending and len(slots) < jobs and not failed and not asked:
+            slug, seed = pending.pop(0)
+            slot = min(set(range(jobs)) - set(slots))
+            env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+            if len(gpus) > 1:
+                env["CUDA_VISIBLE_DEVICES"] = gpus[slot % len(gpus)]
+            run_dir = run_path(out_dir, slug, seed)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            with (run_dir / LOG_FILE).open("a") as handle:
+                process = subprocess.Popen(
+                    [sys.executable, "-m", "grail.analysis.compare.cli", str(out_dir), slug, str(seed),
+                     str(threads), str(os.getpid())], stdout=handle, stderr=subprocess.STDOUT, env=env)
+            slots[slot] = (f"{slug}/seed{seed}", process)
+            progress.started(f"{slug}/seed{seed}")
+        if asked and not slots:
+            return
+        time.sleep(0.2)
+        for slot, (name, process) in list(slots.items()):
+            if process.poll() is None:
+                continue
+            del slots[slot]
+            if process.returncode != 0 and asked:  # a stop signal ended it (or it failed as it stopped): resumes
+                progress.stopped(name)
+                stopped.append(name)
+                continue
+            ok = process.returncode == 0
+            progress.finished(name, ok)
+            if not ok:
+                slug, seed = name.rsplit("/seed", 1)
+                log_path = run_path(out_dir, slug, int(seed)) / LOG_FILE
+                tail = log_path.read_text().strip().splitlines()[-1:] if log_path.is_file() else []
+                failed.append(f"{name} (exit {process.returncode}: {' '.join(tail)}; log {log_path})")
+        progress.tick()
 
 
 # ---- worker process (started by grail.analysis.compare.cli's worker entry)
@@ -397,6 +466,9 @@ def run_worker(out_dir: Path, slug: str, seed: int, threads: int) -> int:
     try:
         plan = json.loads((out_dir / PLAN_FILE).read_text())
         run_one(plan, out_dir, slug, seed, lambda line: print(line, flush=True), grading_workers=1)
+    except TrainingStopped as stopped:  # the scheduler passed a stop signal on: the checkpoint is saved
+        print(f"grail compare: {stopped}", flush=True)
+        return STOPPED_EXIT_CODE
     except (ValueError, OSError) as err:
         if os.environ.get("GRAIL_DEBUG"):
             raise

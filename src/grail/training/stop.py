@@ -1,0 +1,84 @@
+"""Stopping a run cleanly on a signal, for machines whose time runs out (a batch job's wall-time limit, a session
+that ends, a preemptible node).
+
+SIGUSR1 or SIGTERM while the run trains asks for a stop at the end of the current optimiser step: the trainer saves
+a checkpoint there (marked complete as any other) and stops, and `train` raises TrainingStopped instead of saving a
+final model. `--resume_from_checkpoint true` (`grail compare --resume`) goes on from that checkpoint exactly as from
+any other. A second signal ends the process at once, and a signal outside the training loop (loading, evaluation)
+ends it as it would have without this module. With several processes, the request is shared at each step end (one
+all-reduce of a flag), so that every process saves and stops at the same step even when only one was signalled.
+
+Under SLURM: `#SBATCH --signal=USR1@600` sends SIGUSR1 ten minutes before the limit; give more than one step's time.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+from transformers import TrainerCallback
+
+__all__ = ["STOPPED_EXIT_CODE", "STOP_SIGNALS", "StopOnSignal", "TrainingStopped"]
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+STOPPED_EXIT_CODE = 75  # sysexits' EX_TEMPFAIL: the work is not done, and running the same command again goes on
+
+
+class TrainingStopped(Exception):
+    """A run stopped on a signal after saving `checkpoint` at `step`; the same command with resume goes on."""
+
+    def __init__(self, step: int, checkpoint: str, signal_name: str):
+        self.step, self.checkpoint, self.signal_name = step, checkpoint, signal_name
+        super().__init__(f"stopped by {signal_name} after step {step}; {checkpoint} is saved: run the same command "
+                         "with --resume_from_checkpoint true (grail compare --resume DIR) to go on from it")
+
+
+class StopOnSignal(TrainerCallback):
+    """Turns STOP_SIGNALS during training into a checkpoint and a stop at the end of the current step (module
+    docstring). `signal_name`: the signal that asked, or None."""
+
+    def __init__(self):
+        self.signal_name: str | None = None
+        self._previous: dict[int, object] = {}
+
+    def _ask(self, signum, frame) -> None:
+        if self.signal_name is not None:  # a second signal: stop now, as without this callback
+            self._restore()
+            os.kill(os.getpid(), signum)
+            return
+        self.signal_name = signal.Signals(signum).name
+        print(f"grail: {self.signal_name}: saving a checkpoint at the end of this step, then stopping (send it again "
+              "to stop at once)", flush=True)
+
+    def _restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous = {}
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if threading.current_thread() is threading.main_thread():  # handlers can only be set there
+            self._previous = {s: signal.signal(s, self._ask) for s in STOP_SIGNALS}
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if _any_process(self.signal_name is not None):
+            self.signal_name = self.signal_name or "a signal to another process"
+            control.should_save = True
+            control.should_training_stop = True
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._restore()
+
+
+def _any_process(flag: bool) -> bool:
+    """`flag` or-ed over the processes of a distributed run (the flag itself when there is one process)."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return flag
+    from accelerate import PartialState
+
+    shared = torch.tensor([1 if flag else 0], device=PartialState().device)
+    dist.all_reduce(shared, op=dist.ReduceOp.MAX)
+    return bool(shared.item())
