@@ -261,3 +261,22 @@ def test_a_run_stopped_in_process_stops_the_comparison_without_counting_it_done_
         schedule._in_process(plan, tmp_path, [("none", 0), ("none", 1)], 1, progress)
     assert started == [0] and not progress.costs and not progress.failed
     assert lines[-1].startswith("compare: stopped none/seed0 after ")
+
+
+def test_a_signal_delivered_twice_is_one_request_and_a_later_second_one_stops_at_once(monkeypatch):
+    """A job's whole process group signalled, and the scheduler passing the signal on, deliver it to a worker twice
+    within moments: one request (a checkpoint, then a stop). A second signal later is a second request: at once."""
+    from grail.training import stop
+
+    killed = []
+    monkeypatch.setattr(stop.os, "kill", lambda pid, signum: killed.append(signum))
+    clock = [100.0]
+    monkeypatch.setattr(stop.time, "monotonic", lambda: clock[0])
+    callback = stop.StopOnSignal()
+    callback._ask(signal.SIGUSR1, None)
+    clock[0] += 0.1
+    callback._ask(signal.SIGUSR1, None)  # the forwarded copy
+    assert callback.signal_name == "SIGUSR1" and killed == []
+    clock[0] += stop.SAME_REQUEST_S
+    callback._ask(signal.SIGTERM, None)
+    assert killed == [signal.SIGTERM]

@@ -4,7 +4,8 @@ that ends, a preemptible node).
 SIGUSR1 or SIGTERM while the run trains asks for a stop at the end of the current optimiser step: the trainer saves
 a checkpoint there (marked complete as any other) and stops, and `train` raises TrainingStopped instead of saving a
 final model. `--resume_from_checkpoint true` (`grail compare --resume`) goes on from that checkpoint exactly as from
-any other. A second signal ends the process at once, and a signal outside the training loop (loading, evaluation)
+any other. A second signal ends the process at once (one within SAME_REQUEST_S of the first is taken for the same
+request delivered twice), and a signal outside the training loop (loading, evaluation)
 ends it as it would have without this module. With several processes, the request is shared at each step end (one
 all-reduce of a flag), so that every process saves and stops at the same step even when only one was signalled.
 
@@ -16,12 +17,15 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
 from transformers import TrainerCallback
 
-__all__ = ["STOPPED_EXIT_CODE", "STOP_SIGNALS", "StopOnSignal", "TrainingStopped"]
+__all__ = ["SAME_REQUEST_S", "STOPPED_EXIT_CODE", "STOP_SIGNALS", "StopOnSignal", "TrainingStopped"]
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+SAME_REQUEST_S = 5.0  # a second signal this soon is the first delivered again (a job's whole process group signalled,
+# and its scheduler passing the signal on), not a request to stop at once
 STOPPED_EXIT_CODE = 75  # sysexits' EX_TEMPFAIL: the work is not done, and running the same command again goes on
 
 
@@ -40,14 +44,16 @@ class StopOnSignal(TrainerCallback):
 
     def __init__(self):
         self.signal_name: str | None = None
+        self._asked_at = 0.0
         self._previous: dict[int, object] = {}
 
     def _ask(self, signum, frame) -> None:
-        if self.signal_name is not None:  # a second signal: stop now, as without this callback
-            self._restore()
-            os.kill(os.getpid(), signum)
+        if self.signal_name is not None:
+            if time.monotonic() - self._asked_at >= SAME_REQUEST_S:  # a second request: stop now, as without this
+                self._restore()
+                os.kill(os.getpid(), signum)
             return
-        self.signal_name = signal.Signals(signum).name
+        self.signal_name, self._asked_at = signal.Signals(signum).name, time.monotonic()
         print(f"grail: {self.signal_name}: saving a checkpoint at the end of this step, then stopping (send it again "
               "to stop at once)", flush=True)
 

@@ -48,7 +48,7 @@ from grail.analysis.compare.summary import (
     run_path,
 )
 from grail.options.fields import SYNTHETIC_DATASET
-from grail.training.stop import STOP_SIGNALS, STOPPED_EXIT_CODE, TrainingStopped
+from grail.training.stop import SAME_REQUEST_S, STOP_SIGNALS, STOPPED_EXIT_CODE, TrainingStopped
 
 __all__ = ["ComparisonStopped", "report_only", "reported_jobs", "run_comparison", "run_worker"]
 
@@ -360,23 +360,27 @@ class ComparisonStopped(Exception):
 def _forwarding_stops(slots: dict, asked: list[str]):
     """While the workers run: a STOP_SIGNALS signal to the scheduler is passed on to every worker (each saves a
     checkpoint at the end of its step and stops: grail.training.stop) and no further run starts; `asked` gets the
-    signal's name. A second one ends the scheduler at once (its workers then end with it). Outside the main thread
-    nothing is installed."""
+    signal's name. Workers that got the signal too (a whole process group signalled) take the forwarded copy for
+    the same request (grail.training.stop.SAME_REQUEST_S). A second request ends the scheduler at once (its workers
+    then end with it). Outside the main thread nothing is installed."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def forward(signum, frame):
-        if asked:  # the second: as without this handler
-            for s, h in previous.items():
-                signal.signal(s, h)
-            os.kill(os.getpid(), signum)
+        if asked:  # a second request (not the first delivered again): as without this handler
+            if time.monotonic() - asked_at[0] >= SAME_REQUEST_S:
+                for s, h in previous.items():
+                    signal.signal(s, h)
+                os.kill(os.getpid(), signum)
             return
         asked.append(signal.Signals(signum).name)
+        asked_at.append(time.monotonic())
         for _, process in slots.values():
             if process.poll() is None:
                 process.send_signal(signum)
 
+    asked_at: list[float] = []
     previous = {s: signal.signal(s, forward) for s in STOP_SIGNALS}
     try:
         yield
