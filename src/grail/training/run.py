@@ -345,6 +345,7 @@ def train(cfg: GRAILConfig, overrides: dict | None = None, log: Log = print,
     callbacks += [CheckpointMarker(), stop]
     trainer = GRAILTrainer(model=model_path, reward_funcs=[reward_function(cfg)], args=cfg,
                            train_dataset=dataset, callbacks=callbacks)
+    stop.any_process = trainer._any_process  # every process stops at the step any one of them was signalled in
     if main_process and resume_from is None:  # the run's first file, once every check has passed (a resumed run
         write_run_config(cfg, overrides or {}, run_dir)  # keeps its config files; resumed.jsonl records the resume)
     if main_process:

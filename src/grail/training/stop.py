@@ -7,7 +7,8 @@ final model. `--resume_from_checkpoint true` (`grail compare --resume`) goes on 
 any other. A second signal ends the process at once (one within SAME_REQUEST_S of the first is taken for the same
 request delivered twice), and a signal outside the training loop (loading, evaluation)
 ends it as it would have without this module. With several processes, the request is shared at each step end (one
-all-reduce of a flag), so that every process saves and stops at the same step even when only one was signalled.
+gather of a flag, the trainer's own), so that every process saves and stops at the same step even when only one
+was signalled.
 
 Under SLURM: `#SBATCH --signal=USR1@600` sends SIGUSR1 ten minutes before the limit; give more than one step's time.
 """
@@ -40,9 +41,11 @@ class TrainingStopped(Exception):
 
 class StopOnSignal(TrainerCallback):
     """Turns STOP_SIGNALS during training into a checkpoint and a stop at the end of the current step (module
-    docstring). `signal_name`: the signal that asked, or None."""
+    docstring). `signal_name`: the signal that asked, or None. `any_process`: a flag or-ed over a distributed run's
+    processes (GRAILTrainer._any_process; the flag itself until set)."""
 
     def __init__(self):
+        self.any_process = lambda flag: flag  # the trainer's reduction over processes, set once it exists
         self.signal_name: str | None = None
         self._asked_at = 0.0
         self._previous: dict[int, object] = {}
@@ -67,24 +70,10 @@ class StopOnSignal(TrainerCallback):
             self._previous = {s: signal.signal(s, self._ask) for s in STOP_SIGNALS}
 
     def on_step_end(self, args, state, control, **kwargs):
-        if _any_process(self.signal_name is not None):
+        if self.any_process(self.signal_name is not None):
             self.signal_name = self.signal_name or "a signal to another process"
             control.should_save = True
             control.should_training_stop = True
 
     def on_train_end(self, args, state, control, **kwargs):
         self._restore()
-
-
-def _any_process(flag: bool) -> bool:
-    """`flag` or-ed over the processes of a distributed run (the flag itself when there is one process)."""
-    import torch
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return flag
-    from accelerate import PartialState
-
-    shared = torch.tensor([1 if flag else 0], device=PartialState().device)
-    dist.all_reduce(shared, op=dist.ReduceOp.MAX)
-    return bool(shared.item())
