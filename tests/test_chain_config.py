@@ -208,3 +208,21 @@ def test_a_comparison_keys_a_sft_start_by_its_task(tmp_path):
     assert "smollm2-135m warm-started by `grail sft`" in described["text"] and "3-step chains" in described["text"]
     longer = _cfg(tmp_path, model_name_or_path="sft:smollm2-135m:sft_steps=100")
     assert _start_key(longer) != _start_key(one) and "(sft_steps 100)" in describe_start(longer)["text"]
+
+
+def test_the_smollm_preset_is_the_budget_the_grpo_check_measured():
+    """`smollm-chains` holds the start and RL values of the GRPO check that showed learning on SmolLM2 (the plan in
+    its archive, as the comparison recorded it); only what a comparison sets per run or for its own bookkeeping may
+    differ."""
+    from pathlib import Path
+
+    from grail.analysis.compare.packed import read_plan
+    from grail.training.overrides import merge
+
+    archive = Path(__file__).resolve().parent.parent / "results" / "regime" / "grpo-smollm-sft30-lr5e6.tar.xz"
+    measured = read_plan(archive)["base"]
+    preset = merge(None, {"preset": "smollm-chains"})
+    bookkeeping = {"output_dir", "save_steps", "save_total_limit", "disable_tqdm", "seed", "data_seed"}
+    differing = {k: (preset.get(k), measured.get(k)) for k in set(preset) | set(measured)
+                 if k not in bookkeeping and preset.get(k) != measured.get(k)}
+    assert not differing, differing

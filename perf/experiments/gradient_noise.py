@@ -11,7 +11,7 @@ of 2^`--sketch-log2` buckets (dot products kept to about 1/sqrt(buckets) of the 
 of the groups gives grail.analysis.gradient_noise's B_simple (bootstrap interval over groups) and the cosines of
 disjoint batches of 4, 8, 16 and 32 prompts. What it answers: is a step of 4 prompts mostly noise?
 
-    python perf/experiments/gradient_noise.py --preset smollm-chains --groups 64 \
+    python perf/experiments/gradient_noise.py --preset smollm-chains --model sft:smollm2-135m --groups 64 \
         --out results/regime/gradient_noise.json
 
 Cost on 2 CPU cores with SmolLM2-135M: the sampling of `--groups` × 8 completions (about a GRPO step's generation
