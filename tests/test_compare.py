@@ -240,12 +240,10 @@ def test_a_resumed_comparison_redoes_only_what_is_missing(comparison, tmp_path, 
     assert total["runs"] == 4 and total["resumed"] == 2  # none/seed1 in training, grail's seed 0 in evaluation
     assert total["step_seconds"] == pytest.approx(sum(v for arm in report["timing"]["step_seconds"].values()
                                                       for v in arm["values"]))
-    assert "2 of them resumed (in training or evaluation)" in (out / "report.md").read_text()
-    # the weights' own timer over the step times, per run: tiny for GRPO's w = 1, a real share for the probed arm
-    shares = report["timing"]["weights_share"]
-    assert shares["none"]["n"] == shares["grail@saliency_leaf=middle"]["n"] == 2
-    assert 0 <= shares["none"]["mean"] < shares["grail@saliency_leaf=middle"]["mean"] < 1
-    assert "weights' share of step time (%)" in (out / "report.md").read_text()
+    md = (out / "report.md").read_text()
+    assert "2 of them resumed (in training or evaluation)" in md and "weights' share of step time (%)" in md
+    shares = {arm: s["mean"] for arm, s in report["timing"]["weights_share"].items() if s["n"] == 2}  # every run
+    assert 0 <= shares["none"] < shares["grail@saliency_leaf=middle"] < 1  # the weights' own timer ÷ step time
 
 
 @pytest.mark.parametrize("change, named", [

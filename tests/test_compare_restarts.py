@@ -113,16 +113,16 @@ def test_jobs_run_in_worker_processes_that_end_with_their_comparison(tmp_path, w
 def test_the_status_line_ignores_a_restarted_runs_previous_steps(tmp_path):
     """A run restarted from checkpoint-10 still holds its killed attempt's step 17 until the trainer cuts the file
     back: the status line shows no step until the file is written again."""
-    from grail.analysis.compare.schedule import _latest_step
+    from grail.analysis.compare.progress import latest_step
 
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps({"step": s}) + "\n" for s in range(1, 18)))
     os.utime(path, (time.time() - 60, time.time() - 60))
     started = time.time()
-    assert _latest_step(tmp_path) == 17 and _latest_step(tmp_path, since=started) is None
+    assert latest_step(tmp_path) == 17 and latest_step(tmp_path, since=started) is None
     time.sleep(0.05)  # file times come from a coarser clock than time.time()
     path.write_text("".join(json.dumps({"step": s}) + "\n" for s in range(1, 11)))  # cut back on resume
-    assert _latest_step(tmp_path, since=started) == 10
+    assert latest_step(tmp_path, since=started) == 10
 
 
 def test_a_clock_that_covers_part_of_a_run_is_told_apart_from_a_whole_one():
@@ -142,15 +142,15 @@ def test_a_clock_that_covers_part_of_a_run_is_told_apart_from_a_whole_one():
 
 
 def test_the_eta_comes_from_whole_runs_and_says_when_it_is_a_lower_bound(tmp_path):
-    from grail.analysis.compare.schedule import _Progress, run_cost
+    from grail.analysis.compare.progress import Progress, run_cost
 
     plan = {"arms": [{"slug": "none", "label": "none"}]}
     lines = []
     evaluated_only = run_cost({"wall_seconds": 100.0, "trained_earlier": True})  # no step time recorded: a part
-    whole = _Progress(plan, tmp_path, 4, {"none/seed0": run_cost({"wall_seconds": 1000.0}),
+    whole = Progress(plan, tmp_path, 4, {"none/seed0": run_cost({"wall_seconds": 1000.0}),
                                           "none/seed1": evaluated_only}, 1, lines.append)
     assert whole._line().endswith("eta 0:33:20")  # 2 left × 1000 s: the evaluation-only 100 s is not averaged in
-    partial = _Progress(plan, tmp_path, 4, {"none/seed1": evaluated_only}, 1, lines.append)
+    partial = Progress(plan, tmp_path, 4, {"none/seed1": evaluated_only}, 1, lines.append)
     assert partial._line().endswith("eta ≥ 0:05:00")  # 3 left × 100 s, known to be short
 
 
@@ -158,14 +158,14 @@ def test_a_resumed_run_is_costed_from_its_step_time_and_a_running_one_from_its_s
     """After a resume the wall clocks cover parts of runs; the median step time × steps + the evaluation covers a
     whole one, and a run resumed at step 4 of 60 still has 56 steps to go (not the mean less the minutes since the
     restart, which told a two-hour wait as twelve minutes)."""
-    from grail.analysis.compare.schedule import _Progress, run_cost
+    from grail.analysis.compare.progress import Progress, run_cost
 
     resumed = {"wall_seconds": 700.0, "trained_earlier": True, "seconds_per_step": 100.0, "steps": 60,
                "eval_seconds": 600.0}
     assert run_cost(resumed) == {"seconds": 6600.0, "per_step": 100.0, "eval": 600.0, "whole": True}
     plan = {"arms": [{"slug": "none", "label": "none", "resolved": {"max_steps": 60}},
                      {"slug": "grail", "label": "grail", "resolved": {"max_steps": 60}}]}
-    progress = _Progress(plan, tmp_path, 4, {"none/seed0": run_cost(resumed)}, 2, [].append)
+    progress = Progress(plan, tmp_path, 4, {"none/seed0": run_cost(resumed)}, 2, [].append)
     for name, step in (("none/seed1", 4), ("grail/seed1", 10)):
         run_dir = tmp_path / "runs" / name
         run_dir.mkdir(parents=True)
@@ -212,7 +212,7 @@ def test_a_stop_signal_to_the_scheduler_reaches_every_running_worker_once():
 def test_a_comparison_stopped_by_a_signal_checkpoints_its_runs_and_resumes(tmp_path, warm_cache):
     """SIGUSR1 to `grail compare --jobs 2` while both runs train: each saves a checkpoint at the end of its step, the
     comparison exits with STOPPED_EXIT_CODE and starts nothing more, and `--resume` finishes it from there."""
-    from grail.analysis.compare.schedule import _latest_step
+    from grail.analysis.compare.progress import latest_step
     from grail.training.resume import complete_checkpoints
     from grail.training.stop import STOPPED_EXIT_CODE
 
@@ -223,7 +223,7 @@ def test_a_comparison_stopped_by_a_signal_checkpoints_its_runs_and_resumes(tmp_p
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     runs = [out / "runs/none/seed0", out / "runs/grail/seed0"]
     deadline = time.monotonic() + 600
-    while not all(_latest_step(run) for run in runs):
+    while not all(latest_step(run) for run in runs):
         assert process.poll() is None and time.monotonic() < deadline
         time.sleep(0.05)
     process.send_signal(signal.SIGUSR1)
@@ -245,6 +245,7 @@ def test_a_run_stopped_in_process_stops_the_comparison_without_counting_it_done_
     """--jobs 1 trains in the scheduler's own process: a stop signal there ends the run's training with a checkpoint
     (TrainingStopped), and the comparison stops with it, starting no further run."""
     from grail.analysis.compare import schedule
+    from grail.analysis.compare.progress import Progress
     from grail.training.stop import TrainingStopped
 
     started = []
@@ -256,7 +257,7 @@ def test_a_run_stopped_in_process_stops_the_comparison_without_counting_it_done_
     monkeypatch.setattr(schedule, "run_one", stopped_run)
     plan = {"arms": [{"slug": "none", "label": "none"}]}
     lines = []
-    progress = schedule._Progress(plan, tmp_path, 2, {}, 1, lines.append)
+    progress = Progress(plan, tmp_path, 2, {}, 1, lines.append)
     with pytest.raises(schedule.ComparisonStopped, match="none/seed0: stopped by SIGUSR1 after step 3"):
         schedule._in_process(plan, tmp_path, [("none", 0), ("none", 1)], 1, progress)
     assert started == [0] and not progress.costs and not progress.failed
