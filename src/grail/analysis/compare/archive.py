@@ -35,7 +35,7 @@ from pathlib import Path
 
 from grail.analysis.compare.packed import is_packed, opened, pack, read_plan, unpacked
 from grail.analysis.compare.plan import PLAN_FILE
-from grail.analysis.compare.run import Log
+from grail.analysis.compare.run import Log, write_json
 from grail.analysis.compare.summary import RESULT_FILE, plan_seeds, run_path
 from grail.options.checkpoint_dirs import checkpoint_dirs
 
@@ -96,7 +96,7 @@ def _check_same(plan: dict, stored: dict, dest: Path, flag: str) -> None:
 
 def remember_destination(out_dir: str | Path, dest: str | Path) -> None:
     """Keep --archive-each's DEST (as an absolute path) with the comparison in out_dir, for its resumes."""
-    (Path(out_dir) / ARCHIVE_EACH_FILE).write_text(json.dumps({"dest": os.path.abspath(dest)}) + "\n")
+    write_json(Path(out_dir) / ARCHIVE_EACH_FILE, {"dest": os.path.abspath(dest)})
 
 
 def remembered_destination(out_dir: str | Path) -> str | None:
