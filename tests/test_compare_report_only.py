@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from grail.analysis.compare import check, report
 from grail.analysis.compare import plan as compare
-from grail.analysis.compare import report
 from grail.analysis.compare.run import lock
 from grail.analysis.compare.summary import RESULT_FILE, run_path
 from grail.cli import main
@@ -127,3 +127,41 @@ def test_check_report_renders_again_elsewhere_and_names_what_differs(partial, ca
 def test_check_report_refuses_what_would_train_or_write(partial, capsys, extra, message):
     assert main(["compare", "--resume", str(partial), "--check-report", *extra]) == 2
     assert message in capsys.readouterr().err
+
+
+def _nudged(value, by):
+    """value with every float (not int or bool) multiplied by 1 + by."""
+    if isinstance(value, dict):
+        return {k: _nudged(v, by) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_nudged(v, by) for v in value]
+    return value * (1 + by) if isinstance(value, float) else value
+
+
+def test_check_report_takes_another_machines_rounding_as_the_same_and_no_more(partial, capsys):
+    """A report rendered elsewhere differs from this machine's in floats' last digits (seen: 9e-15 between an H200
+    machine and this CPU): the same to rounding, exit 0, with the largest relative difference; a change of one part
+    in a million is a different report."""
+    assert main(["compare", "--resume", str(partial), "--report-only"]) == 0
+    stored = partial / "report.json"
+    rendered = json.loads(stored.read_text())
+    stored.write_text(json.dumps(_nudged(rendered, 3e-15)))
+    capsys.readouterr()
+    assert main(["compare", "--resume", str(partial), "--check-report"]) == 0
+    line = capsys.readouterr().out.splitlines()[-2]
+    assert line.startswith("compare: report.json the same to rounding (") and "metrics" in line
+    assert float(line.split("largest relative difference ")[1].split(":")[0]) == pytest.approx(3e-15, rel=0.1)
+
+    stored.write_text(json.dumps(_nudged(rendered, 1e-6)))
+    assert main(["compare", "--resume", str(partial), "--check-report"]) == 1
+    assert "report.json differs in " in capsys.readouterr().out
+
+
+def test_rounding_is_the_largest_relative_difference_of_otherwise_equal_values():
+    assert check.rounding({"a": [1.0, 2.0], "b": "x"}, {"a": [1.0, 2.0 * (1 + 1e-12)], "b": "x"}) == \
+        pytest.approx(1e-12, rel=1e-3)
+    assert check.rounding(0.0, 1e-17) == pytest.approx(1e-14)  # near zero: against SMALL, not itself
+    assert check.rounding(float("nan"), float("nan")) == 0.0 and check.rounding(3, 3.0) == 0.0
+    for a, b in [({"a": 1.0}, {"b": 1.0}), ([1.0], [1.0, 2.0]), ("x", "y"), (True, 1), (None, 0.0),
+                 (float("nan"), 1.0), (float("inf"), 1e308)]:
+        assert check.rounding(a, b) is None, (a, b)

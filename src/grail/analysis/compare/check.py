@@ -6,7 +6,12 @@ A report is a pure function of the runs' files and of the grail-rl that renders 
 files changed after the report was written, or that another version of grail-rl renders it (the report's Code
 section names the commits that trained the runs; render with the same one to tell the two apart). Where the
 comparison lies is not part of it: each run's `run_dir` in report.json is compared from its `runs/` folder on, so a
-copy, an unpacked archive or a moved folder checks the same."""
+copy, an unpacked archive or a moved folder checks the same.
+
+Another machine's numpy may sum in another order: the same report rendered there can differ in a float's last
+digits (seen: a comparison rendered on a GPU machine and checked on a CPU one, relative differences about 1e-15).
+Numbers within ROUNDING (relative) of each other, with everything else equal, are the same report; the check says so
+and gives the largest relative difference. report.md, whose numbers are rounded for reading, must match exactly."""
 
 from __future__ import annotations
 
@@ -21,6 +26,8 @@ from grail.analysis.compare.run import Log
 __all__ = ["check_report"]
 
 SHOWN_LINES = 20  # of report.md's diff
+ROUNDING = 1e-9  # the relative difference between two floats that counts as another machine's rounding
+SMALL = 1e-3  # below this size a difference is measured against SMALL (a sum that is 0 here and 1e-17 there)
 
 
 def check_report(plan: dict, out_dir: str | Path, jobs: int, log: Log = print,
@@ -45,7 +52,16 @@ def check_report(plan: dict, out_dir: str | Path, jobs: int, log: Log = print,
     def text(value) -> str:  # as JSON text, so that a NaN equals itself
         return json.dumps(value, sort_keys=True)
     keys = sorted(k for k in set(stored) | set(fresh) if text(stored.get(k)) != text(fresh.get(k)))
-    log(f"compare: report.json {'the same' if not keys else 'differs in ' + ', '.join(keys)}")
+    rounded = [rounding(stored.get(k), fresh.get(k)) for k in keys]
+    if not keys:
+        log("compare: report.json the same")
+    elif all(r is not None and r <= ROUNDING for r in rounded):
+        log(f"compare: report.json the same to rounding (its floats differ in the last digits in {', '.join(keys)}; "
+            f"largest relative difference {max(rounded):.1e}: as when another machine's numpy sums in another order)")
+        keys = []
+    else:
+        keys = [k for k, r in zip(keys, rounded, strict=True) if r is None or r > ROUNDING]
+        log(f"compare: report.json differs in {', '.join(keys)}")
     if stored_md == fresh_md:
         log("compare: report.md the same")
     else:
@@ -54,6 +70,31 @@ def check_report(plan: dict, out_dir: str | Path, jobs: int, log: Log = print,
         log(f"compare: report.md differs ({sum(line[:1] in '+-' for line in diff[2:])} lines):\n"
             + "\n".join(diff[:SHOWN_LINES]) + ("\n..." if len(diff) > SHOWN_LINES else ""))
     return not keys and stored_md == fresh_md
+
+
+def rounding(a, b) -> float | None:
+    """The largest relative difference between two JSON values' numbers when they are otherwise equal (same keys,
+    lengths, strings, booleans, None; ints compare as numbers); None when they differ in anything but a number. NaN
+    equals NaN; numbers smaller than SMALL are compared as if they were SMALL."""
+    if isinstance(a, bool) or isinstance(b, bool) or not (isinstance(a, (int, float)) and isinstance(b, (int, float))):
+        if type(a) is not type(b):
+            return None
+        if isinstance(a, dict):
+            if a.keys() != b.keys():
+                return None
+            parts = [rounding(a[k], b[k]) for k in a]
+        elif isinstance(a, list):
+            if len(a) != len(b):
+                return None
+            parts = [rounding(x, y) for x, y in zip(a, b, strict=True)]
+        else:
+            return 0.0 if a == b else None
+        return None if None in parts else max(parts, default=0.0)
+    if a == b or (a != a and b != b):  # equal, or both NaN
+        return 0.0
+    if a != a or b != b or abs(a) == float("inf") or abs(b) == float("inf"):
+        return None
+    return abs(a - b) / max(abs(a), abs(b), SMALL)
 
 
 def _placed(report: dict) -> dict:

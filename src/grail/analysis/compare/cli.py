@@ -55,7 +55,7 @@ archive: `grail compare --resume DIR --archive DEST` copies the comparison witho
 stop: SIGUSR1 or SIGTERM to `grail compare` makes each run that trains save a checkpoint at the end of its step and
         stop; the comparison starts no further run and exits with code 75; `--resume DIR` goes on from there.
 check: `grail compare --resume DIR --check-report` renders the report again from the runs, elsewhere, and says whether
-        DIR's report.json and report.md are the same (exit 1 and the differences if not).
+        DIR's report.json (its floats to rounding) and report.md are the same (exit 1 and the differences if not).
 report: `grail compare --resume DIR --report-only` writes the report from the runs finished so far and trains
         nothing, also while the comparison runs (to check its health: learning curves, clipping, wall time). A
         partial report says so first; deciding to stop or extend on its intervals is peeking.
