@@ -160,3 +160,23 @@ def test_a_resumed_evaluation_with_a_damaged_file_exits_2_and_keeps_it(tmp_path,
     err = capsys.readouterr().err
     assert "grail: error:" in err and named in err and "Traceback" not in err
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the damaged run is left as it was
+
+
+def test_grail_eval_reads_where_chain_completions_first_go_wrong(tmp_path):
+    """`grail eval` on the chain task writes first_errors.json: shares of its completions by first error, read
+    against each problem's reference solution; rows of other benchmarks are not counted."""
+    from grail.evaluation.cli import _write_first_errors
+
+    ref = "Tom has 23 + 15 = 38 apples. Ava has 38 - 8 = 30 apples. \\boxed{30}"
+    rows = [("synthetic_chains", "0", ref), ("synthetic_chains", "0", ref.replace("= 30", "= 31")),
+            ("synthetic_chains", "1", ref.replace("38 - 8", "38 + 8")), ("synthetic_chains", "1", "\\boxed{30}"),
+            ("math500", "0", "\\boxed{30}")]
+    (tmp_path / "samples.jsonl").write_text("".join(json.dumps({"benchmark": b, "problem_id": i, "completion": c})
+                                                    + "\n" for b, i, c in rows))
+    solutions = {("synthetic_chains", "0"): (ref, "30"), ("synthetic_chains", "1"): (ref, "30")}
+    line = _write_first_errors(str(tmp_path), solutions)
+    written = json.loads((tmp_path / "first_errors.json").read_text())
+    assert written["completions"] == 4
+    assert written["shares"] == {"none": 0.25, "arithmetic": 0.25, "setup": 0.25, "steps": 0.0, "answer": 0.0,
+                                 "unparsed": 0.25}
+    assert "none 25.0%, arithmetic 25.0%, setup 25.0%" in line and "first_errors.json" in line

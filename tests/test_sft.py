@@ -206,6 +206,7 @@ def test_grail_train_and_grail_eval_run_from_the_warm_start(tmp_path, base_dir, 
                  "--max-new-tokens", "8", "--workers", "1", "--output-dir", str(out)]) == 0
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert [s["benchmark"] for s in samples] == ["synthetic_chains"] * 2
+    assert json.loads((out / "first_errors.json").read_text())["completions"] == 2  # and where they first go wrong
 
 
 def test_the_command_with_a_preset_makes_the_warm_start_its_runs_look_for(tmp_path, monkeypatch):

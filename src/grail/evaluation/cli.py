@@ -194,8 +194,26 @@ def run_eval(args) -> int:
     out_dir = args.output_dir or os.path.join("runs", f"eval-{time.strftime('%Y%m%d-%H%M%S')}")
     report = _evaluate(args, model, spec, loaded, out_dir)
     print(report.markdown)
+    if (solutions := _chain_solutions(loaded)) is not None:
+        print(_write_first_errors(out_dir, solutions))
     print(f"results: {out_dir}/results.json, {out_dir}/results.md; samples: {out_dir}/samples.jsonl")
     return 0
+
+
+def _write_first_errors(out_dir: str, solutions: dict[tuple[str, str], tuple[str, str]]) -> str:
+    """Where the chain task's completions in out_dir/samples.jsonl first go wrong (grail.tasks.chain_errors), as
+    shares of them, written to out_dir/first_errors.json; the line that says so."""
+    from grail.tasks.chain_errors import FIRST_ERRORS, first_error_counts
+
+    records = [json.loads(line) for line in Path(out_dir, "samples.jsonl").read_text().splitlines() if line]
+    counts = first_error_counts((*solutions[key], str(r.get("completion", ""))) for r in records
+                                if (key := (r["benchmark"], str(r["problem_id"]))) in solutions)
+    total = sum(counts.values())
+    shares = {error: counts[error] / total for error in FIRST_ERRORS} if total else {}
+    Path(out_dir, "first_errors.json").write_text(json.dumps({"completions": total, "shares": shares}, indent=1))
+    listed = ", ".join(f"{error} {share:.1%}" for error, share in shares.items())
+    return (f"first errors ({SYNTHETIC_CHAINS}, {total} completions; docs: where a solution first goes wrong): "
+            f"{listed} -> {out_dir}/first_errors.json")
 
 
 def _add_validity_parser(sub) -> None:
