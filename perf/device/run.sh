@@ -27,10 +27,14 @@ archive() {  # everything the job wrote but weights, optimiser states and checkp
   nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv > "$OUT/gpu.txt" 2>/dev/null
 }
 
+gpu_load() {  # utilisation and memory now: how many more runs at once the GPU could take
+  nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader 2>/dev/null | tr -d '\n' || echo "?"
+}
+
 wait_for() {  # until the pipeline's process ends or $1 seconds pass; a line of progress every 30 s
   local deadline=$1 t0=$SECONDS
   while kill -0 "$(cat "$STAGE/pid")" 2>/dev/null && (( SECONDS - t0 < deadline )); do
-    sleep 30; echo "[$(date +%T)] $(tail -n 1 "$STAGE/pipeline.log" 2>/dev/null | cut -c1-200)"
+    sleep 30; echo "[$(date +%T)] gpu $(gpu_load) | $(tail -n 1 "$STAGE/pipeline.log" 2>/dev/null | cut -c1-200)"
   done
   kill -0 "$(cat "$STAGE/pid")" 2>/dev/null && echo "STILL RUNNING after ${deadline}s" || echo "PIPELINE ENDED"
   tail -n 40 "$STAGE/pipeline.log"; archive
