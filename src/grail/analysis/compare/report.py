@@ -216,8 +216,10 @@ def render_markdown(s: dict, plots: list[str], plot_note: str, jobs: int) -> str
         lines += ["", "## Completions during training", "",
                   f"TRL's completion statistics: each run's mean over all logged steps and over its last {LAST_STEPS}, "
                   f"then mean ± t half-width over seeds. `clipped_ratio`: the fraction of completions cut at "
-                  f"max_completion_length before they ended (no answer box, reward 0), which grows with filler words.",
-                  ""]
+                  f"max_completion_length before they ended (no answer box, reward 0), which grows with filler words. "
+                  f"`entropy`: the policy's mean token entropy on its completions (nats), which falls as sampling "
+                  f"sharpens: a gain in sampled accuracy with a faster fall may be sharper sampling, not better "
+                  f"reasoning.", ""]
         lines += table(["arm", *(k.removeprefix("completions/") for k in c)],
                         [[arm, *(cell(c[k][arm], 1.0, 3) for k in c)] for arm in arms])
     t = s["timing"]

@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from grail.analysis.compare.auroc import AurocPlan, run_auroc
@@ -262,67 +263,90 @@ def _in_workers(plan: dict, out_dir: Path, pending: list, jobs: int, progress: P
     threads = max(1, (os.cpu_count() or 1) // jobs)
     if os.environ.get("OMP_NUM_THREADS", "").isdigit():
         threads = max(1, min(threads, int(os.environ["OMP_NUM_THREADS"])))
-    slots: dict[int, tuple[str, subprocess.Popen]] = {}
-    failed: list[str] = []
-    stopped: list[str] = []  # runs a stop signal ended before they finished
-    asked: list[str] = []  # the stop signal's name, once one came (_forwarding_stops)
-    pending = list(pending)
+    workers = _Workers(plan, out_dir, list(pending), jobs, progress, threads)
     try:
-        with _forwarding_stops(slots, asked):
-            _run_slots(plan, out_dir, pending, jobs, progress, threads, slots, failed, stopped, asked)
+        with _forwarding_stops(workers.slots, workers.asked):
+            workers.run()
     finally:
-        for _, process in slots.values():  # interrupted: stop the workers (they save a checkpoint at the end of
-            process.terminate()  # their step if training, else end at once, and resume on the next run)
-        for _, process in slots.values():
+        workers.end()
+    if workers.asked:
+        progress.log(f"compare: {workers.asked[0]}: stopped; {len(workers.stopped)} run(s) saved a checkpoint or "
+                     f"stopped in their evaluation ({', '.join(workers.stopped) or 'none'}), {len(workers.pending)} "
+                     f"not started. Go on with: grail compare --resume {out_dir}")
+        raise ComparisonStopped(f"stopped by {workers.asked[0]}; grail compare --resume {out_dir} goes on")
+    return workers.failed
+
+
+@dataclass
+class _Workers:
+    """The worker processes of one comparison: `jobs` slots, each running one run at a time, `threads` CPU threads
+    a worker. `pending` runs start while slots are free, none after a failure or a stop signal; `failed` and
+    `stopped` name the runs that ended so; `asked` holds the stop signal's name once one came
+    (_forwarding_stops)."""
+
+    plan: dict
+    out_dir: Path
+    pending: list
+    jobs: int
+    progress: Progress
+    threads: int
+    slots: dict[int, tuple[str, subprocess.Popen]] = field(default_factory=dict)
+    failed: list[str] = field(default_factory=list)
+    stopped: list[str] = field(default_factory=list)
+    asked: list[str] = field(default_factory=list)
+
+    def run(self) -> None:
+        """Start and collect workers until no run is pending or running (after a stop signal: none running)."""
+        gpus = _gpu_ids()
+        while self.pending or self.slots:
+            while self.pending and len(self.slots) < self.jobs and not self.failed and not self.asked:
+                self._start(*self.pending.pop(0), gpus)
+            if self.asked and not self.slots:
+                return
+            time.sleep(0.2)
+            self._collect()
+            self.progress.tick()
+
+    def end(self) -> None:
+        """Interrupted: stop the workers (they save a checkpoint at the end of their step if training, else end at
+        once, and resume on the next run) and wait for them."""
+        for _, process in self.slots.values():
+            process.terminate()
+        for _, process in self.slots.values():
             process.wait()
-    if asked:
-        progress.log(f"compare: {asked[0]}: stopped; {len(stopped)} run(s) saved a checkpoint or stopped in their "
-                     f"evaluation ({', '.join(stopped) or 'none'}), {len(pending)} not started. Go on with: "
-                     f"grail compare --resume {out_dir}")
-        raise ComparisonStopped(f"stopped by {asked[0]}; grail compare --resume {out_dir} goes on")
-    return failed
 
+    def _start(self, slug: str, seed: int, gpus: list[str]) -> None:
+        slot = min(set(range(self.jobs)) - set(self.slots))
+        env = {**os.environ, "OMP_NUM_THREADS": str(self.threads), "MKL_NUM_THREADS": str(self.threads)}
+        if len(gpus) > 1:
+            env["CUDA_VISIBLE_DEVICES"] = gpus[slot % len(gpus)]
+        run_dir = run_path(self.out_dir, slug, seed)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with (run_dir / LOG_FILE).open("a") as handle:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "grail.analysis.compare.cli", str(self.out_dir), slug, str(seed),
+                 str(self.threads), str(os.getpid())], stdout=handle, stderr=subprocess.STDOUT, env=env)
+        self.slots[slot] = (f"{slug}/seed{seed}", process)
+        self.progress.started(f"{slug}/seed{seed}")
 
-def _run_slots(plan: dict, out_dir: Path, pending: list, jobs: int, progress: Progress, threads: int, slots: dict,
-               failed: list[str], stopped: list[str], asked: list[str]) -> None:
-    """Start workers while runs are pending and slots free (none after a failure or a stop signal), and collect the
-    ones that end: finished (exit 0), stopped (after a stop signal: a checkpoint saved, or ended in evaluation), or
-    failed."""
-    gpus = _gpu_ids()
-    while pending or slots:
-        while pending and len(slots) < jobs and not failed and not asked:
-            slug, seed = pending.pop(0)
-            slot = min(set(range(jobs)) - set(slots))
-            env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-            if len(gpus) > 1:
-                env["CUDA_VISIBLE_DEVICES"] = gpus[slot % len(gpus)]
-            run_dir = run_path(out_dir, slug, seed)
-            run_dir.mkdir(parents=True, exist_ok=True)
-            with (run_dir / LOG_FILE).open("a") as handle:
-                process = subprocess.Popen(
-                    [sys.executable, "-m", "grail.analysis.compare.cli", str(out_dir), slug, str(seed),
-                     str(threads), str(os.getpid())], stdout=handle, stderr=subprocess.STDOUT, env=env)
-            slots[slot] = (f"{slug}/seed{seed}", process)
-            progress.started(f"{slug}/seed{seed}")
-        if asked and not slots:
-            return
-        time.sleep(0.2)
-        for slot, (name, process) in list(slots.items()):
+    def _collect(self) -> None:
+        """The workers that ended: finished (exit 0), stopped (after a stop signal: a checkpoint saved, or ended in
+        evaluation), or failed (with its log's last line)."""
+        for slot, (name, process) in list(self.slots.items()):
             if process.poll() is None:
                 continue
-            del slots[slot]
-            if process.returncode != 0 and asked:  # a stop signal ended it (or it failed as it stopped): resumes
-                progress.stopped(name)
-                stopped.append(name)
+            del self.slots[slot]
+            if process.returncode != 0 and self.asked:  # a stop signal ended it (or it failed as it stopped)
+                self.progress.stopped(name)
+                self.stopped.append(name)
                 continue
             ok = process.returncode == 0
-            progress.finished(name, ok)
+            self.progress.finished(name, ok)
             if not ok:
                 slug, seed = name.rsplit("/seed", 1)
-                log_path = run_path(out_dir, slug, int(seed)) / LOG_FILE
+                log_path = run_path(self.out_dir, slug, int(seed)) / LOG_FILE
                 tail = log_path.read_text().strip().splitlines()[-1:] if log_path.is_file() else []
-                failed.append(f"{name} (exit {process.returncode}: {' '.join(tail)}; log {log_path})")
-        progress.tick()
+                self.failed.append(f"{name} (exit {process.returncode}: {' '.join(tail)}; log {log_path})")
 
 
 # ---- worker process (started by grail.analysis.compare.cli's worker entry)

@@ -64,7 +64,9 @@ BEFORE_RL_FILE = "before_rl.json"  # per comparison: the starts' evaluation befo
 BEFORE_RL_DIR = "before_rl"  # per comparison: before_rl/<start id>/eval/ holds that evaluation's harness files
 RESOLVE_POINTS = (1.0, 2.0, 5.0)  # differences (points) the seeds-needed table is given for
 SEED_COUNTS = (2, 3, 5, 10, 20, 50)
-COMPLETION_KEYS = ("completions/mean_length", "completions/clipped_ratio")  # TRL's logged completion statistics
+# TRL's logged completion statistics; `entropy` (the policy's mean token entropy on its completions) falls as
+# sampling sharpens, the thing to read beside a gain in sampled accuracy
+COMPLETION_KEYS = ("completions/mean_length", "completions/clipped_ratio", "entropy")
 LAST_STEPS = 10
 
 
