@@ -12,6 +12,7 @@ from pathlib import Path
 from grail.analysis.compare.auroc import AurocPlan
 from grail.analysis.compare.errors import first_error_lines, first_error_summary
 from grail.analysis.compare.plots import POSITION_KEYS, SWEEP_EXTRA, WEIGHT_KEYS, write_plots
+from grail.analysis.compare.sharpening import sharpening_lines, sharpening_summary
 from grail.analysis.compare.summary import (
     CHECKPOINT_AUROC_FILE,
     EXTRA_METRICS_FILE,
@@ -192,6 +193,7 @@ def render_markdown(s: dict, plots: list[str], plot_note: str, jobs: int) -> str
     lines += change_lines(s)
     lines += resolution_lines(s)
     lines += first_error_lines(s)
+    lines += sharpening_lines(s)
     lines += _sweep_lines(s)
     if s["extra_metrics"]:
         rows = AurocPlan.of(s).describe()
@@ -300,6 +302,9 @@ def write_report(out_dir: str | Path, plan: dict, jobs: int = 1, into: str | Pat
     first_errors = first_error_summary(plan, out_dir, runs, start)
     if first_errors:  # chain task only: other reports stay as earlier versions rendered them (--check-report)
         summary["first_errors"] = first_errors
+    sharpening = sharpening_summary(plan, out_dir, runs, start)
+    if sharpening:  # a start and runs evaluated greedy and sampled
+        summary["sharpening"] = sharpening
     try:
         plots, note = write_plots(summary, [r for r in runs if r.result is not None], into), ""
     except ImportError:
