@@ -263,7 +263,7 @@ def _in_workers(plan: dict, out_dir: Path, pending: list, jobs: int, progress: P
     threads = max(1, (os.cpu_count() or 1) // jobs)
     if os.environ.get("OMP_NUM_THREADS", "").isdigit():
         threads = max(1, min(threads, int(os.environ["OMP_NUM_THREADS"])))
-    workers = _Workers(plan, out_dir, list(pending), jobs, progress, threads)
+    workers = _Workers(out_dir, list(pending), jobs, progress, threads)  # each worker reads the plan's file
     try:
         with _forwarding_stops(workers.slots, workers.asked):
             workers.run()
@@ -284,7 +284,6 @@ class _Workers:
     `stopped` name the runs that ended so; `asked` holds the stop signal's name once one came
     (_forwarding_stops)."""
 
-    plan: dict
     out_dir: Path
     pending: list
     jobs: int
