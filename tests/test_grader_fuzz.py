@@ -63,7 +63,8 @@ def test_a_perturbed_correct_answer_is_not_accepted(pool, value, perturbation):
     right, wrong = f"\\boxed{{{reference}}}", f"\\boxed{{{reference}{perturbation}}}"
     results = pool.grade_many([right, wrong], [reference, reference], timeout_s=2, item_deadline_s=8)
     assert results[0].correct, results[0]
-    same_value = {"^2": (0, 1, -1), "\\cdot 2": (0,)}  # 0² = 0, 1² = 1, -1^2 = -(1²) = -1, 0·2 = 0
+    # 0² = 0, 1² = 1, -1^2 = -(1²) = -1, 0·2 = 0, 00 = 0, 0x = 0·x = 0 (seen in CI: hypothesis drew 0 with "0")
+    same_value = {"^2": (0, 1, -1), "\\cdot 2": (0,), "0": (0,), "x": (0,)}
     if value in same_value.get(perturbation, ()):
         return  # the same value, rightly accepted (seen: hypothesis drew -1 with ^2)
     assert not results[1].correct, (reference, wrong, results[1])
