@@ -27,3 +27,14 @@ def test_each_method_costs_its_probes_at_the_runs_share_of_mixed_groups():
 def test_a_pilot_without_grpo_is_refused():
     with pytest.raises(SystemExit, match="must time GRPO"):
         pilot_cost.estimate(ROUNDS[2:], run_step=80.0, mixed=0.5, micro_batches=8, rows=8)
+
+
+def test_the_probe_floor_is_not_measured_with_a_shared_prompt():
+    """step_overhead.py with `--set shared_prompt=true` (the chain preset's, as issue 46's runs train): the loss
+    forward runs the leaf module twice, so the floor (one forward of whole rows) says it has none, before any work."""
+    from types import SimpleNamespace
+
+    import harness
+
+    trainer = SimpleNamespace(args=SimpleNamespace(shared_prompt=True))  # nothing else is touched
+    assert harness.input_only_backward(trainer, model=None, batch={}) is None

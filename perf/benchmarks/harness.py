@@ -201,8 +201,12 @@ def prepare_for_steps(trainer):
 
 def input_only_backward(trainer, model, batch: dict, clock=time.perf_counter) -> dict | None:
     """Seconds of GRAIL's probe floor (module docstring) on the probed rows of `batch` (a rollout's output, as the
-    loss receives it), and how many rows; None when no row is probed."""
+    loss receives it), and how many rows; None when no row is probed, or with `shared_prompt` (its forward runs the
+    leaf once for the prompt and once for the completions, and the floor is defined on one forward of whole rows)."""
     import torch
+
+    if getattr(trainer.args, "shared_prompt", False):
+        return None
 
     from grail.methods import probes
     from grail.methods.weighting import probe_rows
