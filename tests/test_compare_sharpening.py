@@ -1,6 +1,7 @@
 """The sharpening-or-learning tables of `grail compare`'s report (grail.analysis.compare.sharpening), from
-hand-written samples: 10 held-out problems, the start solving 0-3 greedily; each run's values are what its samples
-were written to give, paired with the reference arm per seed; a comparison without a greedy evaluation has none."""
+hand-written per-problem results (as run.py records each evaluation's): 10 held-out problems, the start solving 0-3
+greedily; each run's values are what its results were written to give, paired with the reference arm per seed; a
+comparison without a greedy evaluation has none."""
 
 import json
 
@@ -8,7 +9,7 @@ import pytest
 
 from grail.analysis.compare import plan as compare
 from grail.analysis.compare.report import write_report
-from grail.analysis.compare.summary import BEFORE_RL_FILE, FINAL_EVAL_DIR, RESULT_FILE, run_path, start_eval_dir
+from grail.analysis.compare.summary import BEFORE_RL_FILE, RESULT_FILE, run_path
 
 PRIMARY = "sampled/synthetic/acc@4"
 PROBLEMS = 10
@@ -18,13 +19,13 @@ BEFORE_SAMPLED = 0.25  # every problem: 1 of its 4 samples right before RL
 RUNS = {"none": [(3, 1, 1, 2), (4, 1, 2, 1)], "grail": [(2, 2, 3, 0), (3, 2, 4, 1)]}
 
 
-def write_samples(path, right_of, greedy: bool = False) -> None:
-    """samples.jsonl with right_of(problem id) of its samples correct (1 sample when greedy, else 4)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+def evaluation(right_of, greedy: bool = False) -> list[dict]:
+    """One evaluation's per-problem record (run.py's shape) with right_of(problem id) of its samples correct (1
+    sample when greedy, else 4)."""
     n = 1 if greedy else 4
-    rows = [{"benchmark": "synthetic", "problem_id": str(p), "sample_index": j, "completion": "x",
-             "correct": j < right_of(str(p))} for p in range(PROBLEMS) for j in range(n)]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ids = [str(p) for p in range(PROBLEMS)]
+    return [{"name": "synthetic", "n": n, "problem_ids": ids, "per_problem_acc": [right_of(p) / n for p in ids],
+             "per_problem_pass": {}}]
 
 
 def write_comparison(out, evaluations=("greedy", "sampled")) -> dict:
@@ -33,25 +34,20 @@ def write_comparison(out, evaluations=("greedy", "sampled")) -> dict:
             "protocol": {"kind": "synthetic held-out", "primary": PRIMARY, "description": "hand-written"},
             "arms": [{"label": a.label, "slug": a.slug, "method": a.method, "fields": a.fields} for a in arms]}
     (out / compare.PLAN_FILE).write_text(json.dumps(plan))
-    before = start_eval_dir(out, "start-x")
-    if "greedy" in evaluations:
-        write_samples(before / "greedy" / "samples.jsonl", lambda p: int(p in SOLVED), greedy=True)
-    write_samples(before / "sampled" / "samples.jsonl", lambda p: 1)
+    before = {"greedy": evaluation(lambda p: int(p in SOLVED), greedy=True), "sampled": evaluation(lambda p: 1)}
+    unsolved = sorted(set(map(str, range(PROBLEMS))) - SOLVED)
     for arm, per_seed in RUNS.items():
         for seed, (on_solved, on_unsolved, gained, lost) in enumerate(per_seed):
             run = run_path(out, arm, seed)
-            unsolved = sorted(set(map(str, range(PROBLEMS))) - SOLVED)
+            run.mkdir(parents=True)
             now_solved = (SOLVED - set(sorted(SOLVED)[:lost])) | set(unsolved[:gained])
-            if "greedy" in evaluations:
-                write_samples(run / FINAL_EVAL_DIR / "greedy" / "samples.jsonl", lambda p, s=now_solved: int(p in s),
-                              greedy=True)
-            write_samples(run / FINAL_EVAL_DIR / "sampled" / "samples.jsonl",
-                          lambda p, a=on_solved, b=on_unsolved: a if p in SOLVED else b)
+            after = {"greedy": evaluation(lambda p, s=now_solved: int(p in s), greedy=True),
+                     "sampled": evaluation(lambda p, a=on_solved, b=on_unsolved: a if p in SOLVED else b)}
             (run / "metrics.jsonl").write_text("")
             (run / RESULT_FILE).write_text(json.dumps({"metrics": {PRIMARY: 0.5}, "train_seconds": 1.0,
                                                        "seconds_per_step": 1.0, "eval_seconds": 1.0,
-                                                       "evaluations": {e: [] for e in evaluations}}))
-    start = {"model_path": "m", "seed": 0, "metrics": {}, "evaluations": {e: [] for e in evaluations}}
+                                                       "evaluations": {e: after[e] for e in evaluations}}))
+    start = {"model_path": "m", "seed": 0, "metrics": {}, "evaluations": {e: before[e] for e in evaluations}}
     (out / BEFORE_RL_FILE).write_text(json.dumps({"version": 1, "arms": {"none": "start-x", "grail": "start-x"},
                                                   "starts": {"start-x": start}}))
     return plan

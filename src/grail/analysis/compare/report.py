@@ -302,7 +302,7 @@ def write_report(out_dir: str | Path, plan: dict, jobs: int = 1, into: str | Pat
     first_errors = first_error_summary(plan, out_dir, runs, start)
     if first_errors:  # chain task only: other reports stay as earlier versions rendered them (--check-report)
         summary["first_errors"] = first_errors
-    sharpening = sharpening_summary(plan, out_dir, runs, start)
+    sharpening = sharpening_summary(plan, runs, start)
     if sharpening:  # a start and runs evaluated greedy and sampled
         summary["sharpening"] = sharpening
     try:

@@ -14,33 +14,32 @@ problems alone is sharpening; a gain on the unsolved ones is the model sampling 
 decoding missed before. Greedy decoding flips many problems both ways in a run, so gained and lost say more than
 their difference.
 
-Read from the evaluations' samples (their `correct` field): the start's `before_rl/<id>/eval/{greedy,sampled}/
-samples.jsonl` and each run's `runs/<arm>/seed<s>/eval/final/{greedy,sampled}/samples.jsonl`. Only where the
-start and the runs have both evaluations; otherwise the report has no such section.
+Read from the per-problem accuracies that each run's result and each start's record keep for their evaluations
+(grail.analysis.compare.summary.problem_values), so nothing is read again from disk. Only where the start and the
+runs have both evaluations; otherwise the report has no such section.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from grail.analysis.compare.summary import FINAL_EVAL_DIR, RunData, StartData, arm_stats, read_jsonl, start_eval_dir
+from grail.analysis.compare.summary import RunData, StartData, arm_stats, problem_values
 from grail.analysis.compare.sweep import layout
 from grail.analysis.compare.tables import stat_tables
 
 __all__ = ["problem_accuracy", "sharpening_lines", "sharpening_summary"]
 
-GREEDY, SAMPLED, SAMPLES_FILE = "greedy", "sampled", "samples.jsonl"
+GREEDY, SAMPLED = "greedy", "sampled"
 CHANGES = ("sampled change, solved", "sampled change, unsolved")
 FLIPS = ("greedy gained", "greedy lost")
 
 
-def problem_accuracy(path: Path) -> dict[str, float]:
-    """{problem id: the share of its samples in `path` graded correct}; empty if `path` is missing."""
-    seen: dict[str, list[bool]] = {}
-    for row in read_jsonl(path):
-        if "problem_id" in row and isinstance(row.get("correct"), bool):
-            seen.setdefault(str(row["problem_id"]), []).append(row["correct"])
-    return {pid: sum(marks) / len(marks) for pid, marks in seen.items()}
+def problem_accuracy(evaluations: dict, name: str) -> dict[str, float]:
+    """{benchmark/problem id: accuracy} of the evaluation `name` among a run's or a start's recorded `evaluations`
+    (each benchmark's acc@n per problem); empty where it has none."""
+    accuracy = {}
+    for entry in evaluations.get(name) or []:
+        values = problem_values(evaluations, f"{name}/{entry['name']}/acc@{entry['n']}") or {}
+        accuracy.update({f"{entry['name']}/{pid}": value for pid, value in values.items()})
+    return accuracy
 
 
 def _run_values(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> dict[str, float] | None:
@@ -59,20 +58,19 @@ def _run_values(before: dict[str, dict[str, float]], after: dict[str, dict[str, 
             FLIPS[1]: float(sum(after[GREEDY][p] == 0.0 for p in solved))}
 
 
-def sharpening_summary(plan: dict, out_dir: str | Path, runs: list[RunData], start: StartData) -> dict:
+def sharpening_summary(plan: dict, runs: list[RunData], start: StartData) -> dict:
     """{"stats": {quantity: per-arm and paired statistics}, "split": {start id: {"solved": n, "unsolved": n}}};
     empty where no start and run have both evaluations."""
-    out_dir = Path(out_dir)
     arms = [a["label"] for a in plan["arms"]]
-    befores = {sid: {name: problem_accuracy(start_eval_dir(out_dir, sid) / name / SAMPLES_FILE)
-                     for name in (GREEDY, SAMPLED)} for sid in start.starts}
+    befores = {sid: {name: problem_accuracy(record.get("evaluations") or {}, name) for name in (GREEDY, SAMPLED)}
+               for sid, record in start.starts.items()}
     table: dict[str, dict[str, dict[int, float]]] = {q: {arm: {} for arm in arms} for q in (*CHANGES, *FLIPS)}
     split = {}
     for run in runs:
         before = befores.get(start.arms.get(run.arm, ""))
         if run.result is None or before is None or not all(before.values()):
             continue
-        after = {name: problem_accuracy(run.path / FINAL_EVAL_DIR / name / SAMPLES_FILE) for name in (GREEDY, SAMPLED)}
+        after = {name: problem_accuracy(run.result.get("evaluations") or {}, name) for name in (GREEDY, SAMPLED)}
         values = all(after.values()) and _run_values(before, after)
         if not values:
             continue
