@@ -177,6 +177,37 @@ def test_a_resumed_run_is_costed_from_its_step_time_and_a_running_one_from_its_s
     assert " | eta 2:33:20 | " in line and line.endswith("none/seed1 step 4/60, grail/seed1 step 10/60")
 
 
+def test_before_any_run_finishes_the_eta_is_the_running_runs_steps_left_and_says_it_is_a_lower_bound(tmp_path):
+    """Hours into a first seed nothing has finished: the ETA comes from each running run's own recent step times
+    (the median of its last lines, so one slow step does not move it) and leaves the evaluations out."""
+    from grail.analysis.compare.progress import Progress, recent_steps
+
+    plan = {"arms": [{"slug": "none", "label": "none", "resolved": {"max_steps": 120}}]}
+    progress = Progress(plan, tmp_path, 3, {}, 2, [].append)
+    assert " | eta" not in progress._line()  # nothing runs: nothing to tell by
+    for seed, times in ((0, [200.0, 190.0, 900.0, 210.0]), (1, [100.0, 100.0, 100.0, 100.0])):
+        run_dir = tmp_path / "runs" / "none" / f"seed{seed}"
+        run_dir.mkdir(parents=True)
+        name = f"none/seed{seed}"
+        progress.running[name], progress.wall_start[name] = time.perf_counter(), time.time() - 5
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": i + 1, "step_time": t}) + "\n"
+                                                       for i, t in enumerate(times)) + '{"step": 5, "step_ti')
+    assert recent_steps(tmp_path / "runs" / "none" / "seed0") == (4, 210.0)  # the unfinished line is not read
+    line = progress._line()
+    # seed0: 116 steps × 210 s; seed1: 116 × 100 s; the one left: the mean run, 120 × (210 + 100) / 2; over 2 jobs
+    assert " | eta ≥ 7:34:40 (steps only: no evaluation timed yet) | " in line
+    assert line.endswith("none/seed0 step 4/120, none/seed1 step 4/120")
+
+
+def test_a_metrics_window_skips_the_line_it_cuts(tmp_path):
+    from grail.analysis.compare.progress import recent_steps
+
+    rows = [{"step": i, "step_time": float(i), "pad": "x" * 1500} for i in range(1, 41)]  # about 60 KB
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"eval": 1}\n')
+    step, median = recent_steps(tmp_path)
+    assert step == 40 and 34 <= median <= 36  # the median of the last ten or so complete lines
+
+
 def test_the_weights_share_of_step_time_sums_both_timers_over_the_steps_that_log_them():
     from grail.analysis.compare.timing import weights_share
 
