@@ -127,8 +127,8 @@ class Progress:
             part = self._remaining(name, step, own_per_step, max_steps, now, mean)
             known, remaining = known and part is not None, remaining + (part[0] if part else 0.0)
             lower = lower or (part is not None and not part[1])
-        if mean is None and fresh_runs:  # nothing finished: a run not started costs the running ones' steps
-            mean, lower = _mean(fresh_runs), True
+        if mean is None and fresh_runs:  # nothing finished (so `whole` is empty: a lower bound): a run not started
+            mean = _mean(fresh_runs)      # costs the running ones' steps
         if mean is not None and known:  # from the runs whose time covers all of them; else a lower bound
             remaining += left * mean
             bound = "≥ " if lower or not whole else ""
