@@ -97,6 +97,14 @@ def test_sft_trains_caches_and_gives_a_model_dir_train_and_eval_take(tmp_path, b
     assert "reusing" in logs[-1]
 
 
+def test_the_first_step_prints_progress_before_the_first_logging_step(tmp_path, base_dir):
+    logs = []
+    sft_warm_start(_settings(tmp_path, base_model=str(base_dir), sft_steps=3, sft_logging_steps=10), SET, logs.append)
+    progress = [line for line in logs if line.startswith("sft: step ")]
+    assert len(progress) == 1 and progress[0].startswith("sft: step 1/3  loss ")  # not step 2 or 3: 10 never comes
+    assert float(progress[0].split("about ")[1].split(" s left")[0]) >= 0  # the time left, from the first step's pace
+
+
 class _Interrupt(TrainerCallback):
     """Stops the process (as a kill would) once step `at` is done; the trainer has saved what save_steps asked."""
 

@@ -66,8 +66,8 @@ class SFTFields:
                   "many steps; `grail sft` run again with the same settings resumes from the last one. Not in the "
                   "cache key."})
     sft_logging_steps: int = field(
-        default=10, metadata={"help": "Print the loss, the step and the time left every this many steps. Not in the "
-                              "cache key."})
+        default=10, metadata={"help": "Print the loss, the step and the time left after the first step and every "
+                              "this many steps. Not in the cache key."})
     cache_dir: str | None = field(
         default=None,
         metadata={"help": "Where warm starts are cached, as <cache_dir>/sft/<model>-<key>/ (default: $GRAIL_CACHE or "

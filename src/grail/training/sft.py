@@ -71,7 +71,8 @@ def sft_dataset(chain_set: ChainSet, tokenizer) -> tuple[Dataset, PromptFormat]:
 
 
 class _Progress(TrainerCallback):
-    """One line per logging step: the step, the loss, the time spent and left (from this session's pace)."""
+    """One line per logging step and after a new run's first step (a real model's first ten can take minutes): the
+    step, the loss, the time spent and left (from this session's pace)."""
 
     def __init__(self, log: Log):
         self.log, self.start, self.first = log, 0.0, 0
@@ -102,7 +103,8 @@ def make_trainer(settings: SFTFields, chain_set: ChainSet, base_path: Path, outp
         gradient_accumulation_steps=settings.sft_gradient_accumulation_steps, warmup_steps=settings.sft_warmup_steps,
         lr_scheduler_type="linear", max_length=settings.sft_max_length, seed=settings.sft_seed,
         data_seed=settings.sft_seed, save_strategy="steps", save_steps=settings.sft_save_steps, save_total_limit=1,
-        logging_steps=settings.sft_logging_steps, report_to="none", completion_only_loss=True, packing=False,
+        logging_steps=settings.sft_logging_steps, logging_first_step=True, report_to="none",
+        completion_only_loss=True, packing=False,
         use_cpu=not on_gpu, bf16=on_gpu and torch.cuda.is_bf16_supported(), disable_tqdm=True,
         activation_checkpointing=False)  # TRL's default is on: recomputation that models this small do not need
     trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
