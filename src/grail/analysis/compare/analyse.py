@@ -6,6 +6,8 @@ report, printed, computing and training nothing, the report left as it is:
                            with more samples per problem (grail.analysis.compare.noise)
     --pilot-seeds ARM      the seeds a pilot implies by the rule fixed in advance (grail.analysis.compare.planning)
     --phase-times          where the runs spent their time, from their files' times (grail.analysis.compare.planning)
+    --greedy-flips         greedy decoding's gains and losses by the start's sampled record on each problem
+                           (grail.analysis.compare.flips)
 
 `add_arguments(parser)` adds the flags (argparse only: `grail compare --help` stays light); `run_analysis` prints.
 """
@@ -18,7 +20,7 @@ from pathlib import Path
 
 __all__ = ["add_arguments", "requested", "run_analysis"]
 
-FLAGS = ("--pairs", "--eval-noise", "--pilot-seeds", "--phase-times")
+FLAGS = ("--pairs", "--eval-noise", "--pilot-seeds", "--phase-times", "--greedy-flips")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,6 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="--pilot-seeds: the scale-matched arm joins above this mean weights/adv_scale_ratio")
     group.add_argument("--phase-times", action="store_true", help="per phase (greedy, sampled, the rest; the run, "
                        "training) the median [min, max] seconds over runs, from the file times where they ran")
+    group.add_argument("--greedy-flips", action="store_true", help="per arm, the problems greedy decoding gained "
+                       "and lost (mean per seed), split by how many of the start's samples were right on each")
     group.add_argument("--analysis-json", metavar="FILE", help="also write what is printed as JSON")
 
 
@@ -127,6 +131,11 @@ def run_analysis(out_dir: str | Path, args: argparse.Namespace, log=print) -> in
     if args.phase_times:
         out["phase_times"] = phase_times(out_dir)
         sections.append(("Phase times (from the runs' file times)", phase_times_text(out["phase_times"])))
+    if args.greedy_flips:
+        from grail.analysis.compare.flips import flips_text, greedy_flips
+
+        out["greedy_flips"] = greedy_flips(out_dir, _plan(out_dir))
+        sections.append(("Greedy answers gained and lost, by the start's samples", flips_text(out["greedy_flips"])))
     log("\n\n".join(f"## {title}\n\n{text}" for title, text in sections))
     if args.analysis_json:
         Path(args.analysis_json).write_text(json.dumps(out, indent=1) + "\n")

@@ -59,8 +59,9 @@ check: `grail compare --resume DIR --check-report` renders the report again from
 report: `grail compare --resume DIR --report-only` writes the report from the runs finished so far and trains
         nothing, also while the comparison runs (to check its health: learning curves, clipping, wall time). A
         partial report says so first; deciding to stop or extend on its intervals is peeking.
-analysis: `grail compare --resume DIR --pairs grail:random` (and --eval-noise, --pilot-seeds, --phase-times) prints
-        what the runs say beyond the report (see "analysis of a comparison" below); trains nothing.
+analysis: `grail compare --resume DIR --pairs grail:random` (and --eval-noise, --pilot-seeds, --phase-times,
+        --greedy-flips) prints what the runs say beyond the report (see "analysis of a comparison" below); trains
+        nothing.
 """
 
 
@@ -151,7 +152,7 @@ def _resumed_plan(args, rest: list[str], unpacked: Path | None = None) -> tuple[
                          f"change the plan, start a new comparison with another --output_dir).")
     if unpacked is None and is_packed(args.resume, "--resume"):
         raise ValueError(f"--resume {args.resume}: a compressed archive is read as it is only by --check-report and "
-                         f"the analysis flags (--pairs, --eval-noise, --pilot-seeds, --phase-times); to "
+                         "the analysis flags (--pairs, --eval-noise, --pilot-seeds, --phase-times, --greedy-flips); to "
                          f"re-render, report or train, unpack it into a folder: grail compare --resume {args.resume} "
                          f"--archive DIR, then grail compare --resume DIR.")
     out_dir = Path(args.resume) if unpacked is None else unpacked
