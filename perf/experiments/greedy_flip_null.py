@@ -75,7 +75,8 @@ def greedy_record(plan: dict, out_dir: Path, seed: int, model_dir: Path, eval_di
 
 
 def null_flips(out_dir: Path, arm: str, seeds: list[int], scales: list[float], noise_seed: int) -> dict:
-    """{"run": {"rows", "seeds"}, "null": {scale: {"rows", "total_flips"}}} for `arm`'s runs of `seeds`."""
+    """{"arm", "seeds", "noise_seed", "run": {"rows", "total_flips"}, "null": {str(scale): {"rows", "total_flips"}}}
+    for `arm`'s runs of `seeds` (total_flips: gained + lost, mean per seed)."""
     plan = json.loads((out_dir / PLAN_FILE).read_text())
     slug = next((a["slug"] for a in plan["arms"] if a["label"] == arm), None)
     if slug is None:
@@ -98,13 +99,12 @@ def null_flips(out_dir: Path, arm: str, seeds: list[int], scales: list[float], n
                 model_dir = _moved_model(Path(record["model_path"]), final_dir, scale, noise_seed + seed,
                                          Path(tmp, "model").resolve())
                 nulls[scale].append({"greedy": greedy_record(plan, out_dir, seed, model_dir, Path(tmp, "eval"))})
-    out = {"arm": arm, "seeds": seeds, "noise_seed": noise_seed,
-           "run": {"rows": flip_rows(before, runs)}, "null": {}}
-    for scale, evaluations in nulls.items():
+    def flips(evaluations: list[dict]) -> dict:
         rows = flip_rows(before, evaluations)
-        out["null"][str(scale)] = {"rows": rows, "total_flips": sum(r["gained"] + r["lost"] for r in rows)}
-    out["run"]["total_flips"] = sum(r["gained"] + r["lost"] for r in out["run"]["rows"])
-    return out
+        return {"rows": rows, "total_flips": sum(r["gained"] + r["lost"] for r in rows)}
+
+    return {"arm": arm, "seeds": seeds, "noise_seed": noise_seed, "run": flips(runs),
+            "null": {str(scale): flips(evaluations) for scale, evaluations in nulls.items()}}
 
 
 def main() -> None:

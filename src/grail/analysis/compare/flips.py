@@ -19,34 +19,33 @@ loss rate at small k; gains at k = 0 are problems on which the start's samples n
 Descriptive only: no interval, no rule.
 
 Read from the per-problem accuracies that each run's result and each start's record keep for their evaluations
-(grail.analysis.compare.summary.problem_values), as the sharpening section reads them.
+(grail.analysis.compare.summary.problem_values, through sharpening.problem_accuracy for the greedy verdicts), as
+the sharpening section reads them.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from grail.analysis.compare.summary import load_runs, load_start
+from grail.analysis.compare.sharpening import GREEDY, SAMPLED, problem_accuracy
+from grail.analysis.compare.summary import load_runs, load_start, problem_values
 
 __all__ = ["flip_rows", "flips_text", "greedy_flips"]
-
-GREEDY, SAMPLED = "greedy", "sampled"
 
 
 def _right_counts(evaluations: dict) -> dict[str, tuple[int, int]]:
     """{benchmark/problem id: (right samples k, samples n)} of the sampled evaluation among `evaluations`."""
     counts = {}
-    for entry in evaluations.get(SAMPLED) or []:
+    for entry in evaluations.get(SAMPLED) or []:  # as sharpening.problem_accuracy reads them, keeping each n
         n = int(entry["n"])
-        for pid, acc in zip(entry["problem_ids"], entry["per_problem_acc"], strict=True):
-            counts[f"{entry['name']}/{pid}"] = (round(acc * n), n)
+        values = problem_values(evaluations, f"{SAMPLED}/{entry['name']}/acc@{n}") or {}
+        counts.update({f"{entry['name']}/{pid}": (round(acc * n), n) for pid, acc in values.items()})
     return counts
 
 
 def _greedy(evaluations: dict) -> dict[str, bool]:
     """{benchmark/problem id: solved} of the greedy evaluation among `evaluations`."""
-    return {f"{entry['name']}/{pid}": acc == 1.0 for entry in evaluations.get(GREEDY) or []
-            for pid, acc in zip(entry["problem_ids"], entry["per_problem_acc"], strict=True)}
+    return {problem: acc == 1.0 for problem, acc in problem_accuracy(evaluations, GREEDY).items()}
 
 
 def _rate(count: float, of: int) -> float | None:
