@@ -258,7 +258,7 @@ def scripts() -> str:
         raise ValueError(f"perf/README.md: list every script of perf/ (not listed: {sorted(on_disk - listed)}; listed "
                          f"but not there: {sorted(listed - on_disk)}).")
     body = re.sub(r"^## (.+)$", r"**perf/\1**", text[text.index("\n## ") + 1:], flags=re.MULTILINE)
-    return re.sub(r"`(benchmarks|experiments)/", r"`perf/\1/", body.replace("](../docs/", "](../"))
+    return re.sub(r"`(benchmarks|experiments|device)/", r"`perf/\1/", body.replace("](../docs/", "](../"))
 
 
 # ----------------------------------------------------------------------------------------------- the hook

