@@ -26,11 +26,10 @@ def test_a_source_tree_gets_the_entry_points_its_pyproject_declares(tmp_path):
     [dist] = importlib.metadata.distributions(path=[str(tmp_path)])
     assert (dist.metadata["Name"], dist.version) == (project["name"], project["version"])
     assert info.name == f"grail_rl-{project['version']}.dist-info"
-    methods = {point.name: point.value for point in dist.entry_points if point.group == "grail.methods"}
+    points = [point for point in dist.entry_points if point.group == "grail.methods"]
+    methods = {point.name: point.value for point in points}
     assert methods == project["entry-points"]["grail.methods"] and "grail_over_surprise" in methods
-    for point in dist.entry_points:
-        if point.group == "grail.methods":
-            assert point.load().name == point.name  # each target imports from the source tree and is that method
+    assert all(point.load().name == point.name for point in points)  # each imports from the source tree
     scripts = {point.name: point.value for point in dist.entry_points if point.group == "console_scripts"}
     assert scripts == project["scripts"]
 
