@@ -10,10 +10,13 @@ import pytest
 from grail.analysis.compare.stats import (
     bootstrap_interval,
     holm,
+    rule_attainable,
     seeds_needed,
     sign_flip_p,
+    smallest_p,
     t_cdf,
     t_interval,
+    t_p,
     t_quantile,
 )
 
@@ -95,3 +98,27 @@ def test_holm_multiplies_the_sorted_p_values_by_the_tests_left_and_keeps_them_in
     assert holm([0.02]) == [0.02] and holm([]) == []  # one test: nothing to adjust
     with pytest.raises(ValueError, match=r"in \[0, 1\]"):
         holm([0.1, 1.5])
+
+
+def test_t_p_is_the_two_sided_tail_of_the_t_statistic():
+    # 1, 2, 3: mean 2, sd 1, t = 2·√3 with 2 degrees of freedom, where P(|T| > t) = 1 − t/√(2 + t²) in closed form
+    t = 2 * math.sqrt(3)
+    assert t_p([1.0, 2.0, 3.0]) == pytest.approx(1 - t / math.sqrt(2 + t * t), rel=1e-9)
+    assert t_p([-1.0, -2.0, -3.0]) == t_p([1.0, 2.0, 3.0])  # two-sided
+    assert t_p([1.0, -1.0]) == 1.0 and t_p([0.5, 0.5]) == 0.0 and t_p([0.5]) is None
+    # at the 95% t-interval's edge the p is 0.05: a difference whose interval just touches zero
+    values = [1.0, 2.0, 3.0, 4.0]
+    shift = t_interval(values).half_width - statistics.fmean(values)
+    assert t_p([v + shift for v in values]) == pytest.approx(0.05, abs=1e-9)
+
+
+def test_a_rule_on_the_sign_flip_p_over_six_seeds_and_four_methods_cannot_say_pays():
+    """The trap a plan fell into: 2 / 2^6 · 4 = 0.125 ≥ 0.05 whatever the data; the paired t-test has no such floor."""
+    assert smallest_p("sign_flip", 6) == 2 / 64
+    assert not rule_attainable("sign_flip", seeds=6, comparisons=4)
+    assert not rule_attainable("sign_flip", seeds=7, comparisons=4)  # 4 · 2/128 = 0.0625
+    assert rule_attainable("sign_flip", seeds=7, comparisons=2) and rule_attainable("sign_flip", seeds=8,
+                                                                                     comparisons=4)
+    assert rule_attainable("t", seeds=6, comparisons=3) and not rule_attainable("t", seeds=1, comparisons=1)
+    with pytest.raises(ValueError, match="'t' or 'sign_flip'"):
+        smallest_p("wilcoxon", 6)

@@ -50,8 +50,7 @@ def add_parsers(sub) -> None:
                     "subset of N, deterministic and nested, but not the release's problems)")
     ev.add_argument("--release-subsets-dir", help="folder holding the release subsets' identity lists as "
                     "DIR/olympiadbench/release_subset_ids.txt and DIR/college_math/release_subset.jsonl (default: "
-                    "--data-dir). Needed with --size release when the benchmarks come from the Hub: the lists are "
-                    "in a local copy of the benchmarks, not in grail-rl or on the Hub")
+                    "--data-dir); needed with --size release and benchmarks from the Hub, which lacks the lists")
     ev.add_argument("--subset-seed", type=int, default=0, help="seed of the seeded subsets (--size N; default 0)")
     ev.add_argument("--samples", "--n", dest="n", type=int, default=RELEASE.n,
                     help=f"samples per problem (release {RELEASE.n}; `grail train --eval_samples`)")
@@ -60,10 +59,11 @@ def add_parsers(sub) -> None:
     ev.add_argument("--top-p", type=float, default=RELEASE.top_p, help=f"release {RELEASE.top_p}")
     ev.add_argument("--top-k", type=int, default=RELEASE.top_k, help=f"release {RELEASE.top_k}; 0 = off")
     ev.add_argument("--max-new-tokens", type=int, default=RELEASE.max_new_tokens,
-                    help=f"release {RELEASE.max_new_tokens}; the hf backend caps it at the model's "
-                    "max_position_embeddings minus the prompt")
+                    help=f"release {RELEASE.max_new_tokens}; hf caps it at max_position_embeddings less the prompt")
     ev.add_argument("--seed", type=int, default=0, help="sampling seed (batch b uses seed + b)")
     ev.add_argument("--batch-size", type=int, default=16, help="problems per generation batch")
+    ev.add_argument("--bf16", choices=("auto", "true", "false"), default="auto",
+                    help="CPU: bf16 or fp32 weights (auto: by a measured matmul)")
     ev.add_argument("--backend", choices=("hf", "vllm"), default="hf", help="hf: transformers generate (CPU/GPU); "
                     "vllm: vLLM (GPU, `pip install -e '.[vllm]'`)")
     ev.add_argument("--prompt-format", choices=("auto", "plain", "chat"), default="auto",
@@ -147,7 +147,7 @@ class _Model:
     sampled (so an evaluation already finished, run again, loads none), then kept for the command's other
     evaluations. A `Sampler` (grail.options.sampling)."""
 
-    def __init__(self, model: str, backend: str, batch_size: int):
+    def __init__(self, model: str, backend: str, batch_size: int, bf16: str = "auto"):
         from transformers import AutoTokenizer
 
         from grail.models.warmstart import resolve_model
@@ -155,6 +155,7 @@ class _Model:
         self.path = resolve_model(model)
         self.tokenizer = AutoTokenizer.from_pretrained(self.path)
         self.name, self.batch_size, self._sampler = backend, batch_size, None
+        self.dtype = _cpu_dtype(model, bf16)
 
     def generate(self, prompts, params, seed):
         from grail.options.sampling import HFSampler, VLLMSampler
@@ -164,8 +165,29 @@ class _Model:
         elif self._sampler is None:
             from grail.models.warmstart import load_inference_model
 
-            self._sampler = HFSampler(load_inference_model(self.path), self.tokenizer, batch_size=self.batch_size)
+            self._sampler = HFSampler(load_inference_model(self.path, dtype=self.dtype), self.tokenizer,
+                                      batch_size=self.batch_size)
         return self._sampler.generate(prompts, params, seed)
+
+
+def _cpu_dtype(model: str, bf16: str):
+    """The weights' dtype on CPU (None on a GPU: `load_inference_model`'s bf16): `--bf16 auto` by the machine
+    (grail.models.precision: bf16 where its matmul measures at least 1.5x fp32's), said on stderr; true or false
+    as given, with the measured slowdown named when bf16 is forced where it is not faster. Sampling needs no master
+    weights: nothing is trained."""
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    from grail.models import precision
+
+    if bf16 == "auto":
+        choice = precision.choose_cpu_precision(model)
+        print(f"grail eval: precision: {choice.reason}", file=sys.stderr)
+        return torch.bfloat16 if choice.bf16 else torch.float32
+    if bf16 == "true" and (slower := precision.forced_bf16_warning(model)):
+        print(f"grail eval: warning: {slower}", file=sys.stderr)
+    return torch.bfloat16 if bf16 == "true" else torch.float32
 
 
 def _evaluate(args, model: _Model, spec, loaded, out_dir: str):
@@ -190,7 +212,7 @@ def run_eval(args) -> int:
     if args.backend == "vllm" and (missing := _vllm_missing()):
         print(f"grail eval: error: {missing}", file=sys.stderr)
         return 2
-    model = _Model(args.model, args.backend, args.batch_size)
+    model = _Model(args.model, args.backend, args.batch_size, args.bf16)
     out_dir = args.output_dir or os.path.join("runs", f"eval-{time.strftime('%Y%m%d-%H%M%S')}")
     report = _evaluate(args, model, spec, loaded, out_dir)
     print(report.markdown)
@@ -303,7 +325,8 @@ def run_validity(args) -> int:
                                    "--output-dir", str(directory / leg.name)]
                                   + (["--workers", str(args.workers)] if args.workers else []))
             spec, loaded = _eval_spec(leg_args, loaded)
-            model = model or _Model(args.model, args.backend, args.batch_size)
+            # fp32 as every validity table was measured: its figures stay comparable on any CPU
+            model = model or _Model(args.model, args.backend, args.batch_size, bf16="false")
             report = _evaluate(leg_args, model, spec, loaded, leg_args.output_dir)
             print(f"{leg.name}: {report.new_samples} new samples")
     legs = {leg.name: read_leg(directory / leg.name) for leg in LEGS}

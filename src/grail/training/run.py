@@ -354,6 +354,8 @@ def train(cfg: GRAILConfig, overrides: dict | None = None, log: Log = print,
         trainer.remove_callback(noisy)
     log(f"training {cfg.model_name_or_path} on {cfg.dataset} for {cfg.max_steps} steps "
         f"(token_weighting={cfg.token_weighting}; prompts: {fmt.describe()}); run directory {run_dir}")
+    if "precision_reason" in cfg.__dict__:  # CPU runs: which precision, and why (grail.models.precision)
+        log(f"precision: {cfg.precision_reason}")
     start = time.perf_counter()
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from is not None else None)
     train_seconds = time.perf_counter() - start

@@ -89,6 +89,12 @@ class _Progress(TrainerCallback):
                  f"{spent:.0f} s spent, about {left:.0f} s left")
 
 
+# Why `grail sft` does not follow grail.models.precision's per-machine choice on CPU.
+SFT_CPU_PRECISION = ("a warm start is trained once and cached under its settings, and its precision is part of which "
+                     "model it is: the regime's figures were measured from fp32 starts, so a bf16 start on one machine "
+                     "and an fp32 one on another would be two different models under one name")
+
+
 def make_trainer(settings: SFTFields, chain_set: ChainSet, base_path: Path, output_dir: Path, log: Log = print,
                  callbacks: Sequence[TrainerCallback] = ()) -> tuple[SFTTrainer, PromptFormat]:
     """TRL's SFTTrainer for `settings` on `chain_set`'s sft split, checkpoints in `output_dir`, and the prompt format.
@@ -132,6 +138,8 @@ def sft_warm_start(settings: SFTFields, chain_set: ChainSet, log: Log = print,
     last = get_last_checkpoint(str(checkpoints)) if checkpoints.is_dir() else None
     log(f"sft: {'resuming from ' + last if last else 'fine-tuning ' + str(base_path)} ({settings.sft_steps} steps on "
         f"{chain_set.num_sft} solutions); cached at {entry}")
+    if not torch.cuda.is_available():
+        log(f"sft: precision fp32 on CPU, on every machine: {SFT_CPU_PRECISION}")
     trainer, fmt = make_trainer(settings, chain_set, base_path, checkpoints, log, callbacks)
     trainer.train(resume_from_checkpoint=last)
     staging = work / "model"

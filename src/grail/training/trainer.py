@@ -35,6 +35,11 @@ The fused path checks S3 at run time too (a wrong count or an early read of `adv
 shared_prompt, the mixed-in `grail.training.shared_prompt.SharedPromptForward` overrides S3's and S5's methods: each
 distinct prompt is computed once, and TRL's own run where nothing is shared. Which path a setup can take, and what is
 refused before the first step, are plain functions in `grail.training.paths`.
+
+On a CPU in bf16 (grail.models.precision), generation (S5), each separate probe and each micro-batch's loss
+forward (S2) run inside one autocast region (`_cast_once`), so each fp32 master weight is cast to bf16 once per phase;
+the policy's weights must be fp32 there (`check_cpu_master_weights`); a method of `precision.FP32_PROBES` is probed
+separately, in fp32 (`_probe_precision`), while its loss stays bf16.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ from grail.methods.weight_metrics import WeightSums, pooled_metrics
 from grail.methods.weighting import batch_spans, fused_signal, probe_rows, token_weights, weights_from_signal
 from grail.training import paths
 from grail.training.engines import dropped_engine, refuse_if_unshardable, sharded_by
+from grail.models.precision import FP32_PROBES, check_cpu_master_weights
 from grail.training.resume import load_generator, save_generator
 from grail.training.shared_prompt import SharedPromptForward
 
@@ -96,9 +102,13 @@ class GRAILTrainer(SharedPromptForward, GRPOTrainer):
         paths.check_probe_reaches_the_model(self.method, self.accelerator.unwrap_model(self.model),
                                             self.weighting.saliency_leaf)
         device = self.accelerator.device
+        if device.type == "cpu":  # bf16 on CPU is autocast over fp32 master weights, never bf16 weights
+            check_cpu_master_weights(self.accelerator.unwrap_model(self.model), self.args.learning_rate)
         self._generator = torch.Generator(device=device).manual_seed(self.args.seed + self.accelerator.process_index)
         self.weight_sums = WeightSums(self.weighting.weight_min, self.weighting.weight_max,
                                       count_clips=self.weighting.weight_rescale != "none")
+        # CPU bf16: a method whose weights do not hold in bf16 is probed separately, in fp32 (precision.FP32_PROBES)
+        self.fp32_probe = bool(self.args.bf16 and device.type == "cpu" and self.method.name in FP32_PROBES)
         self.fused_unavailable = self._fused_unavailable_reason()
         paths.check_fused_request(self.args.saliency_path, self.fused_unavailable)
         self.last_token_weights: TokenWeights | None = None  # the latest micro-batch's weights (inspection, tests)
@@ -109,6 +119,9 @@ class GRAILTrainer(SharedPromptForward, GRPOTrainer):
     # ---- which path (grail.training.paths) ---------------------------------------------------------------------
     def _fused_unavailable_reason(self) -> str | None:
         """None if the fused path can run for this method and setup, else why not."""
+        if self.fp32_probe:
+            return (f"CPU bf16: {self.method.name}'s weights do not hold in bf16, so its probe runs separately in fp32 "
+                    f"(grail.models.precision.FP32_PROBES)")
         model = self.accelerator.unwrap_model(self.model)
 
         def leaf_trainable() -> bool:
@@ -128,6 +141,43 @@ class GRAILTrainer(SharedPromptForward, GRPOTrainer):
         return paths.reentrant_checkpointing(self._checkpointing(), self.args.activation_checkpointing_kwargs
                                              or self.args.gradient_checkpointing_kwargs)
 
+
+    @contextmanager
+    def _cast_once(self):
+        """CPU bf16: one autocast region around a whole phase (generation, a separate probe, a micro-batch's loss
+        forward), so autocast's cast cache holds each fp32 weight's bf16 copy for the phase: TRL's and accelerate's
+        own regions open and close around every model call, and each closing empties the cache, so without this
+        generation would re-cast every weight at every new token. Backward still reaches the fp32 weights through
+        the cached casts (tests/test_precision.py). A no-op in fp32 and on GPUs (their path is unchanged)."""
+        if self.args.bf16 and self.accelerator.device.type == "cpu":
+            with self.accelerator.autocast():
+                yield
+        else:
+            yield
+
+    @contextmanager
+    def _probe_precision(self, model):
+        """Around a separate probe: in fp32 for a method of FP32_PROBES under CPU bf16 (autocast off, and the model's
+        own forward in place of accelerate's autocast wrapper, `_original_forward`, put back after); else one cast
+        region (`_cast_once`)."""
+        if not self.fp32_probe:
+            with self._cast_once():
+                yield
+            return
+        wrapped = model.__dict__.get("forward")
+        original = model.__dict__.get("_original_forward")
+        if original is not None:
+            model.forward = original
+        try:
+            with torch.autocast("cpu", enabled=False):
+                yield
+        finally:
+            if original is not None:
+                model.forward = wrapped
+
+    def _generate_single_turn(self, prompt_ids, *args, **kwargs):  # S5, inside one cast region
+        with self._cast_once():
+            return super()._generate_single_turn(prompt_ids, *args, **kwargs)
 
     # ---- masks and spans ------------------------------------------------------------------------------------
     @staticmethod
@@ -182,6 +232,10 @@ class GRAILTrainer(SharedPromptForward, GRPOTrainer):
         return output
 
     def _compute_loss(self, model, inputs):  # S2
+        with self._cast_once():
+            return self._weighted_loss(model, inputs)
+
+    def _weighted_loss(self, model, inputs):
         adv_B = inputs["advantages"]
         if adv_B.dim() != 1:
             raise RuntimeError("GRAILTrainer expects TRL's (B,) advantages; another subclass already made "
@@ -202,7 +256,7 @@ class GRAILTrainer(SharedPromptForward, GRPOTrainer):
             input_ids_BL = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
             attention_mask_BL = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
             unwrapped = self.accelerator.unwrap_model(model)
-            with self._probe_context(unwrapped):
+            with self._probe_context(unwrapped), self._probe_precision(unwrapped):
                 weights = token_weights(unwrapped, self.tokenizer, input_ids_BL, attention_mask_BL, mask_BT, adv_B,
                                         self.weighting, spans=spans, generator=self._generator,
                                         any_process=self._any_process, spec=self.method)
@@ -282,7 +336,7 @@ class GRAILTrainer(SharedPromptForward, GRPOTrainer):
         parts = []
         for start in range(0, input_ids_BL.shape[0], size):
             rows = slice(start, start + size)
-            with self._probe_context(model):
+            with self._probe_context(model), self._probe_precision(model):
                 parts.append(token_weights(
                     model, self.tokenizer, input_ids_BL[rows], attention_mask_BL[rows], mask_BT[rows],
                     batch["advantages"][rows], self.weighting, spans=AnswerSpans(*(s[rows] for s in spans)),

@@ -166,7 +166,9 @@ def make_plan(arms: list[Arm], seeds: int, base: dict, out_dir: str | Path, auro
     the comparison it sizes train on different seeds. `auroc_set`: the rows of the saliency AUROC
     (grail.analysis.compare.auroc.AUROC_SETS; None: "task"; recorded only when not "task"); `auroc_methods`: the methods
     measured (None: the default set; recorded when given). `drop_checkpoints`: delete a run's checkpoint-N folders
-    once it has finished (grail.analysis.compare.run.drop_checkpoints; recorded when true)."""
+    once it has finished (grail.analysis.compare.run.drop_checkpoints; recorded when true). `bf16` left unset is
+    resolved here, once, as a run on this machine would resolve it (grail.models.precision), and written into the
+    base values with the reason (`precision`): a comparison resumed on another machine keeps its precision."""
     if seeds < 1:
         raise ValueError(f"--seeds {seeds}: give 1 or more (seeds 0..S-1; 3 or more for an interval worth having).")
     if first_seed < 0:
@@ -183,6 +185,10 @@ def make_plan(arms: list[Arm], seeds: int, base: dict, out_dir: str | Path, auro
             **({"auroc_set": auroc_set} if auroc_set != TASK_SET else {}),
             **({"auroc_methods": list(auroc_methods)} if auroc_methods is not None else {}),
             **({"drop_checkpoints": True} if drop_checkpoints else {})}
+    if base.get("bf16") is None:  # one precision for every run, whichever machine starts or resumes it
+        probe = build_config(run_values(plan, None, first_seed, out_dir))
+        base["bf16"] = bool(probe.bf16)  # the plan holds this dict as its base
+        plan["precision"] = probe.__dict__.get("precision_reason", f"bf16={probe.bf16} as the device resolves it")
     # shared options go to the arms that read them; one that no arm reads would do nothing
     refuse_unread(base, [METHODS[a.method] for a in arms], "the arms' methods",
                   "set it on an arm that reads it (METHOD@{key}=VALUE)")

@@ -4,6 +4,8 @@
     paired     d_s = arm_s − base_s for each seed s both have; the same t-interval over the d_s
     seeds      half-width(S) = t_{0.975, S−1} · sd_d / √S; the S that brings it under d points, and the S that
                gives 80% power at a true difference d: (t_{0.975, S−1} + t_{0.80, S−1}) · sd_d / √S ≤ d
+    t test     the paired t-test's two-sided p: 2 · (1 − F_{S−1}(|mean| / (sd / √S))); it can be as small as the data
+               make it at any S ≥ 2, where the sign-flip p cannot go below 2 / 2^S
     no normal  two checks of the paired differences that do not assume the d_s normal: the sign-flip permutation
                test (under H0 each d_s is as likely −d_s: the two-sided p is the share of the 2^S sign assignments
                whose |mean| reaches the observed one; exact, so with S seeds p ≥ 2 / 2^S: S ≥ 6 to reach 0.05), and
@@ -22,8 +24,8 @@ from dataclasses import dataclass
 
 from grail.evaluation.bootstrap import bootstrap_intervals
 
-__all__ = ["Interval", "LEVEL", "POWER", "bootstrap_interval", "holm", "paired_interval", "seeds_needed",
-           "sign_flip_p", "t_cdf", "t_interval", "t_quantile"]
+__all__ = ["Interval", "LEVEL", "POWER", "bootstrap_interval", "holm", "paired_interval", "rule_attainable",
+           "seeds_needed", "sign_flip_p", "smallest_p", "t_cdf", "t_interval", "t_p", "t_quantile"]
 
 LEVEL = 0.95
 POWER = 0.80
@@ -107,6 +109,36 @@ def t_interval(values: Sequence[float], level: float = LEVEL) -> Interval:
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
     half = t_quantile((1.0 + level) / 2.0, n - 1) * sd / math.sqrt(n)
     return Interval(n, mean, sd, half, mean - half, mean + half, values)
+
+
+def t_p(values: Sequence[float]) -> float | None:
+    """Two-sided p of the one-sample t-test of mean 0 over `values` (the paired t-test of the differences); None for
+    fewer than 2 values; 1.0 for a zero mean, 0.0 for a non-zero mean with no spread."""
+    interval = t_interval(values)
+    if interval.n < 2:
+        return None
+    if interval.mean == 0.0:
+        return 1.0
+    if not interval.sd:
+        return 0.0
+    t = abs(interval.mean) / (interval.sd / math.sqrt(interval.n))
+    return min(1.0, 2.0 * (1.0 - t_cdf(t, interval.n - 1)))
+
+
+def smallest_p(test: str, seeds: int) -> float:
+    """The smallest two-sided p `test` ("t" or "sign_flip") can give over `seeds` paired seeds, whatever the data:
+    0 for the t-test (its statistic is unbounded), 2 / 2^S for the exact sign-flip test."""
+    if test == "t":
+        return 0.0 if seeds >= 2 else 1.0
+    if test == "sign_flip":
+        return 2.0 / 2**seeds
+    raise ValueError(f"test {test!r}: choose 't' or 'sign_flip'.")
+
+
+def rule_attainable(test: str, seeds: int, comparisons: int, alpha: float = 0.05) -> bool:
+    """Whether a rule "Holm-adjusted p of `test` below `alpha`" over `comparisons` tests at `seeds` seeds can be met
+    by any data: Holm multiplies the smallest p by the number of comparisons."""
+    return comparisons * smallest_p(test, seeds) < alpha
 
 
 def paired_interval(base: dict[int, float], other: dict[int, float], level: float = LEVEL) -> Interval:

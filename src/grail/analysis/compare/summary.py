@@ -43,6 +43,7 @@ from grail.analysis.compare.stats import (
     seeds_needed,
     sign_flip_p,
     t_interval,
+    t_p,
     t_quantile,
 )
 from grail.analysis.compare.sweep import Layout, layout
@@ -233,6 +234,9 @@ def arm_stats(table: dict[str, dict[int, float]], arms: list[str], lay: Layout) 
     tested = [arm for arm in paired if paired[arm]["sign_flip_p"] is not None]
     for arm, p in zip(tested, holm([paired[arm]["sign_flip_p"] for arm in tested]), strict=True):
         paired[arm]["holm_p"] = p  # over this metric's arms compared with their references (stats.holm)
+    t_tested = [arm for arm in paired if paired[arm]["t_p"] is not None]
+    for arm, p in zip(t_tested, holm([paired[arm]["t_p"] for arm in t_tested]), strict=True):
+        paired[arm]["t_holm_p"] = p  # the paired t-test's p, adjusted the same way
     return {"per_arm": _per_arm_stats(table, arms), "paired": paired}
 
 
@@ -240,7 +244,7 @@ def paired_stats(base: dict[int, float], other: dict[int, float], reference: str
     """The paired t-interval over seeds and the two checks that do not assume normality (compare.stats)."""
     seeds = sorted(set(base) & set(other))
     differences = [other[s] - base[s] for s in seeds]
-    return {**asdict(paired_interval(base, other)), "seeds": seeds, "reference": reference,
+    return {**asdict(paired_interval(base, other)), "seeds": seeds, "reference": reference, "t_p": t_p(differences),
             "sign_flip_p": sign_flip_p(differences), "bootstrap": bootstrap_interval(differences)}
 
 

@@ -78,7 +78,11 @@ def _robust(stat: dict, scale: float, digits: int, with_holm: bool) -> str:
         return "–"
     holm = f" (Holm {stat['holm_p']:.3g})" if with_holm and stat.get("holm_p") is not None else ""
     interval = "" if boot is None else f", [{scale * boot[0]:+.{digits}f}, {scale * boot[1]:+.{digits}f}]"
-    return f"p = {p:.3g}{holm}{interval}"
+    t = ""
+    if stat.get("t_p") is not None:  # reports rendered before the t-test was added have none
+        t_holm = f" (Holm {stat['t_holm_p']:.3g})" if with_holm and stat.get("t_holm_p") is not None else ""
+        t = f"t-test p = {stat['t_p']:.3g}{t_holm}; "
+    return f"{t}sign-flip p = {p:.3g}{holm}{interval}"
 
 
 def _robust_lines(stats: dict, names: list[str], scale: float, digits: int) -> list[str]:
@@ -91,9 +95,10 @@ def _robust_lines(stats: dict, names: list[str], scale: float, digits: int) -> l
     several = len(paired) > 1
     holm = (f" In brackets, Holm's adjustment of each p over the {len(paired)} arms compared, the p to read when the "
             "question is whether any arm differs." if several else "")
-    return ["", "The same differences without assuming them normal: the exact sign-flip permutation test's "
-            "two-sided p over seeds, and a 95% percentile bootstrap interval of the mean over seeds "
-            f"(with {n} seeds no p can be below {2 / 2**n:.3g}).{holm}", "",
+    return ["", "Tests of the same differences: the paired t-test's two-sided p over seeds, then two checks that do "
+            "not assume the differences normal, the exact sign-flip permutation test's two-sided p (with "
+            f"{n} seeds it cannot be below {2 / 2**n:.3g}) and a 95% percentile bootstrap interval of the mean over "
+            f"seeds.{holm}", "",
             *table(["arm", *names], [[arm, *(_robust(stats[m]["paired"][arm], scale, digits, several)
                                               for m in names)] for arm in paired])]
 
