@@ -416,6 +416,7 @@ def test_step_phases_smoke_times_every_phase_and_counts_the_flops(tmp_path, caps
     assert set(out["ratios"]) == {"none bf16/fp32", "grail bf16/fp32", "grail/none fp32", "grail/none bf16"}
 
 
+@pytest.mark.slow  # a perf script on real sampling; the fidelity functions' own tests are in the default run
 def test_precision_fidelity_compares_each_method_on_the_same_rollouts(warm_cache, tmp_path, capsys):
     import precision_fidelity
 
