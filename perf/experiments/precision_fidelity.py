@@ -5,12 +5,13 @@ Rollouts: prompts of the preset's training split (seeded order), 8 completions e
 (default: `smollm-chains`, SmolLM2 after its 30-step warm start) in fp32 at the run's temperature, rewarded by the
 run's reward, A = r − mean(group) (the preset's dr_grpo, scale_rewards none), until `--groups` groups with mixed
 rewards are found (a group with one reward has A = 0 on every row, and no probe runs on it; at most 10 × `--groups`
-prompts are drawn). `rewards` in the output lists every group drawn, `mixed_groups` how many were kept. Then for every method of the table (`--methods`, default all):
-`grail.methods.weighting.weights_for` with the method's options as a run of the preset resolves them, once in fp32
-and once inside `torch.autocast("cpu", torch.bfloat16)` (the generator reseeded alike, so `random` draws the same
-permutations), and `grail.analysis.fidelity.weight_fidelity` of the pair: per-row Spearman over the real tokens
-(median and worst of the rows whose weights are not constant), the share of live tokens whose Â = w · A changes sign,
-and the largest weight difference; with each side's seconds.
+prompts are drawn). `rewards` in the output lists every group drawn, `mixed_groups` how many were kept. Then for
+every method of the table (`--methods`, default all): `grail.methods.weighting.weights_for` with the method's
+options as a run of the preset resolves them, once in fp32 and once inside `torch.autocast("cpu", torch.bfloat16)`
+(the generator reseeded alike, so `random` draws the same permutations), and
+`grail.analysis.fidelity.weight_fidelity` of the pair: per-row Spearman over the real tokens (median and worst of
+the rows whose weights are not constant), the share of live tokens whose Â = w · A changes sign, and the largest
+weight difference; with each side's seconds.
 
     python perf/experiments/precision_fidelity.py --groups 4 --out fidelity.json
 Prints one JSON object. Its figures do not depend on whether the CPU computes bf16 natively (the rounding is the

@@ -155,7 +155,7 @@ class _Model:
         self.path = resolve_model(model)
         self.tokenizer = AutoTokenizer.from_pretrained(self.path)
         self.name, self.batch_size, self._sampler = backend, batch_size, None
-        self.dtype = _cpu_dtype(model, bf16)
+        self.model_name, self.bf16 = model, bf16
 
     def generate(self, prompts, params, seed):
         from grail.options.sampling import HFSampler, VLLMSampler
@@ -165,7 +165,8 @@ class _Model:
         elif self._sampler is None:
             from grail.models.warmstart import load_inference_model
 
-            self._sampler = HFSampler(load_inference_model(self.path, dtype=self.dtype), self.tokenizer,
+            dtype = _cpu_dtype(self.model_name, self.bf16)  # chosen with the weights' loading, not before
+            self._sampler = HFSampler(load_inference_model(self.path, dtype=dtype), self.tokenizer,
                                       batch_size=self.batch_size)
         return self._sampler.generate(prompts, params, seed)
 

@@ -58,9 +58,9 @@ from grail.methods.spans import AnswerSpans
 from grail.methods.spec import TokenWeights
 from grail.methods.weight_metrics import WeightSums, pooled_metrics
 from grail.methods.weighting import batch_spans, fused_signal, probe_rows, token_weights, weights_from_signal
+from grail.models.precision import FP32_PROBES, check_cpu_master_weights
 from grail.training import paths
 from grail.training.engines import dropped_engine, refuse_if_unshardable, sharded_by
-from grail.models.precision import FP32_PROBES, check_cpu_master_weights
 from grail.training.resume import load_generator, save_generator
 from grail.training.shared_prompt import SharedPromptForward
 
@@ -107,8 +107,9 @@ class GRAILTrainer(SharedPromptForward, GRPOTrainer):
         self._generator = torch.Generator(device=device).manual_seed(self.args.seed + self.accelerator.process_index)
         self.weight_sums = WeightSums(self.weighting.weight_min, self.weighting.weight_max,
                                       count_clips=self.weighting.weight_rescale != "none")
-        # CPU bf16: a method whose weights do not hold in bf16 is probed separately, in fp32 (precision.FP32_PROBES)
-        self.fp32_probe = bool(self.args.bf16 and device.type == "cpu" and self.method.name in FP32_PROBES)
+        self.cpu_bf16 = bool(self.args.bf16 and device.type == "cpu")  # autocast over fp32 weights (`_cast_once`)
+        # a method whose weights do not hold in bf16 is probed separately, in fp32 (precision.FP32_PROBES)
+        self.fp32_probe = self.cpu_bf16 and self.method.name in FP32_PROBES
         self.fused_unavailable = self._fused_unavailable_reason()
         paths.check_fused_request(self.args.saliency_path, self.fused_unavailable)
         self.last_token_weights: TokenWeights | None = None  # the latest micro-batch's weights (inspection, tests)
@@ -149,7 +150,7 @@ class GRAILTrainer(SharedPromptForward, GRPOTrainer):
         own regions open and close around every model call, and each closing empties the cache, so without this
         generation would re-cast every weight at every new token. Backward still reaches the fp32 weights through
         the cached casts (tests/test_precision.py). A no-op in fp32 and on GPUs (their path is unchanged)."""
-        if self.args.bf16 and self.accelerator.device.type == "cpu":
+        if self.cpu_bf16:
             with self.accelerator.autocast():
                 yield
         else:

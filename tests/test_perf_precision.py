@@ -1,0 +1,40 @@
+"""The CPU-precision perf scripts run end to end: perf/benchmarks/step_phases.py in --smoke mode (both precisions on the
+tiny model) and perf/experiments/precision_fidelity.py on the session's warm start."""
+
+import json
+
+import pytest
+
+
+def test_step_phases_smoke_times_every_phase_and_counts_the_flops(tmp_path, capsys):
+    """Both precisions on the tiny model: each phase timed in every timed step, the counted step's FLOPs where the
+    model computes (generation, loss forward, backward), and the ratios printed from the same run."""
+    import step_phases
+
+    out = step_phases.main(["--smoke", "--json", str(tmp_path / "phases.json")])
+    assert json.loads((tmp_path / "phases.json").read_text()) == out
+    assert set(out["results"]) == {"none/fp32", "none/bf16", "grail/fp32", "grail/bf16"}
+    for key, result in out["results"].items():
+        phases = result["phases"]
+        assert set(phases) == set(step_phases.PHASES)
+        assert all(phase["gflop"] > 0 for name, phase in phases.items() if name in ("generation", "loss forward",
+                                                                                   "backward")), key
+        total = sum(phase["seconds_median"] for phase in phases.values())
+        assert total == pytest.approx(result["step_s_median"], rel=1e-6)  # "other" is the remainder
+        assert result["parameter_dtypes"] == ["torch.float32"]  # bf16 too: fp32 master weights
+    peak = out["matmul_peak_gflops"]
+    assert peak["fp32"] > 0 and peak["bf16"] > 0
+    assert set(out["ratios"]) == {"none bf16/fp32", "grail bf16/fp32", "grail/none fp32", "grail/none bf16"}
+
+
+@pytest.mark.slow  # a perf script on real sampling; the fidelity functions' own tests are in the default run
+def test_precision_fidelity_compares_each_method_on_the_same_rollouts(warm_cache, tmp_path, capsys):
+    import precision_fidelity
+
+    out = precision_fidelity.main(["--preset", "tiny-cpu", "--model", str(warm_cache[1]), "--groups", "2",
+                                   "--methods", "none,oar_g", "--out", str(tmp_path / "f.json")])
+    assert json.loads((tmp_path / "f.json").read_text()) == out
+    assert out["mixed_groups"] == 2 and all(len(r) == out["group_size"] for r in out["rewards"])
+    uniform, probed = out["methods"]["none"], out["methods"]["oar_g"]
+    assert uniform["rows"] == 0 and uniform["sign_changed_share"] == 0.0  # w = 1 on both sides: nothing to rank
+    assert probed["bf16_seconds"] > 0 and probed["max_abs_weight_diff"] > 0  # bf16 really ran: its rounding shows
