@@ -1,4 +1,4 @@
-"""Our gradient attributions against captum's, a maintained attribution library (issue 45: "where one computes a
+"""Our gradient attributions against captum's, a maintained attribution library ("where one computes a
 candidate, use it or test yours against it"): GRAIL's saliency ‖∂ℓ/∂e ⊙ e‖ is the norm over the features of captum's
 LayerGradientXActivation on the embedding layer, and ig_patch's integrated gradients (midpoint rule, K steps, the
 reasoning moved towards the pad) are minus captum's LayerIntegratedGradients from the pad-substituted baseline

@@ -9,10 +9,10 @@ import math
 import statistics
 
 import pytest
+from scipy.stats import t as student_t
 
 from grail.analysis.compare.pairs import paired_arms, with_holm
 from grail.analysis.compare.planning import pilot_seeds
-from grail.analysis.compare.stats import t_quantile
 from grail.cli import main
 
 METRIC = "sampled/synthetic/acc@4"
@@ -31,7 +31,7 @@ def test_the_difference_is_taken_seed_by_seed_over_the_seeds_both_arms_finished(
     out = paired_arms(_report({"grail": grail, "random": random}), "grail", "random",
                                                       METRIC)
     d = [grail[s] - random[s] for s in range(6)]
-    half = t_quantile(0.975, 5) * statistics.stdev(d) / math.sqrt(6)
+    half = student_t.ppf(0.975, 5) * statistics.stdev(d) / math.sqrt(6)
     assert out["seeds"] == list(range(6)) and out["n"] == 6
     assert out["mean"] == pytest.approx(statistics.mean(d))
     assert (out["low"], out["high"]) == pytest.approx((statistics.mean(d) - half, statistics.mean(d) + half))
@@ -99,7 +99,7 @@ def _pilot_report(differences, scale=1.0, arm="grail"):
 
 def _by_hand(sd, target, least):
     s = 2
-    while t_quantile(0.975, s - 1) * sd / math.sqrt(s) > target:
+    while student_t.ppf(0.975, s - 1) * sd / math.sqrt(s) > target:
         s += 1
     return max(s, least)
 

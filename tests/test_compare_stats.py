@@ -1,11 +1,15 @@
-"""grail compare's statistics over seeds (grail.analysis.compare.stats, pure Python): the Student t quantile against
-its closed forms, the t-interval and the seeds-needed count by hand, the sign-flip permutation p by hand and against
-the whole enumeration, the bootstrap interval's bounds. The report's use of them is in tests/test_compare.py."""
+"""grail compare's statistics over seeds (grail.analysis.compare.stats, on scipy.stats): the Student t quantile
+against its closed forms, the t-interval and the t-test's p by hand and against scipy's paired t-test, the
+seeds-needed count by its definition, the sign-flip permutation p by hand, against the whole enumeration and against
+scipy's exact permutation test, the bootstrap interval's bounds. The report's use of them: tests/test_compare.py."""
 
 import math
+import random
 import statistics
 
+import numpy as np
 import pytest
+from scipy import stats as scipy_stats
 
 from grail.analysis.compare.stats import (
     bootstrap_interval,
@@ -14,7 +18,6 @@ from grail.analysis.compare.stats import (
     seeds_needed,
     sign_flip_p,
     smallest_p,
-    t_cdf,
     t_interval,
     t_p,
     t_quantile,
@@ -28,8 +31,9 @@ def test_t_quantile_matches_the_closed_forms(p):
     normal = statistics.NormalDist().inv_cdf(p)
     assert t_quantile(p, 1e7) == pytest.approx(normal, rel=1e-5)  # t → normal as df → ∞
     assert t_quantile(1 - p, 7) == pytest.approx(-t_quantile(p, 7))
-    assert t_cdf(t_quantile(p, 4.5), 4.5) == pytest.approx(p, abs=1e-12)
     assert t_quantile(0.975, 4) == pytest.approx(2.776, abs=5e-4)  # the textbook table's 4 degrees of freedom
+    with pytest.raises(ValueError, match="0 < p < 1 and df > 0"):
+        t_quantile(1.0, 4)
 
 
 def test_t_interval_by_hand_and_without_a_spread():
@@ -39,6 +43,19 @@ def test_t_interval_by_hand_and_without_a_spread():
     assert got.half_width == pytest.approx(0.95 / math.sqrt(2 * 0.975 * 0.025) / math.sqrt(3))
     one = t_interval([0.7])
     assert one.mean == 0.7 and one.sd is None and one.half_width is None and one.low is None
+
+
+def test_the_t_interval_and_t_test_are_scipy_s_paired_t_test():
+    rng = random.Random(5)
+    for n in (2, 3, 6, 13, 30):
+        base = [rng.uniform(0.2, 0.6) for _ in range(n)]
+        other = [b + rng.gauss(0.02, 0.05) for b in base]
+        d = [o - b for o, b in zip(other, base, strict=True)]
+        scipy_test = scipy_stats.ttest_rel(other, base)
+        assert t_p(d) == pytest.approx(scipy_test.pvalue, rel=1e-12)
+        got, ci = t_interval(d, level=0.9), scipy_test.confidence_interval(0.9)
+        assert (got.low, got.high) == pytest.approx((ci.low, ci.high), rel=1e-12, abs=1e-15)
+        assert got.sd == pytest.approx(np.std(d, ddof=1), rel=1e-12)
 
 
 @pytest.mark.parametrize("sd, d, power", [(4.0, 1.0, None), (4.0, 2.0, None), (4.0, 2.0, 0.8), (0.5, 5.0, 0.8)])
@@ -59,14 +76,10 @@ def test_sign_flip_p_counts_the_sign_assignments_by_hand():
     # 3, 1, 1: sums 5, 3, 3, 1 and their negatives; |sum| >= 5 for 2 of 8
     assert sign_flip_p([3.0, 1.0, 1.0]) == pytest.approx(2 / 8)
     assert sign_flip_p([]) is None
-    # beyond the exact range, the random assignments agree with the exact count
-    d = [0.3, -0.1, 0.5, 0.2, 0.4, -0.2, 0.1, 0.6]
-    assert sign_flip_p(d, exact_up_to=4, draws=40_000) == pytest.approx(sign_flip_p(d), abs=0.01)
 
 
 def test_sign_flip_p_meets_in_the_middle_as_the_whole_enumeration_counts():
     import itertools
-    import random
 
     def brute(d):
         observed = abs(sum(d)) - 1e-12 * (1.0 + sum(abs(v) for v in d))
@@ -81,6 +94,32 @@ def test_sign_flip_p_meets_in_the_middle_as_the_whole_enumeration_counts():
         for d in (ties, smooth, [0.0] * n):
             assert sign_flip_p(d) == pytest.approx(brute(d), abs=1e-12), d
     assert 0.0 < sign_flip_p([rng.gauss(1.0, 1.0) for _ in range(30)]) < 0.05  # 2^30 assignments, counted exactly
+
+
+def _scipy_sign_flip(d):
+    """scipy's exact sign-flip test: one sample, `samples` permutations flip each value's sign, all 2^n of them."""
+    return scipy_stats.permutation_test((np.array(d),), lambda x, axis: np.mean(x, axis=axis), vectorized=True,
+                                        permutation_type="samples", n_resamples=np.inf).pvalue
+
+
+def test_sign_flip_p_is_scipy_s_exact_permutation_test():
+    rng = random.Random(7)
+    for n in range(2, 13):  # scipy takes two or more
+        ties = [100 * rng.randint(-6, 9) / 256 for _ in range(n)]  # accuracy-like: multiples of 100/256 points
+        smooth = [rng.gauss(0.3, 1.0) for _ in range(n)]
+        for d in (ties, smooth, [0.0] * n, [1.0] * n):
+            assert sign_flip_p(d) == pytest.approx(_scipy_sign_flip(d), abs=1e-12), d
+    # beyond the exact range: scipy's random assignments, which agree with the exact count
+    d = [rng.gauss(0.3, 1.0) for _ in range(14)]
+    assert sign_flip_p(d, exact_up_to=10, draws=40_000) == pytest.approx(sign_flip_p(d), abs=0.01)
+
+
+@pytest.mark.parametrize("seeds", [2, 5, 6, 9])
+def test_the_smallest_p_is_what_scipy_gives_the_most_extreme_data(seeds):
+    # every difference positive: the sign-flip floor 2 / 2^S; a tiny spread about a mean: a t-test p below any floor
+    assert smallest_p("sign_flip", seeds) == pytest.approx(_scipy_sign_flip(list(range(1, seeds + 1))), rel=1e-12)
+    extreme = [1.0 + 1e-6 * k for k in range(seeds)]
+    assert scipy_stats.ttest_1samp(extreme, 0.0).pvalue < 1e-6 and smallest_p("t", seeds) == 0.0
 
 
 def test_bootstrap_interval_brackets_the_mean_and_is_reproducible():

@@ -1,4 +1,4 @@
-"""Issue 45's credit candidates outside the gradient family (perf/experiments/credit_candidates/): answer_attention
+"""The screened credit candidates outside the gradient family (perf/experiments/credit_candidates/): answer_attention
 and teacher_ratio, on tiny models built here (a 2-layer Qwen3; for the attention also a Gemma 3 with sliding windows).
 Each passes `grail.check_method`; each signal is checked against a reference computed another way (transformers' own
 eager attention weights; separate unpadded forwards of the text with and without the hint), and against a control

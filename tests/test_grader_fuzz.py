@@ -1,4 +1,4 @@
-"""The grader under attack (issue 11, section 2): adversarial and generated answers never hang, crash, write a file
+"""The grader under attack: adversarial and generated answers never hang, crash, write a file
 or grade a perturbed correct answer as correct, through the evaluation path (GradingPool) and the training reward.
 
 The default suite runs 120 generated items (the mix is built to hit the timeouts; its power towers, huge factorials

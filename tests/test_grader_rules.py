@@ -1,4 +1,4 @@
-"""The grader's soundness rules of issue 11 section 4 that are decisions, not math-verify's behaviour: what a comma
+"""The grader's soundness rules that are decisions, not math-verify's behaviour: what a comma
 means, the release's last-box rule against the opt-in all-boxes rule, and how references are read (partial parses,
 text fallbacks)."""
 

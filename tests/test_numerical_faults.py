@@ -1,4 +1,4 @@
-"""Numerical faults during training (issue 11, section 5): non-finite logits in some rows of a probe's forward, and a
+"""Numerical faults during training: non-finite logits in some rows of a probe's forward, and a
 leaf the answer does not depend on (zero gradient). The weights fall back to uniform on exactly those rows, the
 fallback is counted (`weights/fallback_rows`), the loss and gradients stay finite, and training goes on."""
 

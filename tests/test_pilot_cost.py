@@ -30,7 +30,7 @@ def test_a_pilot_without_grpo_is_refused():
 
 
 def test_the_probe_floor_is_not_measured_with_a_shared_prompt():
-    """step_overhead.py with `--set shared_prompt=true` (the chain preset's, as issue 46's runs train): the loss
+    """step_overhead.py with `--set shared_prompt=true` (the chain preset's, as the regime's runs train): the loss
     forward runs the leaf module twice, so the floor (one forward of whole rows) says it has none, before any work."""
     from types import SimpleNamespace
 

@@ -10,10 +10,11 @@ A page asks for generated content with a marker line, which `on_page_markdown` r
     <!-- grail:layers -->                                            LAYERS of tests/test_layers.py, the folders
     <!-- grail:modules [layers="L1,L2"] -->                          every module (of those layers), from its docstring
     <!-- grail:scripts -->                                           perf/README.md's index of the scripts, by folder
+    <!-- grail:trl-options -->                                       the TRL option matrix (grail.options.trl_matrix)
 
-Only light imports: `grail.options.fields` and `grail.cli` load neither torch nor TRL (tests/test_layers.py checks it),
-and the layer table is read from the test file with `ast`, never imported. `generated(name, **args)` is what
-tests/test_docs.py calls to measure the generated pages.
+Only light imports: `grail.options.fields`, `grail.options.trl_matrix` and `grail.cli` load neither torch nor TRL
+(tests/test_layers.py checks it), and the layer table is read from the test file with `ast`, never imported.
+`generated(name, **args)` is what tests/test_docs.py calls to measure the generated pages.
 """
 
 from __future__ import annotations
@@ -187,6 +188,22 @@ def presets() -> str:
     return "\n".join(out)
 
 
+# ----------------------------------------------------------------------------------------------- TRL options
+
+def trl_options() -> str:
+    """The TRL option matrix (`grail.options.trl_matrix.TRL_OPTIONS`): each option, supported or refused, and why."""
+    from grail.options.trl_matrix import TRL_OPTIONS
+
+    tested = {"loss": "loss and gradients", "rollout": "the rollout", "seam": "TRL's source"}
+    out = ["| option | setting tested | grail-rl | what it does to Â = w · A | formula from | checked on |",
+           "|---|---|---|---|---|---|"]
+    for row in TRL_OPTIONS:
+        setting = ", ".join(f"{name}={value!r}" for name, value in row.setting.items())
+        out.append(f"| {escape(row.name)} | {code_span(setting)} | **{row.support}** | {escape(row.why)} | "
+                   f"{escape(row.source)} | {tested[row.tested]} |")
+    return "\n".join(out)
+
+
 # ----------------------------------------------------------------------------------------------- layers
 
 def _layers() -> tuple[dict[str, str], set[tuple[str, str]]]:
@@ -264,7 +281,7 @@ def scripts() -> str:
 # ----------------------------------------------------------------------------------------------- the hook
 
 GENERATORS = {"config-fields": config_fields, "cli": cli, "presets": presets, "layers": layers, "modules": modules,
-              "scripts": scripts, "methods": methods, "method-contract": method_contract}
+              "scripts": scripts, "methods": methods, "method-contract": method_contract, "trl-options": trl_options}
 
 
 def generated(name: str, **args: str) -> str:

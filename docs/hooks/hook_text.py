@@ -1,4 +1,4 @@
-"""Text helpers of the docs hooks (generate.py, method_pages.py): Markdown-safe prose and code spans for generated
+"""Text functions of the docs hooks (generate.py, method_pages.py): Markdown-safe prose and code spans for generated
 tables, and a docstring's first sentence."""
 
 from __future__ import annotations

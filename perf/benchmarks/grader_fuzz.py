@@ -31,7 +31,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-TARGET_ITEMS_PER_S = 50  # issue 21: the evaluation path on this mix, 2 grading processes
+TARGET_ITEMS_PER_S = 50  # the target of the evaluation path on this mix, 2 grading processes
 NASTY = [
     "9^{9^{9^{9}}}", "1000000!", "10^{10^{10^{10}}}", "(10^{100})!", "\\frac{1}{0}", "0^0", "\\infty-\\infty",
     "{" * 200 + "1" + "}" * 200, "{" * 50, "}" * 50, "\\boxed{", "\\boxed{1", "\\boxed{}", "\\boxed{\\boxed{2}}",

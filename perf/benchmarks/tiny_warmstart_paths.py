@@ -1,6 +1,6 @@
 """The tiny model's warm start two ways, side by side in one process: the hand-written loop that `grail demo` runs on
 a cache miss (grail.models.warmstart.train_warm_start, "loop") and the same recipe through TRL's SFTTrainer, the path
-`grail sft` takes for real models ("sft_trainer"). It answers the issue "the tiny warm start should go through TRL's
+`grail sft` takes for real models ("sft_trainer"). It answers whether "the tiny warm start should go through TRL's
 SFTTrainer if that costs the demo no more than 10 % of its time"; it changes nothing in the demo.
 
 What is measured: one call of each way from nothing to a saved checkpoint, with the demo's warm-start settings
@@ -31,7 +31,7 @@ turned off). Where the TRL way departs from the loop's recipe:
 Prints one JSON object on stdout (progress on stderr): seconds per round and their medians per way, the ratio of the
 medians (sft_trainer / loop) and the extra seconds, `same_layout`, the losses, torch's threads, with `--accuracy` the
 accuracies, and with `--demo-seconds S` (the demo's wall time, measured by you on the same machine with an empty
-cache) the extra seconds as a share of S and whether that share is within the issue's 10 %.
+cache) the extra seconds as a share of S and whether that share is within the 10 % allowed.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ISSUE_BAR = 0.10  # the issue's bound on the extra time, as a share of the demo's
+ISSUE_BAR = 0.10  # the bound on the extra time, as a share of the demo's
 LOSS_TRACES = 256  # training traces the final losses are measured on
 
 

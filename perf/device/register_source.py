@@ -1,9 +1,10 @@
 """Make a source tree on PYTHONPATH look installed to importlib.metadata: write a dist-info for grail-rl into SITE.
 
-A lent GPU machine runs grail-rl from the working tree (`PYTHONPATH=/tmp/site:$PWD/src`), which has no installed
-metadata, so entry points are not found: the plug-in methods of pyproject.toml (`grail_over_surprise` among them)
-would be missing from the method table. This writes `SITE/grail_rl-VERSION.dist-info/` with METADATA and
-entry_points.txt taken from pyproject.toml, as `pip install` would.
+A GPU machine without internet access runs grail-rl from the working tree (`PYTHONPATH=/tmp/site:$PWD/src`), which
+has no installed metadata, so entry points are not found: the plug-in methods of pyproject.toml
+(`grail_over_surprise` among them) would be missing from the method table. This writes
+`SITE/grail_rl-VERSION.dist-info/` with METADATA and entry_points.txt taken from pyproject.toml, as `pip install`
+would.
 
     python3 perf/device/register_source.py /tmp/site [pyproject.toml]
 """

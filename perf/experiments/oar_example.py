@@ -1,4 +1,4 @@
-"""OAR-P's importances on one finished answer, before and after the fix of issue 8.10 (docs/methods/oar_p.md).
+"""OAR-P's importances on one finished answer, before and after the fix of its P_final (docs/methods/oar_p.md).
 
 Before: P_final = the next-token distribution after the last token (`last_position`), KL formed in float32.
 After: P_final = softmax of the mean logits over the positions predicting the answer box (`answer_mean`, the

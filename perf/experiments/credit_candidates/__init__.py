@@ -1,5 +1,5 @@
-"""Credit-signal candidates of issue 45, as method plug-ins for screening (not shipped methods): each module holds one
-`MethodSpec` (SPEC) registered through the public API (`grail.register_method`). The screen's choice,
+"""Credit-signal candidates, as method plug-ins for the screen of credit signals (not shipped methods): each module
+holds one `MethodSpec` (SPEC) registered through the public API (`grail.register_method`). The screen's choice,
 `grail_over_surprise`, is not here: it ships with grail-rl (grail.methods.signals).
 
     from credit_candidates import CANDIDATES, register_candidates

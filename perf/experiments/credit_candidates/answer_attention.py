@@ -1,4 +1,4 @@
-"""Candidate credit signal (issue 45): the attention the answer span pays to each completion token.
+"""Candidate credit signal (screened): the attention the answer span pays to each completion token.
 
 Signal, per row and completion token t (at the token's own position S + t, OAR's reading):
 
@@ -160,7 +160,7 @@ SPEC = MethodSpec(
     cost="one no-grad forward with eager attention (sdpa returns no weights): one layer's (rows, heads, L, L) "
          "weights alive at a time, the unfused attention's time",
     reference="attention as explanation: Abnar & Zuidema 2020 (arXiv 2005.00928, raw attention); Kobayashi et al. "
-              "2020 (arXiv 2004.10102, value norms); issue 45 candidate",
+              "2020 (arXiv 2004.10102, value norms); a screened candidate",
     open_choices=("Raw attention (or attention × value norm) averaged over heads and layers, not attention rollout "
                   "(Abnar & Zuidema), which multiplies the layers' attention matrices: the cheapest members of the "
                   "family.",),

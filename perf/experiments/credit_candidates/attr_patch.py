@@ -4,7 +4,7 @@ OAR-P replaces each scored token y_t by the pad token and measures how far the a
 per token). Here the change of the answer's log-probability log π(answer | ·) under that same substitution is
 linearised at the clean input: Δ_t = ∇_{e_t} log π(answer) · (e_pad − e_t), read at the token's own embedding e_t
 (where OAR-P substitutes), for every completion token from one forward and one backward. OAR's KL cannot be
-linearised this way: it is minimal (0) at the clean input, so its gradient there is 0 (the issue's note); the
+linearised this way: it is minimal (0) at the clean input, so its gradient there is 0 (hence this form); the
 answer's log-probability has a non-zero gradient.
 
 Signal (`attr_patch_signal`): `magnitude` |Δ_t| (default: a token whose removal moves the answer either way

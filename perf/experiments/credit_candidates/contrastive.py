@@ -145,5 +145,5 @@ SPEC = MethodSpec(
             "OAR's bi-level reshaping. Rows without a different answer in the group fall back to log π(answer).",
     cost="one forward and one backward to the embeddings on about twice the rows (each row and its forced copy up to "
          "the box's end); weights at rollout time on the whole batch (groups)",
-    reference="issue 45 (candidate)",
+    reference="grail-rl (a screened candidate)",
 )

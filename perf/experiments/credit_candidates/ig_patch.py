@@ -74,5 +74,5 @@ SPEC = MethodSpec(
     title="Integrated gradients of log π(answer) from the clean to the pad-substituted reasoning, in K steps",
     summary="(1/K) Σ_k ∇_{e_t} log π(answer)(e + α_k m ⊙ (e_pad − e)) · (e_pad − e_t), OAR's bi-level reshaping.",
     cost="K forwards and K backwards to the embeddings (K = ig_patch_steps, 2 by default) on the rows it reweights",
-    reference="Sundararajan et al. 2017 (integrated gradients); issue 45 (candidate)",
+    reference="Sundararajan et al. 2017 (integrated gradients); a screened candidate",
 )

@@ -1,4 +1,4 @@
-"""Candidate credit signal (issue 45): the policy as its own self-distillation teacher, told the answer.
+"""Candidate credit signal (screened): the policy as its own self-distillation teacher, told the answer.
 
 Signal, per row and completion token t (read at the position that predicts t, where log-probs live):
 
@@ -177,7 +177,7 @@ SPEC = MethodSpec(
     cost="once per rollout batch (weights_from='rollout_policy', as it reads whole groups): two no-grad forwards on "
          "every row with A ≠ 0 whose group has a correct row (the student's repeats TRL's old log-probs; the "
          "teacher's is longer by the hint), logits only at the completion, and a decode per row",
-    reference="self-distillation with privileged information (answer-conditioned teacher), issue 45 candidate",
+    reference="self-distillation with privileged information (answer-conditioned teacher), a screened candidate",
     open_choices=("The hint is the group's best correct completion's last box, not the dataset's reference answer, "
                   "which probes cannot see.",
                   "The hint goes after the prompt (the assistant's turn), not inside the user message.",

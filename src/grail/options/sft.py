@@ -35,7 +35,7 @@ _NOT_IN_KEY = ("cache_dir", "sft_save_steps", "sft_logging_steps")
 @dataclass(frozen=True)
 class SFTFields:
     """How the base model is fine-tuned on the chain task's worked solutions (TRL's SFTTrainer, loss on the solution
-    tokens only). Values are untuned starting points: a measuring session sets the length and learning rate per model.
+    tokens only). Values are untuned starting points: a measurement sets the length and learning rate per model.
     """
 
     base_model: str = field(

@@ -25,6 +25,7 @@ from trl import GRPOConfig
 
 from grail.methods.spec import SCOPED_OPTIONS, MethodSpec
 from grail.methods.table import ResolvedMethod, check_combination, method_spec, own_options, unread_options
+from grail.options import trl_matrix
 from grail.options.choices import WEIGHTING_FIELDS, WeightingOptions
 from grail.options.fields import SFT_MODEL_PREFIX, TINY_MODEL, GRAILFields
 from grail.options.sft import parse_sft_model
@@ -133,6 +134,10 @@ class GRAILConfig(GRPOConfig, GRAILFields):
                                  {name: defaults[name] for name in SCOPED_OPTIONS})
         if problem:
             raise ValueError(problem)
+        problem = trl_matrix.refusal({"loss_type": self.loss_type,
+                                      "importance_sampling_level": self.importance_sampling_level}, spec.name)
+        if problem:
+            raise ValueError(f"{problem}.")
         check_combination(spec, options, self)
         self._resolved = ResolvedMethod(spec, options)
 

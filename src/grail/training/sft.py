@@ -72,7 +72,7 @@ def sft_dataset(chain_set: ChainSet, tokenizer) -> tuple[Dataset, PromptFormat]:
 
 class _Progress(TrainerCallback):
     """One line per logging step and after a new run's first step (a real model's first ten can take minutes): the
-    step, the loss, the time spent and left (from this session's pace)."""
+    step, the loss, the time spent and left (from this run's pace)."""
 
     def __init__(self, log: Log):
         self.log, self.start, self.first = log, 0.0, 0

@@ -1,4 +1,4 @@
-"""Stopping a run cleanly on a signal, for machines whose time runs out (a batch job's wall-time limit, a session
+"""Stopping a run cleanly on a signal, for machines whose time runs out (a batch job's wall-time limit, an allocation
 that ends, a preemptible node).
 
 SIGUSR1 or SIGTERM while the run trains asks for a stop at the end of the current optimiser step: the trainer saves

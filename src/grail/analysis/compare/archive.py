@@ -9,7 +9,7 @@ model weights and optimiser state (final/, checkpoint-N/, and any *.safetensors,
 locks and half-written temporaries, and runs that have not finished (their checkpoints are the weights; from DEST
 they start over). A finished run already in DEST is replaced by DIR's copy, unless no file of it has changed since
 it was archived (same names, sizes and modification times: copies keep their times), when it is left as it is;
-DEST's other runs stay, so that archiving into the same DEST after every session accumulates the finished runs.
+DEST's other runs stay, so that archiving into the same DEST after every stop accumulates the finished runs.
 
 `grail compare ... --archive-each DEST` does the same while the comparison runs: once its plan is written, after
 each run finishes and with the final report (a failed copy is logged and the runs go on). The comparison keeps DEST

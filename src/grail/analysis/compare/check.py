@@ -8,10 +8,12 @@ section names the commits that trained the runs; render with the same one to tel
 comparison lies is not part of it: each run's `run_dir` in report.json is compared from its `runs/` folder on, so a
 copy, an unpacked archive or a moved folder checks the same.
 
-Another machine's numpy may sum in another order: the same report rendered there can differ in a float's last
-digits (seen: a comparison rendered on a GPU machine and checked on a CPU one, relative differences about 1e-15).
-Numbers within ROUNDING (relative) of each other, with everything else equal, are the same report; the check says so
-and gives the largest relative difference. report.md, whose numbers are rounded for reading, must match exactly."""
+Another machine's or another version's numerical libraries may sum in another order or compute a function more
+exactly: the same report rendered with them can differ in a float's last digits (seen: a comparison rendered on a GPU
+machine and checked on a CPU one, relative differences about 1e-15; the Student t quantile taken from scipy instead
+of grail-rl's own, up to 4e-12). Numbers within ROUNDING (relative) of each other, with everything else equal, are the
+same report; the check says so and gives the largest relative difference. report.md, whose numbers are rounded for
+reading, must match exactly."""
 
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from grail.analysis.compare.run import Log
 __all__ = ["check_report"]
 
 SHOWN_LINES = 20  # of report.md's diff
-ROUNDING = 1e-9  # the relative difference between two floats that counts as another machine's rounding
+ROUNDING = 1e-9  # the relative difference between two floats that counts as rounding (module docstring)
 SMALL = 1e-3  # below this size a difference is measured against SMALL (a sum that is 0 here and 1e-17 there)
 
 
@@ -57,7 +59,8 @@ def check_report(plan: dict, out_dir: str | Path, jobs: int, log: Log = print,
         log("compare: report.json the same")
     elif all(r is not None and r <= ROUNDING for r in rounded):
         log(f"compare: report.json the same to rounding (its floats differ in the last digits in {', '.join(keys)}; "
-            f"largest relative difference {max(rounded):.1e}: as when another machine's numpy sums in another order)")
+            f"largest relative difference {max(rounded):.1e}: differences at rounding level, as another machine's or "
+            f"version's numerical libraries give)")
         keys = []
     else:
         keys = [k for k, r in zip(keys, rounded, strict=True) if r is None or r > ROUNDING]

@@ -1,11 +1,13 @@
-"""Statistics over training seeds for `grail compare` (pure Python: no SciPy, no torch).
+"""Statistics over training seeds for `grail compare`, on scipy.stats (its Student t, `ttest_1samp`, and
+`permutation_test` beyond the exact range).
 
     per arm    mean over seeds ± t_{0.975, S−1} · sd / √S   (Student t-interval over the S per-seed values)
     paired     d_s = arm_s − base_s for each seed s both have; the same t-interval over the d_s
     seeds      half-width(S) = t_{0.975, S−1} · sd_d / √S; the S that brings it under d points, and the S that
                gives 80% power at a true difference d: (t_{0.975, S−1} + t_{0.80, S−1}) · sd_d / √S ≤ d
-    t test     the paired t-test's two-sided p: 2 · (1 − F_{S−1}(|mean| / (sd / √S))); it can be as small as the data
-               make it at any S ≥ 2, where the sign-flip p cannot go below 2 / 2^S
+    t test     the paired t-test's two-sided p (scipy.stats.ttest_1samp of the d_s, the same as ttest_rel of the
+               two arms); it can be as small as the data make it at any S ≥ 2, where the sign-flip p cannot go below
+               2 / 2^S
     no normal  two checks of the paired differences that do not assume the d_s normal: the sign-flip permutation
                test (under H0 each d_s is as likely −d_s: the two-sided p is the share of the 2^S sign assignments
                whose |mean| reaches the observed one; exact, so with S seeds p ≥ 2 / 2^S: S ≥ 6 to reach 0.05), and
@@ -14,7 +16,11 @@
                p₍ᵢ₎ = max over j ≤ i of min(1, (m − j + 1) · p₍ⱼ₎); rejecting where it is below α keeps the chance of
                any false rejection among the m below α, without assuming them independent
 
-The Student t quantile is computed here (regularised incomplete beta, bisection)."""
+What is computed here rather than by scipy: the exact sign-flip count up to 30 seeds by meeting in the middle
+(scipy's exact `permutation_test` enumerates all 2^S assignments: 2^30 at 30 seeds), Holm's adjustment (not in
+scipy.stats), the smallest p a test can give (`smallest_p`, `rule_attainable`), and the bootstrap, which is
+grail-rl's own so that compare and evaluation draw alike. The t-interval's mean and sd are summed here in Python,
+in the order the committed reports were rendered in, so that they render again to the last digit."""
 
 from __future__ import annotations
 
@@ -22,66 +28,22 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from scipy import stats as scipy_stats
+
 from grail.evaluation.bootstrap import bootstrap_intervals
 
 __all__ = ["Interval", "LEVEL", "POWER", "bootstrap_interval", "holm", "paired_interval", "rule_attainable",
-           "seeds_needed", "sign_flip_p", "smallest_p", "t_cdf", "t_interval", "t_p", "t_quantile"]
+           "seeds_needed", "sign_flip_p", "smallest_p", "t_interval", "t_p", "t_quantile"]
 
 LEVEL = 0.95
 POWER = 0.80
 
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction of the incomplete beta function (modified Lentz; Numerical Recipes §6.4)."""
-    tiny, h = 1e-300, 0.0
-    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 500):
-        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
-            d = 1.0 + numerator * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + numerator / c
-            c = c if abs(c) > tiny else tiny
-            h *= c * d
-        if abs(c * d - 1.0) < 1e-15:
-            break
-    return h
-
-
-def _betainc(a: float, b: float, x: float) -> float:
-    """Regularised incomplete beta I_x(a, b)."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
-    if x < (a + 1.0) / (a + b + 2.0):
-        return front * _betacf(a, b, x) / a
-    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
-
-
-def t_cdf(t: float, df: float) -> float:
-    """P(T ≤ t) for Student's t with df degrees of freedom: 1 − ½·I_{df/(df+t²)}(df/2, ½) for t ≥ 0."""
-    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
-    return 1.0 - tail if t >= 0 else tail
-
 
 def t_quantile(p: float, df: float) -> float:
-    """The p-quantile of Student's t with df > 0 degrees of freedom (bisection on `t_cdf`, to ~1e-12)."""
+    """The p-quantile of Student's t with df > 0 degrees of freedom (scipy.stats.t.ppf)."""
     if not 0.0 < p < 1.0 or not df > 0:
         raise ValueError(f"t_quantile: need 0 < p < 1 and df > 0; got p={p}, df={df}.")
-    if p < 0.5:
-        return -t_quantile(1.0 - p, df)
-    low, high = 0.0, 1.0
-    while t_cdf(high, df) < p:
-        low, high = high, 2.0 * high
-    for _ in range(200):
-        mid = 0.5 * (low + high)
-        low, high = (mid, high) if t_cdf(mid, df) < p else (low, mid)
-        if high - low < 1e-12 * max(1.0, high):
-            break
-    return 0.5 * (low + high)
+    return float(scipy_stats.t.ppf(p, df))
 
 
 @dataclass(frozen=True)
@@ -112,8 +74,9 @@ def t_interval(values: Sequence[float], level: float = LEVEL) -> Interval:
 
 
 def t_p(values: Sequence[float]) -> float | None:
-    """Two-sided p of the one-sample t-test of mean 0 over `values` (the paired t-test of the differences); None for
-    fewer than 2 values; 1.0 for a zero mean, 0.0 for a non-zero mean with no spread."""
+    """Two-sided p of the one-sample t-test of mean 0 over `values` (the paired t-test of the differences;
+    scipy.stats.ttest_1samp); None for fewer than 2 values; 1.0 for a zero mean, 0.0 for a non-zero mean with no
+    spread (where scipy would divide by a zero or rounding-sized sd)."""
     interval = t_interval(values)
     if interval.n < 2:
         return None
@@ -121,8 +84,7 @@ def t_p(values: Sequence[float]) -> float | None:
         return 1.0
     if not interval.sd:
         return 0.0
-    t = abs(interval.mean) / (interval.sd / math.sqrt(interval.n))
-    return min(1.0, 2.0 * (1.0 - t_cdf(t, interval.n - 1)))
+    return float(scipy_stats.ttest_1samp(interval.values, 0.0).pvalue)
 
 
 def smallest_p(test: str, seeds: int) -> float:
@@ -179,12 +141,11 @@ def _signed_sums(values: Sequence[float]) -> list[float]:
 def sign_flip_p(differences: Sequence[float], exact_up_to: int = 30, draws: int = 200_000,
                 seed: int = 0) -> float | None:
     """Two-sided p of the mean of `differences` under the sign-flip null (module docstring): exact over all 2^n
-    assignments for n ≤ exact_up_to, else `draws` random assignments from random.Random(seed) (counting the observed
-    one). None for no differences. The exact count meets in the middle: the signed sums of each half (2^(n/2) each),
-    one half sorted, and for each sum a of the other the b with |a + b| ≥ observed found by bisection, so 30 seeds
-    cost about 2^15 · 15 steps, not 2^30."""
+    assignments for n ≤ exact_up_to, else scipy.stats.permutation_test over `draws` random assignments (rng `seed`;
+    the observed one counted). None for no differences. The exact count meets in the middle: the signed sums of each
+    half (2^(n/2) each), one half sorted, and for each sum a of the other the b with |a + b| ≥ observed found by
+    bisection, so 30 seeds cost about 2^15 · 15 steps, not 2^30."""
     import bisect
-    import random
 
     d = [float(v) for v in differences]
     n = len(d)
@@ -193,14 +154,18 @@ def sign_flip_p(differences: Sequence[float], exact_up_to: int = 30, draws: int 
     observed = abs(sum(d)) - 1e-12 * (1.0 + sum(abs(v) for v in d))  # ties count as reaching it
     if observed <= 0.0:
         return 1.0
-    if n <= exact_up_to:
+    if n <= exact_up_to or n < 2:  # scipy's permutation_test takes two or more
         left, right = _signed_sums(d[: n // 2]), sorted(_signed_sums(d[n // 2:]))
         hits = sum(len(right) - bisect.bisect_left(right, observed - a) + bisect.bisect_right(right, -observed - a)
                    for a in left)
         return hits / 2**n
-    rng = random.Random(seed)
-    hits = 1 + sum(abs(sum(v if rng.random() < 0.5 else -v for v in d)) >= observed for _ in range(draws))
-    return hits / (draws + 1)
+    result = scipy_stats.permutation_test((d,), _mean, permutation_type="samples", vectorized=True,
+                                          n_resamples=draws, batch=10_000, rng=seed)
+    return float(result.pvalue)
+
+
+def _mean(x, axis):
+    return x.mean(axis=axis)
 
 
 def bootstrap_interval(values: Sequence[float], level: float = LEVEL, resamples: int = 20_000,

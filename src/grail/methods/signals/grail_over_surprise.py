@@ -59,6 +59,6 @@ SPEC = MethodSpec(
     example="grail_over_surprise_offset=0.5",
     cost="as GRAIL's: fused, an element-wise division by TRL's own log-probs; separate, GRAIL's forward and "
          "backward plus the output layer at every completion position without a graph",
-    reference="grail-rl (issue 45's screen, docs/results/credit-screen.md); the saliency: Pala et al. 2026, "
+    reference="grail-rl (the credit-signal screen, docs/results/credit-screen.md); the saliency: Pala et al. 2026, "
               "arXiv 2606.04889 (GRAIL)",
 )
