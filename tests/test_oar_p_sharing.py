@@ -194,3 +194,73 @@ def test_prefix_chunks_respect_the_memory_bound_and_cover_every_copy():
     # Unbounded memory: chunks shrink towards the end of the row, where recomputing the gap costs most.
     sizes = [b - a for a, b in kv_prefix.prefix_chunks(positions, 60, 10_000)]
     assert sizes == sorted(sizes, reverse=True) and sizes[0] > sizes[-1]
+
+
+def oar_p_span_loop(model, ids, attn, scored, answer, span_tokens, *, distribution, pad_token_id, temperature):
+    """The span baseline, naively: each row's scored tokens that can change P_final (causality), in order, in
+    consecutive groups of `span_tokens`; one full forward per group with all of it replaced; each token gets its
+    group's KL."""
+    importance = torch.zeros(ids.shape[0], T)
+    influencing = influencing_tokens(scored, answer, distribution)
+    with torch.no_grad():
+        for i in range(ids.shape[0]):
+            if distribution == "answer_mean" and not answer[i].any():
+                continue
+            clean = reference_answer_logits(reference_logits(model, ids[i : i + 1], attn[i : i + 1])[0], attn[i],
+                                             answer[i], distribution, temperature)
+            tokens = influencing[i].nonzero().flatten()
+            for group in tokens.split(span_tokens):
+                copy = ids[i : i + 1].clone()
+                copy[0, P + group] = pad_token_id
+                perturbed = reference_answer_logits(reference_logits(model, copy, attn[i : i + 1])[0], attn[i],
+                                                     answer[i], distribution, temperature)
+                importance[i, group] = kl_divergence(clean, perturbed).to(importance.dtype)
+    return importance
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+@pytest.mark.parametrize("distribution", ["last_position", "answer_mean"])
+def test_oar_p_spans_replace_each_group_of_k_tokens_together_on_both_paths(models64, family, distribution,
+                                                                           monkeypatch):
+    model64 = models64[family]
+    ids, attn, answer, scored = scored_batch()
+    kwargs = dict(distribution=distribution, pad_token_id=PAD, temperature=0.7)
+    expected = oar_p_span_loop(model64, ids, attn, scored, answer, 3, **kwargs)
+    for chunk_tokens in (1, 40):  # one copy per chunk; a row's copies split across chunks
+        for name in ("_oar_p_batched", "_oar_p_prefix_shared"):
+            with monkeypatch.context() as patch:
+                if name == "_oar_p_prefix_shared":
+                    patch.setattr(oar_probes, "_oar_p_batched", None)
+                got = getattr(oar_probes, name)(model64, ids, attn, scored, answer, chunk_tokens=chunk_tokens,
+                                                span_tokens=3, **kwargs)
+            scale = expected.amax(1, keepdim=True).clamp(min=1e-30)
+            assert ((got - expected).abs() / scale).max() < 1e-5, (name, chunk_tokens)
+    row = got[0][influencing_tokens(scored, answer, distribution)[0]]
+    assert torch.equal(row[:3], row[:1].expand(3))  # a span's tokens share its value
+    token_level = oar_probes.oar_p_importance(model64, ids, attn, scored, answer, chunk_tokens=40, **kwargs)
+    assert not torch.allclose(got, token_level)
+    assert torch.equal(oar_probes.oar_p_importance(model64, ids, attn, scored, answer, chunk_tokens=40, span_tokens=1,
+                                                   **kwargs), token_level)  # k = 1 is OAR-P itself
+    with pytest.raises(ValueError, match="span_tokens must be >= 1"):
+        oar_probes.oar_p_importance(model64, ids, attn, scored, answer, chunk_tokens=40, span_tokens=0, **kwargs)
+
+
+def test_the_span_option_reaches_oar_ps_probe(tmp_path, monkeypatch):
+    """`--oar_p_span_tokens 4` (an arm `oar_p@oar_p_span_tokens=4`) is OAR-P's own option, recorded with the run, and
+    is what its probe hands oar_p_importance; other methods refuse it."""
+    from grail.methods import builtin
+    from grail.methods.spec import ProbeBatch
+    from grail.training.overrides import build_config, merge, parse_flags
+
+    cfg = build_config(merge(None, parse_flags(["--token_weighting", "oar_p", "--oar_p_span_tokens", "4",
+                                                "--output_dir", str(tmp_path)])))
+    assert cfg.to_dict()["method_options"] == {"oar_p_span_tokens": 4}
+    seen = {}
+    monkeypatch.setattr(oar_probes, "oar_p_importance", lambda *a, **kw: seen.update(kw))
+    empty = torch.zeros(1, 1, dtype=torch.long)
+    builtin._oar_p_probe(type("M", (), {"generation_config": None, "config": type("C", (), {"pad_token_id": 0})})(),
+                         ProbeBatch(empty, empty, empty.bool(), empty.bool()), cfg.weighting_options(), None)
+    assert seen["span_tokens"] == 4
+    with pytest.raises(ValueError, match="oar_p_span_tokens"):
+        build_config(merge(None, parse_flags(["--token_weighting", "grail", "--oar_p_span_tokens", "4",
+                                              "--output_dir", str(tmp_path)])))

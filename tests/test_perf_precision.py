@@ -1,5 +1,5 @@
 """The CPU-precision perf scripts run end to end: perf/benchmarks/step_phases.py in --smoke mode (both precisions on the
-tiny model) and perf/experiments/precision_fidelity.py on the session's warm start."""
+tiny model), perf/experiments/precision_fidelity.py and perf/experiments/oar_p_spans.py on the shared warm start."""
 
 import json
 
@@ -38,3 +38,19 @@ def test_precision_fidelity_compares_each_method_on_the_same_rollouts(warm_cache
     uniform, probed = out["methods"]["none"], out["methods"]["oar_g"]
     assert uniform["rows"] == 0 and uniform["sign_changed_share"] == 0.0  # w = 1 on both sides: nothing to rank
     assert probed["bf16_seconds"] > 0 and probed["max_abs_weight_diff"] > 0  # bf16 really ran: its rounding shows
+
+
+def test_oar_p_spans_compares_each_k_with_token_level_oar_p_on_the_same_rollouts(warm_cache, tmp_path, capsys):
+    import oar_p_spans
+
+    out = oar_p_spans.main(["--preset", "tiny-cpu", "--model", str(warm_cache[1]), "--groups", "1", "--spans", "2,4",
+                            "--out", str(tmp_path / "s.json")])
+    assert json.loads((tmp_path / "s.json").read_text()) == out
+    assert out["mixed_groups"] == 1 and set(out["spans"]) == {"2", "4"}
+    for k in ("2", "4"):
+        result = out["spans"][k]
+        assert result["rows"] > 0 and -1.0 <= result["spearman_median"] <= 1.0 and result["seconds"] > 0
+    assert out["spans"]["4"]["max_abs_weight_diff"] > 0  # spans of 4 really differ from token-level OAR-P
+    with pytest.raises(SystemExit):
+        oar_p_spans.main(["--spans", "1"])
+    assert "each k must be >= 2" in capsys.readouterr().err

@@ -19,7 +19,7 @@ def ratio(cfg, logps_BT, old_BT, mask_BT):
 def policy_term(cfg, r, adv_BT, logps_BT, old_BT, mask_BT, sampler_ratio_BT=None):
     """Each loss type's per-token policy loss, before masks and aggregation."""
     eps_low, eps_high = cfg.epsilon, cfg.epsilon if cfg.epsilon_high is None else cfg.epsilon_high
-    if cfg.loss_type == "cispo":  # MiniMax-M1 eq. 4: a detached, clipped ratio times Â log π
+    if cfg.loss_type == "cispo":  # MiniMax-M1: a detached, clipped ratio times Â log π
         return -torch.clamp(r, max=eps_high).detach() * adv_BT * logps_BT
     if cfg.loss_type == "sapo":  # SAPO: a soft gate σ(τ (r − 1)) · 4/τ, τ by the advantage's sign
         tau = torch.where(adv_BT > 0, cfg.sapo_temperature_pos, cfg.sapo_temperature_neg)
@@ -32,7 +32,7 @@ def policy_term(cfg, r, adv_BT, logps_BT, old_BT, mask_BT, sampler_ratio_BT=None
         k = torch.where(nonneg, cfg.vespo_k_pos, cfg.vespo_k_neg)
         lam = torch.where(nonneg, cfg.vespo_lambda_pos, cfg.vespo_lambda_neg)
         return -torch.exp(lam + k * log_w - lam * torch.exp(log_w)) * adv_BT * logps_BT
-    # PPO's clipped surrogate (DeepSeekMath eq. 3), with INTELLECT-2's cap δ on the unclipped ratio
+    # PPO's clipped surrogate (DeepSeekMath), with INTELLECT-2's cap δ on the unclipped ratio
     capped = r if cfg.delta is None else torch.clamp(r, max=cfg.delta)
     return -torch.min(capped * adv_BT, torch.clamp(r, 1 - eps_low, 1 + eps_high) * adv_BT)
 

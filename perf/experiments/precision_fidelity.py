@@ -43,20 +43,58 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    from gradient_noise import group_batch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from grail.analysis.fidelity import weight_fidelity
     from grail.methods.table import METHODS
     from grail.methods.weighting import weights_for
-    from grail.training.data import load_prompts
     from grail.training.overrides import build_config, merge
-    from grail.training.run import resolve_model_path, resolve_prompt_fields, reward_function
 
     methods = args.methods.split(",") if args.methods else list(METHODS)
     values = merge(None, {"preset": args.preset, **({"model_name_or_path": args.model} if args.model else {})})
+    model, tokenizer, path, groups, group_rewards, rollout_s = mixed_groups(values, args.model, args.groups,
+                                                                            args.seed)
+    results = {}
+    for method in methods:
+        options = build_config({**values, "bf16": False, "token_weighting": method}).weighting_options()
+        sides = {}
+        for precision in ("fp32", "bf16"):
+            weights, seconds = [], 0.0
+            for k, (group, adv_G) in enumerate(groups):
+                torch.manual_seed(args.seed * 1000 + k)  # `random` and any noise draw the same on both sides
+                tick = time.perf_counter()
+                region = (torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16"
+                          else torch.autocast("cpu", enabled=False))
+                with region:
+                    weights.append(weights_for(method, model, tokenizer, *group, adv_G, options=options).float())
+                seconds += time.perf_counter() - tick
+            sides[precision] = (weights, seconds)
+        pooled = pool(sides["fp32"][0], sides["bf16"][0], [adv for _, adv in groups],
+                      [group[3].bool() for group, _ in groups], weight_fidelity)
+        results[method] = {**pooled, "fp32_seconds": sides["fp32"][1], "bf16_seconds": sides["bf16"][1]}
+        print(f"{method}: {json.dumps(results[method])}", file=sys.stderr, flush=True)
+    out = {"preset": args.preset, "model": str(path), "groups": args.groups,
+           "group_size": len(group_rewards[0]) if group_rewards else 0, "seed": args.seed,
+           "mixed_groups": len(groups), "rewards": group_rewards,
+           "torch_threads": torch.get_num_threads(), "rollout_seconds": rollout_s, "methods": results}
+    text = json.dumps(out, indent=1)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    print(text)
+    return out
+
+
+def mixed_groups(values: dict, model_dir: str | None, n_groups: int, seed: int):
+    """The rollouts (module docstring): (model, tokenizer, model path, [(group batch, A_G)], every group's rewards,
+    seconds), the model in fp32 and in train mode, as the trainer probes (dropout is 0 in these models)."""
+    from gradient_noise import group_batch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grail.training.data import load_prompts
+    from grail.training.overrides import build_config
+    from grail.training.run import resolve_model_path, resolve_prompt_fields, reward_function
+
     cfg = build_config({**values, "bf16": False})
-    path = args.model or resolve_model_path(cfg)
+    path = model_dir or resolve_model_path(cfg)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     rows = load_prompts(cfg)
@@ -66,12 +104,12 @@ def main(argv=None) -> dict:
     eos = model.generation_config.eos_token_id
     eos_ids = set(eos if isinstance(eos, list | tuple) else [eos])
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(eos_ids))
-    torch.manual_seed(args.seed)
+    torch.manual_seed(seed)
     groups, group_rewards = [], []
     start = time.perf_counter()
-    order = random.Random(args.seed).sample(range(len(rows)), min(len(rows), 10 * args.groups))
+    order = random.Random(seed).sample(range(len(rows)), min(len(rows), 10 * n_groups))
     for index in order:
-        if len(groups) == args.groups:
+        if len(groups) == n_groups:
             break
         row = rows[index]
         text = fmt.render(tokenizer, row["prompt"])
@@ -92,35 +130,8 @@ def main(argv=None) -> dict:
                        adv_G - adv_G.mean()))
     rollout_s = time.perf_counter() - start
     print(f"{len(groups)} groups sampled in {rollout_s:.0f} s", file=sys.stderr, flush=True)
-    model.train()  # as the trainer probes (dropout is 0 in these models)
-    results = {}
-    for method in methods:
-        options = build_config({**values, "bf16": False, "token_weighting": method}).weighting_options()
-        sides = {}
-        for precision in ("fp32", "bf16"):
-            weights, seconds = [], 0.0
-            for k, (group, adv_G) in enumerate(groups):
-                torch.manual_seed(args.seed * 1000 + k)  # `random` and any noise draw the same on both sides
-                tick = time.perf_counter()
-                region = (torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16"
-                          else torch.autocast("cpu", enabled=False))
-                with region:
-                    weights.append(weights_for(method, model, tokenizer, *group, adv_G, options=options).float())
-                seconds += time.perf_counter() - tick
-            sides[precision] = (weights, seconds)
-        pooled = pool(sides["fp32"][0], sides["bf16"][0], [adv for _, adv in groups],
-                      [group[3].bool() for group, _ in groups], weight_fidelity)
-        results[method] = {**pooled, "fp32_seconds": sides["fp32"][1], "bf16_seconds": sides["bf16"][1]}
-        print(f"{method}: {json.dumps(results[method])}", file=sys.stderr, flush=True)
-    out = {"preset": args.preset, "model": str(path), "groups": args.groups, "group_size": G, "seed": args.seed,
-           "mixed_groups": len(groups), "rewards": group_rewards,
-           "torch_threads": torch.get_num_threads(), "rollout_seconds": rollout_s, "methods": results}
-    text = json.dumps(out, indent=1)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-    print(text)
-    return out
+    model.train()
+    return model, tokenizer, path, groups, group_rewards, rollout_s
 
 
 def pool(w32, w16, advs, masks, weight_fidelity) -> dict:

@@ -10,7 +10,7 @@ import torch
 
 from grail.methods import bilevel, core, oar_probes, probes
 from grail.methods.spans import AnswerSpans
-from grail.methods.spec import MethodSpec, ProbeBatch, TokenWeights
+from grail.methods.spec import MethodOption, MethodSpec, ProbeBatch, TokenWeights
 from grail.options.choices import WeightingOptions
 
 __all__ = ["BILEVEL_READS", "BUILTIN", "OAR_P_FLOOR", "SALIENCY_READS", "bilevel_pipeline", "oar_p_floor",
@@ -56,10 +56,14 @@ def _oar_g_probe(model, rows: ProbeBatch, options: WeightingOptions, generator) 
                                    at="predicting" if release else "token", noisy_product=release)
 
 
+OAR_P_SPAN = "oar_p_span_tokens"  # the span baseline's k (1: token-level OAR-P)
+
+
 def _oar_p_probe(model, rows: ProbeBatch, options: WeightingOptions, generator) -> torch.Tensor:
     return oar_probes.oar_p_importance(model, rows.input_ids_BL, rows.attention_mask_BL, rows.scored_BT, rows.answer_BT,
                                    distribution=options.oar_distribution, pad_token_id=pad_token_id(model),
-                                   temperature=options.temperature, chunk_tokens=options.perturbation_chunk_tokens)
+                                   temperature=options.temperature, chunk_tokens=options.perturbation_chunk_tokens,
+                                   span_tokens=options.method_options[OAR_P_SPAN])
 
 
 def pad_token_id(model) -> int:
@@ -168,6 +172,8 @@ BUILTIN: tuple[MethodSpec, ...] = (
     MethodSpec("oar_p", "OAR-P", _oar_p_probe, bilevel_pipeline, rows="bilevel", min_importance=oar_p_floor,
                reads=BILEVEL_READS + ("answer_nll_span", "oar_min_importance", "perturbation_chunk_tokens"),
                check=_oar_p_check, auroc=False,
+               options=(MethodOption(OAR_P_SPAN, 1, "tokens replaced together in one perturbed copy, each getting the "
+                                     "span's KL: about T/k copies instead of T (1: OAR-P itself)", minimum=1),),
                title="OAR-P (answer-distribution KL when each scored token is replaced by the pad token)",
                summary="One perturbed copy of the row per scored token, batched with a shared KV-cache prefix; the "
                        "KL of the answer distribution is the token's importance, bi-level reshaped as OAR-G's "

@@ -174,11 +174,12 @@ def _oar_g(model, input_ids_BL, attention_mask_BL, scored_BT, pool_BL, valid_B, 
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# OAR-P: perturbation (substitute each scored token by the pad token, one copy per token, batched).
+# OAR-P: perturbation (substitute each scored token, or span of tokens, by the pad token, one copy each, batched).
 
 
-def _stripped_rows(input_ids_BL, attention_mask_BL, scored_BT, answer_BT, distribution):
-    """Per row with something to score: (row, ids_n, pool_n, scored positions) in padding-stripped coordinates."""
+def _stripped_rows(input_ids_BL, attention_mask_BL, scored_BT, answer_BT, distribution, span_tokens=1):
+    """Per row with something to score: (row, ids_n, pool_n, spans) in padding-stripped coordinates; spans: the row's
+    scored positions, ascending, in consecutive groups of `span_tokens` (the last may be shorter), one copy each."""
     T = scored_BT.shape[1]
     pool_BL, valid_B = _answer_pool_BL(attention_mask_BL, answer_BT, distribution)
     scored_BL = F.pad(scored_BT.bool() & completion_mask_BT(attention_mask_BL, T), (input_ids_BL.shape[1] - T, 0))
@@ -190,23 +191,23 @@ def _stripped_rows(input_ids_BL, attention_mask_BL, scored_BT, answer_BT, distri
         # A token after the last position P_final reads cannot change it (causality): importance exactly 0, no copy.
         positions = positions[positions <= pool_n.nonzero().max()]
         if positions.numel():
-            out.append((i, input_ids_BL[i][real_L], pool_n, positions))
+            out.append((i, input_ids_BL[i][real_L], pool_n, list(positions.split(span_tokens))))
     return out
 
 
 def _oar_p_batched(model, input_ids_BL, attention_mask_BL, scored_BT, answer_BT, *, distribution, pad_token_id,
-                   temperature, chunk_tokens) -> torch.Tensor:
+                   temperature, chunk_tokens, span_tokens=1) -> torch.Tensor:
     """OAR-P, every copy run in full: chunks of copies (any rows, right-padded to the chunk's longest) with
     copies × longest length ≤ chunk_tokens. Clean rows go through the same path first (copy position −1)."""
     T = scored_BT.shape[1]
     importance_BT = zeros_BT(input_ids_BL, T)
-    rows = _stripped_rows(input_ids_BL, attention_mask_BL, scored_BT, answer_BT, distribution)
+    rows = _stripped_rows(input_ids_BL, attention_mask_BL, scored_BT, answer_BT, distribution, span_tokens)
     if not rows:
         return importance_BT
     prompt_lengths = attention_mask_BL[:, : input_ids_BL.shape[1] - T].sum(dim=1).tolist()  # real prompt tokens
 
     def run(copies: list[tuple[int, int]]) -> Iterator[tuple[list[tuple[int, int]], torch.Tensor]]:
-        """Yields (chunk of (row index into `rows`, substituted position or −1), logits (C, V))."""
+        """Yields (chunk of (row index into `rows`, index of the substituted span or −1), logits (C, V))."""
         start = 0
         while start < len(copies):
             stop, longest = start + 1, len(rows[copies[start][0]][1])
@@ -220,28 +221,29 @@ def _oar_p_batched(model, input_ids_BL, attention_mask_BL, scored_BT, answer_BT,
                                 device=input_ids_BL.device)
             mask_CN = torch.zeros_like(ids_CN)
             pool_CN = torch.zeros(len(chunk), longest, dtype=torch.float32, device=input_ids_BL.device)
-            for c, (r, p) in enumerate(chunk):
-                _, ids_n, pool_n, _ = rows[r]
+            for c, (r, j) in enumerate(chunk):
+                _, ids_n, pool_n, spans = rows[r]
                 ids_CN[c, : len(ids_n)], mask_CN[c, : len(ids_n)], pool_CN[c, : len(ids_n)] = ids_n, 1, pool_n
-                if p >= 0:
-                    ids_CN[c, p] = pad_token_id
+                if j >= 0:
+                    ids_CN[c, spans[j]] = pad_token_id
             hidden_CND = hidden_states_BLD(model, mask_CN, input_ids=ids_CN)
             yield chunk, _pooled_logits(model, hidden_CND, pool_CN, temperature)
             start = stop
 
     with torch.no_grad():
         clean_RV = torch.cat([logits for _, logits in run([(r, -1) for r in range(len(rows))])])
-        copies = [(r, p) for r, (_, _, _, positions) in enumerate(rows) for p in positions.tolist()]
+        copies = [(r, j) for r, (_, _, _, spans) in enumerate(rows) for j in range(len(spans))]
         for chunk, logits_CV in run(copies):
             r_C = torch.tensor([r for r, _ in chunk], device=clean_RV.device)
-            i_C = torch.tensor([rows[r][0] for r, _ in chunk], device=importance_BT.device)
-            t_C = torch.tensor([p - prompt_lengths[rows[r][0]] for r, p in chunk], device=importance_BT.device)
-            importance_BT[i_C, t_C] = kl_divergence(clean_RV[r_C], logits_CV).clamp(min=0).to(importance_BT.dtype)
+            kl_C = kl_divergence(clean_RV[r_C], logits_CV).clamp(min=0).to(importance_BT.dtype)
+            for c, (r, j) in enumerate(chunk):  # every token of a span gets the span's KL
+                i = rows[r][0]
+                importance_BT[i, rows[r][3][j] - prompt_lengths[i]] = kl_C[c]
     return importance_BT
 
 
 def _oar_p_prefix_shared(model, input_ids_BL, attention_mask_BL, scored_BT, answer_BT, *, distribution,
-                         pad_token_id, temperature, chunk_tokens) -> torch.Tensor:
+                         pad_token_id, temperature, chunk_tokens, span_tokens=1) -> torch.Tensor:
     """OAR-P with prefix sharing: per row, one clean forward that keeps every layer's keys and values; its copies,
     sorted by substituted position, in the chunks of `kv_prefix.prefix_chunks`; a chunk whose first substitution is
     at p0 runs only positions [p0, n), against the clean row's cache for [0, p0) (`kv_prefix.prefix_cache`), and reads
@@ -252,15 +254,15 @@ def _oar_p_prefix_shared(model, input_ids_BL, attention_mask_BL, scored_BT, answ
     importance_BT = zeros_BT(input_ids_BL, T)
     S = input_ids_BL.shape[1] - T
     batched = dict(distribution=distribution, pad_token_id=pad_token_id, temperature=temperature,
-                   chunk_tokens=chunk_tokens)
+                   chunk_tokens=chunk_tokens, span_tokens=span_tokens)
     if not shareable(model) or (model.training and any(getattr(module, "gradient_checkpointing", False)
                                                         for module in model.modules())):
         # a cache `kv_prefix.prefix_cache` cannot rebuild, or checkpointed layers, which drop the cache in training
         # mode: nothing to share
         return _oar_p_batched(model, input_ids_BL, attention_mask_BL, scored_BT, answer_BT, **batched)
     with torch.no_grad():
-        for i, ids_n, pool_n, positions in _stripped_rows(input_ids_BL, attention_mask_BL, scored_BT, answer_BT,
-                                                          distribution):
+        for i, ids_n, pool_n, spans in _stripped_rows(input_ids_BL, attention_mask_BL, scored_BT, answer_BT,
+                                                      distribution, span_tokens):
             n = ids_n.shape[0]
             ones_1N = torch.ones(1, n, dtype=attention_mask_BL.dtype, device=ids_n.device)
             # config-less: every layer keeps every position, a sliding one too (its mask still applies the window)
@@ -272,11 +274,12 @@ def _oar_p_prefix_shared(model, input_ids_BL, attention_mask_BL, scored_BT, answ
             clean_1V = _pooled_logits(model, clean_hidden_ND[None], pool_n[None], temperature)
             kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
             read_K = pool_n.nonzero().squeeze(1)  # the positions P_final reads, ascending
-            for start, stop in prefix_chunks(positions.tolist(), n, chunk_tokens):
-                p_C = positions[start:stop]
-                C, p0 = p_C.numel(), int(p_C[0])
+            firsts = [int(span[0]) for span in spans]  # a span's copy runs from its first position
+            for start, stop in prefix_chunks(firsts, n, chunk_tokens):
+                C, p0 = stop - start, firsts[start]
                 ids_CS = ids_n[p0:].expand(C, n - p0).clone()  # (C, n − p0): the suffix each copy runs
-                ids_CS[torch.arange(C, device=ids_CS.device), p_C - p0] = pad_token_id
+                for c, span in enumerate(spans[start:stop]):
+                    ids_CS[c, span - p0] = pad_token_id
                 prefix = prefix_cache(model, kv, p0, C) if p0 > 0 else None
                 hidden_CSD = backbone_output(model, ones_1N.expand(C, n), use_cache=prefix is not None,
                                              input_ids=ids_CS, past_key_values=prefix).last_hidden_state
@@ -287,15 +290,20 @@ def _oar_p_prefix_shared(model, input_ids_BL, attention_mask_BL, scored_BT, answ
                 logits_CV = _pooled_logits(model, hidden_CKD, pool_n[read_K].expand(C, -1), temperature)
                 prompt_length = int(attention_mask_BL[i, :S].sum())  # stripped position of token t: prompt + t
                 kl_C = kl_divergence(clean_1V.expand_as(logits_CV), logits_CV).clamp(min=0)  # rounding can dip < 0
-                importance_BT[i, p_C - prompt_length] = kl_C.to(importance_BT.dtype)
+                for c, span in enumerate(spans[start:stop]):  # every token of a span gets the span's KL
+                    importance_BT[i, span - prompt_length] = kl_C[c].to(importance_BT.dtype)
     return importance_BT
 
 
 def oar_p_importance(model: nn.Module, input_ids_BL: torch.Tensor, attention_mask_BL: torch.Tensor,
                      scored_BT: torch.Tensor, answer_BT: torch.Tensor, *, distribution: Distribution,
-                     pad_token_id: int, temperature: float, chunk_tokens: int) -> torch.Tensor:
+                     pad_token_id: int, temperature: float, chunk_tokens: int, span_tokens: int = 1) -> torch.Tensor:
     """OAR-P: I_t = KL(P_final ‖ P_final^(t)), P^(t) from a copy of the row with y_t replaced by `pad_token_id`
     (substitution: the attention mask is unchanged) (docs/methods/oar_p.md). No gradient.
+
+    With span_tokens = k > 1, the span baseline: a row's scored tokens, in order, are cut into consecutive spans of k
+    (the last may be shorter); one copy per span has all its tokens replaced, and each token of the span gets the
+    span's KL. About T/k copies instead of T (their suffixes cost about T²/2k positions); k = 1 is OAR-P.
 
     One extra forward per scored token, batched: each row is stripped of its padding (its copies have the row's real
     length), and the copies run in chunks of at most max(1, chunk_tokens // n) copies of a row of real length n. A
@@ -329,6 +337,7 @@ def oar_p_importance(model: nn.Module, input_ids_BL: torch.Tensor, attention_mas
         pad_token_id: the substitute token.
         temperature: the sampling temperature.
         chunk_tokens: the memory bound above (>= 1; one copy per chunk at least).
+        span_tokens: the tokens replaced together in one copy (>= 1; 1: token-level OAR-P).
     Returns:
         (B, T) float32 >= 0, 0 on unscored tokens and on rows with no scored token or no distribution ("answer_mean"
         without answer tokens). If nothing is scored, zeros without running the model.
@@ -336,7 +345,9 @@ def oar_p_importance(model: nn.Module, input_ids_BL: torch.Tensor, attention_mas
     check_batch("oar_p_importance", input_ids_BL, attention_mask_BL, temperature, scored_BT, answer_BT)
     if chunk_tokens < 1:
         raise ValueError(f"oar_p_importance: chunk_tokens must be >= 1, got {chunk_tokens}")
+    if span_tokens < 1:
+        raise ValueError(f"oar_p_importance: span_tokens must be >= 1, got {span_tokens}")
     with unsharded(model), in_lockstep(model):  # a data-dependent number of forwards, in step on sharded models
         return _oar_p_prefix_shared(model, input_ids_BL, attention_mask_BL, scored_BT, answer_BT,
                                     distribution=distribution, pad_token_id=pad_token_id, temperature=temperature,
-                                    chunk_tokens=chunk_tokens)
+                                    chunk_tokens=chunk_tokens, span_tokens=span_tokens)

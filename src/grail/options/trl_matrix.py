@@ -44,19 +44,19 @@ class TRLOption:
     extra: Mapping[str, object] = field(default_factory=dict)  # test-only values (e.g. an attribute vLLM would set)
 
 
-_CLIP = "min(r_t Â_t, clip(r_t, 1-ε_low, 1+ε_high) Â_t) per token"
+_CLIP = "The loss -min(r_t Â_t, clip(r_t, 1-ε_low, 1+ε_high) Â_t) per token"
 TRL_OPTIONS: tuple[TRLOption, ...] = (
     TRLOption("loss_type=grpo", {"loss_type": "grpo"}, "supported",
               f"{_CLIP}; each row's mean over its tokens, then the mean over rows.",
-              "DeepSeekMath, arXiv 2402.03300, eq. 3; TRL's `loss_type` help"),
+              "DeepSeekMath, arXiv 2402.03300; TRL's `loss_type` help"),
     TRLOption("loss_type=bnpo", {"loss_type": "bnpo"}, "supported",
               f"{_CLIP}; summed over the micro-batch's tokens, over their count.", "TRL's `loss_type` help"),
     TRLOption("loss_type=dr_grpo", {"loss_type": "dr_grpo"}, "supported",
               f"{_CLIP}; summed, over rows × max_completion_length.",
-              "Dr. GRPO, arXiv 2503.20783, eq. 2; TRL's `loss_type` help"),
+              "Dr. GRPO, arXiv 2503.20783; TRL's `loss_type` help"),
     TRLOption("loss_type=dapo", {"loss_type": "dapo"}, "supported",
               f"{_CLIP}; summed, over the generation batch's token count (`num_items_in_batch`).",
-              "DAPO, arXiv 2503.14476, eq. 8; TRL's `loss_type` help"),
+              "DAPO, arXiv 2503.14476; TRL's `loss_type` help"),
     TRLOption("loss_type=luspo", {"loss_type": "luspo"}, "supported",
               f"{_CLIP}; each row's sum, then the mean over rows. With importance_sampling_level='token'; the "
               "sequence level LUSPO recommends is refused (below).",
@@ -64,7 +64,7 @@ TRL_OPTIONS: tuple[TRLOption, ...] = (
     TRLOption("loss_type=cispo", {"loss_type": "cispo", "epsilon_high": 1.2}, "supported",
               "-sg(min(r_t, ε_high)) · Â_t · log π_t: the clipped ratio is detached, so each token's log-prob gradient "
               "is scaled by its own Â_t; tokens of the generation batch as the normaliser.",
-              "MiniMax-M1, arXiv 2506.13585, eq. 4; TRL's `loss_type` help"),
+              "MiniMax-M1, arXiv 2506.13585; TRL's `loss_type` help"),
     TRLOption("loss_type=sapo", {"loss_type": "sapo"}, "supported",
               "-σ(τ (r_t - 1)) · 4/τ · Â_t, with τ = τ_pos where Â_t > 0 and τ_neg elsewhere: w ≥ 0 keeps each "
               "token on its row's side; each row's mean, then the mean over rows.",
@@ -75,15 +75,15 @@ TRL_OPTIONS: tuple[TRLOption, ...] = (
               "VESPO, arXiv 2602.10693; TRL's `get_gamma_weights` docstring"),
     TRLOption("importance_sampling_level=sequence, ratio-gradient loss types",
               {"importance_sampling_level": "sequence", "loss_type": "dr_grpo"}, "refused",
-              "GSPO's one ratio per row carries the gradient of every token: the gradient is r_seq · mean_t(Â_t) · "
+              "GSPO's one ratio per row carries the gradient of every token: the gradient is r_seq · Σ_t Â_t · "
               "mean_t ∇log π_t, so the loss reads only the row's mean of Â and token weights change nothing but the "
               "row's scale. Refused for grpo, bnpo, dr_grpo, dapo, luspo and sapo unless token_weighting='none'.",
-              "GSPO, arXiv 2507.18071, eq. 5; TRL's `importance_sampling_level` help"),
+              "GSPO, arXiv 2507.18071; TRL's `importance_sampling_level` help"),
     TRLOption("importance_sampling_level=sequence, cispo",
               {"importance_sampling_level": "sequence", "loss_type": "cispo", "epsilon_high": 1.2}, "supported",
               "cispo detaches the ratio, so each token's log-prob gradient keeps its own Â_t (vespo does not read "
               "this option: its φ is sequence-level already).",
-              "MiniMax-M1, arXiv 2506.13585, eq. 4; GSPO, arXiv 2507.18071"),
+              "MiniMax-M1, arXiv 2506.13585; GSPO, arXiv 2507.18071"),
     TRLOption("off_policy_mask_threshold", {"off_policy_mask_threshold": 0.05}, "supported",
               "Keeps a token where Â_t ≥ 0 or its row's mean KL to the sampler is at most the threshold: with w ≥ 0 "
               "that is the row's own mask.",
@@ -92,7 +92,7 @@ TRL_OPTIONS: tuple[TRLOption, ...] = (
               "Caps r_t at δ inside the clipped term; acts on the ratio, per token, before Â_t multiplies it.",
               "INTELLECT-2, arXiv 2505.07291; TRL's `delta` help"),
     TRLOption("epsilon_high (clip-higher)", {"epsilon_high": 0.05}, "supported",
-              "The upper clip bound 1+ε_high of the ratio, per token.", "DAPO, arXiv 2503.14476, eq. 10"),
+              "The upper clip bound 1+ε_high of the ratio, per token.", "DAPO, arXiv 2503.14476 (clip-higher)"),
     TRLOption("top_entropy_quantile", {"top_entropy_quantile": 0.5}, "supported",
               "Multiplies each token's loss by 1 where its entropy is in the top quantile, else 0: a token mask, "
               "applied after Â.", "Beyond the 80/20 Rule, arXiv 2506.01939; TRL's `top_entropy_quantile` help"),
@@ -105,7 +105,7 @@ TRL_OPTIONS: tuple[TRLOption, ...] = (
     TRLOption("num_iterations > 1", {"num_iterations": 2}, "supported",
               "A reused batch has r_t ≠ 1; weights_from='current_policy' recomputes w at every pass, "
               "'rollout_policy' weights ride with the batch. Checked at a ratio away from 1.",
-              "DeepSeekMath, arXiv 2402.03300, eq. 3 (μ iterations)"),
+              "DeepSeekMath, arXiv 2402.03300 (μ iterations per batch)"),
     TRLOption("mask_truncated_completions", {"mask_truncated_completions": True}, "supported",
               "TRL zeroes a truncated row's completion mask when it scores the rollout, before the subclass sees it; "
               "the row then gets no weight and no Â.", "DAPO, arXiv 2503.14476 (overlong filtering)",
@@ -119,7 +119,7 @@ TRL_OPTIONS: tuple[TRLOption, ...] = (
               "TRL's `scale_rewards` help; Dr. GRPO, arXiv 2503.20783 (no std scaling)", tested="rollout"),
     TRLOption("beta > 0 (KL to the reference)", {"beta": 0.04}, "supported",
               "Adds β × the per-token KL (k3, times the ratio with use_bias_correction_kl) after Â: independent of w.",
-              "DeepSeekMath, arXiv 2402.03300, eq. 4; TRL's `use_bias_correction_kl` help"),
+              "DeepSeekMath, arXiv 2402.03300; TRL's `use_bias_correction_kl` help"),
     TRLOption("use_liger_kernel", {"use_liger_kernel": True}, "supported",
               "TRL 1.16 applies Liger's layer kernels only (it refuses Liger's fused linear cross-entropy), so the "
               "loss that reads Â is TRL's own. Not run on a CPU (Liger needs Triton); the seam guard fails if TRL's "
