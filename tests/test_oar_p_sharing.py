@@ -62,9 +62,12 @@ def models64(tokenizer, model64):
     return {"qwen3": model64, "gemma3": tiny_gemma3(tokenizer), "gemma3_softcap": tiny_gemma3(tokenizer, softcap=1.0)}
 
 
-def oar_p_importance_loop(model, ids, attn, scored, answer, *, distribution, pad_token_id, temperature):
+def oar_p_importance_loop(model, ids, attn, scored, answer, span_tokens=1, *, distribution, pad_token_id,
+                          temperature):
     """The naive reference: for every scored (row, t), one full-logits forward of the row with token t replaced by
-    the pad token (mask unchanged), one at a time; I = KL(P_final ‖ P_final^(t))."""
+    the pad token (mask unchanged), one at a time; I = KL(P_final ‖ P_final^(t)). With span_tokens = k, each row's
+    scored tokens, in order, in consecutive groups of k: one forward per group with all of it replaced, and each
+    token gets its group's KL (the span baseline)."""
     importance = torch.zeros(ids.shape[0], T)
     with torch.no_grad():
         for i in range(ids.shape[0]):
@@ -72,12 +75,12 @@ def oar_p_importance_loop(model, ids, attn, scored, answer, *, distribution, pad
                 continue
             clean = reference_answer_logits(reference_logits(model, ids[i : i + 1], attn[i : i + 1])[0], attn[i],
                                              answer[i], distribution, temperature)
-            for t in scored[i].nonzero().flatten().tolist():
+            for group in scored[i].nonzero().flatten().split(span_tokens):
                 copy = ids[i : i + 1].clone()
-                copy[0, P + t] = pad_token_id
+                copy[0, P + group] = pad_token_id
                 perturbed = reference_answer_logits(reference_logits(model, copy, attn[i : i + 1])[0], attn[i],
                                                      answer[i], distribution, temperature)
-                importance[i, t] = kl_divergence(clean, perturbed)
+                importance[i, group] = kl_divergence(clean, perturbed).to(importance.dtype)
     return importance
 
 
@@ -196,27 +199,6 @@ def test_prefix_chunks_respect_the_memory_bound_and_cover_every_copy():
     assert sizes == sorted(sizes, reverse=True) and sizes[0] > sizes[-1]
 
 
-def oar_p_span_loop(model, ids, attn, scored, answer, span_tokens, *, distribution, pad_token_id, temperature):
-    """The span baseline, naively: each row's scored tokens that can change P_final (causality), in order, in
-    consecutive groups of `span_tokens`; one full forward per group with all of it replaced; each token gets its
-    group's KL."""
-    importance = torch.zeros(ids.shape[0], T)
-    influencing = influencing_tokens(scored, answer, distribution)
-    with torch.no_grad():
-        for i in range(ids.shape[0]):
-            if distribution == "answer_mean" and not answer[i].any():
-                continue
-            clean = reference_answer_logits(reference_logits(model, ids[i : i + 1], attn[i : i + 1])[0], attn[i],
-                                             answer[i], distribution, temperature)
-            tokens = influencing[i].nonzero().flatten()
-            for group in tokens.split(span_tokens):
-                copy = ids[i : i + 1].clone()
-                copy[0, P + group] = pad_token_id
-                perturbed = reference_answer_logits(reference_logits(model, copy, attn[i : i + 1])[0], attn[i],
-                                                     answer[i], distribution, temperature)
-                importance[i, group] = kl_divergence(clean, perturbed).to(importance.dtype)
-    return importance
-
 
 @pytest.mark.parametrize("family", ["qwen3", "gemma3"])
 @pytest.mark.parametrize("distribution", ["last_position", "answer_mean"])
@@ -225,7 +207,9 @@ def test_oar_p_spans_replace_each_group_of_k_tokens_together_on_both_paths(model
     model64 = models64[family]
     ids, attn, answer, scored = scored_batch()
     kwargs = dict(distribution=distribution, pad_token_id=PAD, temperature=0.7)
-    expected = oar_p_span_loop(model64, ids, attn, scored, answer, 3, **kwargs)
+    # the implementation cuts spans from the tokens P_final can see (causality: the others get no copy)
+    expected = oar_p_importance_loop(model64, ids, attn, influencing_tokens(scored, answer, distribution), answer, 3,
+                                     **kwargs)
     for chunk_tokens in (1, 40):  # one copy per chunk; a row's copies split across chunks
         for name in ("_oar_p_batched", "_oar_p_prefix_shared"):
             with monkeypatch.context() as patch:

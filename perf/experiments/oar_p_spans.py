@@ -14,32 +14,24 @@ Prints one JSON object.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 import torch
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--preset", default="smollm-chains")
-    p.add_argument("--model", help="a model directory (default: the preset's model_name_or_path, resolved)")
-    p.add_argument("--groups", type=int, default=3)
+    from precision_fidelity import mixed_groups, pool, rollout_arguments
+
+    p = rollout_arguments(__doc__, groups=3)
     p.add_argument("--spans", default="2,4,8", help="comma-separated k > 1")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     spans = [int(k) for k in args.spans.split(",")]
     if any(k < 2 for k in spans):
         p.error(f"--spans {args.spans}: each k must be >= 2 (k = 1 is the reference every k is compared with)")
     if args.threads:
         torch.set_num_threads(args.threads)
-    from precision_fidelity import mixed_groups, pool
-
     from grail.analysis.fidelity import weight_fidelity
     from grail.methods.weighting import weights_for
     from grail.training.overrides import build_config, merge

@@ -32,14 +32,8 @@ import torch
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--preset", default="smollm-chains")
-    p.add_argument("--model", help="a model directory (default: the preset's model_name_or_path, resolved)")
-    p.add_argument("--groups", type=int, default=4)
+    p = rollout_arguments(__doc__, groups=4)
     p.add_argument("--methods", default="", help="comma-separated methods (default: every method of the table)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -81,6 +75,18 @@ def main(argv=None) -> dict:
         args.out.write_text(text + "\n")
     print(text)
     return out
+
+
+def rollout_arguments(doc: str, groups: int) -> argparse.ArgumentParser:
+    """The arguments of a script on `mixed_groups`' rollouts (this one's and perf/experiments/oar_p_spans.py's)."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("--preset", default="smollm-chains")
+    p.add_argument("--model", help="a model directory (default: the preset's model_name_or_path, resolved)")
+    p.add_argument("--groups", type=int, default=groups)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--out", type=Path)
+    return p
 
 
 def mixed_groups(values: dict, model_dir: str | None, n_groups: int, seed: int):

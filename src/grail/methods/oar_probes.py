@@ -195,6 +195,13 @@ def _stripped_rows(input_ids_BL, attention_mask_BL, scored_BT, answer_BT, distri
     return out
 
 
+def _span_index(spans: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(copy index, position), one pair per token of `spans` (copy c substitutes spans[c]): the index pairs that
+    write the pad token into each copy and each copy's KL back to its span's tokens."""
+    sizes = torch.tensor([span.numel() for span in spans], device=spans[0].device)
+    return torch.repeat_interleave(torch.arange(len(spans), device=sizes.device), sizes), torch.cat(spans)
+
+
 def _oar_p_batched(model, input_ids_BL, attention_mask_BL, scored_BT, answer_BT, *, distribution, pad_token_id,
                    temperature, chunk_tokens, span_tokens=1) -> torch.Tensor:
     """OAR-P, every copy run in full: chunks of copies (any rows, right-padded to the chunk's longest) with
@@ -236,9 +243,10 @@ def _oar_p_batched(model, input_ids_BL, attention_mask_BL, scored_BT, answer_BT,
         for chunk, logits_CV in run(copies):
             r_C = torch.tensor([r for r, _ in chunk], device=clean_RV.device)
             kl_C = kl_divergence(clean_RV[r_C], logits_CV).clamp(min=0).to(importance_BT.dtype)
-            for c, (r, j) in enumerate(chunk):  # every token of a span gets the span's KL
-                i = rows[r][0]
-                importance_BT[i, rows[r][3][j] - prompt_lengths[i]] = kl_C[c]
+            copy_P, position_P = _span_index([rows[r][3][j] for r, j in chunk])  # each span's tokens: its KL
+            i_P = torch.tensor([rows[r][0] for r, _ in chunk], device=importance_BT.device)[copy_P]
+            prompt_P = torch.tensor([prompt_lengths[rows[r][0]] for r, _ in chunk], device=position_P.device)[copy_P]
+            importance_BT[i_P, position_P - prompt_P] = kl_C[copy_P]
     return importance_BT
 
 
@@ -278,8 +286,8 @@ def _oar_p_prefix_shared(model, input_ids_BL, attention_mask_BL, scored_BT, answ
             for start, stop in prefix_chunks(firsts, n, chunk_tokens):
                 C, p0 = stop - start, firsts[start]
                 ids_CS = ids_n[p0:].expand(C, n - p0).clone()  # (C, n − p0): the suffix each copy runs
-                for c, span in enumerate(spans[start:stop]):
-                    ids_CS[c, span - p0] = pad_token_id
+                copy_P, position_P = _span_index(spans[start:stop])
+                ids_CS[copy_P, position_P - p0] = pad_token_id
                 prefix = prefix_cache(model, kv, p0, C) if p0 > 0 else None
                 hidden_CSD = backbone_output(model, ones_1N.expand(C, n), use_cache=prefix is not None,
                                              input_ids=ids_CS, past_key_values=prefix).last_hidden_state
@@ -290,8 +298,7 @@ def _oar_p_prefix_shared(model, input_ids_BL, attention_mask_BL, scored_BT, answ
                 logits_CV = _pooled_logits(model, hidden_CKD, pool_n[read_K].expand(C, -1), temperature)
                 prompt_length = int(attention_mask_BL[i, :S].sum())  # stripped position of token t: prompt + t
                 kl_C = kl_divergence(clean_1V.expand_as(logits_CV), logits_CV).clamp(min=0)  # rounding can dip < 0
-                for c, span in enumerate(spans[start:stop]):  # every token of a span gets the span's KL
-                    importance_BT[i, span - prompt_length] = kl_C[c].to(importance_BT.dtype)
+                importance_BT[i, position_P - prompt_length] = kl_C[copy_P].to(importance_BT.dtype)  # span's KL
     return importance_BT
 
 
