@@ -321,12 +321,14 @@ def _fake_trainer(zero_stage=None, fsdp=False):
 
 
 def _unshardable(name="oar_p"):
-    """A method like a built-in, but whose spec says its probe cannot run sharded (a plug-in may say so)."""
+    """A method like a built-in, but whose spec says its probe cannot run sharded (a plug-in may say so). Its own
+    options go: they are named after the built-in, and a spec's options must start with its own name."""
     from dataclasses import replace
 
     from grail.methods.table import method_spec
 
-    return replace(method_spec(name), name=f"{name}_unshardable", unshardable="its probe reads every shard itself")
+    return replace(method_spec(name), name=f"{name}_unshardable", options=(),
+                   unshardable="its probe reads every shard itself")
 
 
 @pytest.mark.parametrize("sharding", [{"zero_stage": 3}, {"fsdp": True}])

@@ -54,3 +54,27 @@ def test_oar_p_spans_compares_each_k_with_token_level_oar_p_on_the_same_rollouts
     with pytest.raises(SystemExit):
         oar_p_spans.main(["--spans", "1"])
     assert "each k must be >= 2" in capsys.readouterr().err
+
+
+def test_saliency_auroc_bf16_runs_each_probe_as_a_bf16_cpu_run_does():
+    """--bf16: every method's probe under CPU bf16 autocast but those a bf16 run keeps in fp32 (FP32_PROBES), each
+    result in the order the methods were asked for ('@token' rows beside their method); without it, no autocast."""
+    import torch
+    from saliency_auroc import in_precision
+
+    from grail.models.precision import FP32_PROBES
+
+    seen = {}
+
+    def score(names):
+        for name in names:
+            seen[name] = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+        return {out: out for name in names for out in ((name, f"{name}@token") if name == "grail" else (name,))}
+
+    methods = ["oar_g", "grail", "oar_p"]
+    assert "oar_g" in FP32_PROBES and not {"grail", "oar_p"} & FP32_PROBES
+    assert list(in_precision(score, methods, bf16=True)) == ["oar_g", "grail", "grail@token", "oar_p"]
+    assert seen == {"oar_g": False, "grail": True, "oar_p": True}
+    seen.clear()
+    assert list(in_precision(score, methods, bf16=False)) == ["oar_g", "grail", "grail@token", "oar_p"]
+    assert seen == {"oar_g": False, "grail": False, "oar_p": False}

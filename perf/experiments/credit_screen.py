@@ -8,7 +8,7 @@ probe took per row.
         [--methods grail,oar_p,attr_patch,attr_patch_drop,contrastive,contrastive_saliency,grail_over_surprise,ig_patch]
         [--label-sets counterbalanced_filler,counterbalanced_format,chain_rollouts]
         [--rows 8] [--words 14] [--samples 8] [--max-new-tokens 256] [--fixed-group row|all] [--device cpu]
-        [--json out.json]
+        [--bf16] [--json out.json]
     python perf/experiments/credit_screen.py --render out.json [more.json ...] [--pivot]   # tables again, no run
 
 The label sets are built and scored exactly as `saliency_auroc.py --label-set NAME` builds and scores them (its
@@ -28,6 +28,7 @@ on a model never warm-started on the chain task) is reported as skipped, with th
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -36,7 +37,7 @@ from contextlib import contextmanager
 
 from credit_candidates import CANDIDATES, register_candidates
 from credit_candidates.contrastive import COUNTS as FALLBACK_COUNTS
-from saliency_auroc import chain_rollout_rows
+from saliency_auroc import chain_rollout_rows, in_precision
 
 LABEL_SETS = ("counterbalanced_filler", "counterbalanced_format", "chain_rollouts")
 DEFAULT_METHODS = ("grail,oar_p,attr_patch,attr_patch_drop,contrastive,contrastive_saliency,grail_over_surprise,"
@@ -104,7 +105,8 @@ def screen(model, tokenizer, methods: list[str], label_sets: list[str], args, on
                                          read_at_token=at_token)
         seconds, probed, before = Counter(), Counter(), _counts()
         with timed_probes(seconds, probed):
-            results = saliency_auroc(model, tokenizer, rows, methods, options)
+            results = in_precision(functools.partial(saliency_auroc, model, tokenizer, rows, options=options),
+                                   methods, args.bf16)
         after = _counts()
         for m in [*methods, *(f"{m}@token" for m in options.read_at_token)]:
             fixed = results[m]["signal"].fixed
@@ -239,6 +241,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="also report GRAIL's saliency read at the token's own position (as grail@token; its "
                              "default read is at the position that predicts the token); same probe, no extra cost")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--bf16", action="store_true", help="probes under CPU bf16 autocast over the fp32 weights, as "
+                        "a bf16 CPU run computes them (FP32_PROBES methods in fp32, as such a run keeps them); the "
+                        "label sets' rollouts are sampled in fp32 either way")
     parser.add_argument("--json")
     parser.add_argument("--render", nargs="+", metavar="JSON", help="print the table of these screens' JSON files "
                         "(this script's --json) and run nothing")

@@ -29,14 +29,19 @@ Each row of the table: the pooled AUROC, the position-matched one (grail.analysi
 fixed-position one (grail.analysis.saliency.fixed_position, with the shares of labelled critical / contrast tokens
 that entered it). --read-at-token grail: GRAIL's saliency also read at each token's own position (OAR's), as the row
 grail@token (its signal only); by default it is read at the position that predicts the token.
+--bf16: every probe under CPU bf16 autocast over the fp32 weights, as a bf16 training run on a CPU computes it, and
+the methods of grail.models.precision.FP32_PROBES without it, as such a run keeps them (the rollouts are sampled in
+fp32 either way); the JSON records the precision.
 --json: the full results (as_json: matched AUROC and position profile included); --plot: the profile figure.
 """
 
 import argparse
+import contextlib
 import json
 from collections import Counter
 from dataclasses import replace
 
+import torch
 from transformers import AutoTokenizer
 
 from grail.analysis.saliency.counterbalanced import COUNTERBALANCED_SETS
@@ -44,6 +49,7 @@ from grail.analysis.saliency.label_sets import LABEL_SETS, label_set_rows
 from grail.analysis.saliency.quality import SaliencyQualityOptions, as_json, model_dir_saliency_auroc, saliency_auroc
 from grail.analysis.saliency.token_labels import synthetic_rows
 from grail.methods.table import method_names
+from grail.models.precision import FP32_PROBES
 from grail.models.warmstart import load_inference_model, resolve_model
 from grail.options.choices import WarmStartConfig
 from grail.options.fields import TINY_MODEL
@@ -92,6 +98,21 @@ def chain_rollout_rows(model, tokenizer, prompts: int, samples: int, seed: int, 
     return rows, skipped
 
 
+def in_precision(score, methods: list[str], bf16: bool) -> dict:
+    """`score(methods)` ({name: result}, where a name may add '@token' to a method) in fp32, or with --bf16 as a
+    bf16 CPU run computes each method's probe: under bf16 autocast, the FP32_PROBES methods without it. The results
+    keep `methods`' order."""
+    if not bf16:
+        return score(methods)
+    results = {}
+    for cast in (True, False):
+        names = [m for m in methods if (m not in FP32_PROBES) == cast]
+        if names:
+            with torch.autocast("cpu", dtype=torch.bfloat16) if cast else contextlib.nullcontext():
+                results.update(score(names))
+    return dict(sorted(results.items(), key=lambda item: methods.index(item[0].split("@")[0])))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=TINY_MODEL)
@@ -110,6 +131,7 @@ def main() -> None:
     parser.add_argument("--fixed-group", default="row", choices=("row", "all"),
                         help="the fixed AUROC's group: the rows' own (a counterbalanced group, a prompt) or one")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--bf16", action="store_true", help="probes under CPU bf16 autocast, as a bf16 run has them")
     parser.add_argument("--json")
     parser.add_argument("--plot")
     args = parser.parse_args()
@@ -143,10 +165,14 @@ def main() -> None:
     options = SaliencyQualityOptions(pairs=args.pairs, fixed_group=args.fixed_group, read_at_token=at_token,
                                      traces="reference" if args.label_set == "chain_rollouts" else "both")
     if args.label_set == "chain_rollouts":  # the model is loaded already; its own completions, their own advantages
-        results = saliency_auroc(model, tokenizer, rows, methods, options)
+        results = in_precision(lambda names: saliency_auroc(model, tokenizer, rows, names, options), methods,
+                               args.bf16)
     else:
-        results = model_dir_saliency_auroc(path, rows, methods, options=options, device="cpu")
-    print(f"model {path}; {what}, pairs={args.pairs}; AUROC [95% CI], pooled / position-matched / fixed (tokens "
+        results = in_precision(lambda names: model_dir_saliency_auroc(path, rows, names, options=options,
+                                                                      device="cpu"), methods, args.bf16)
+    precision = "bf16" if args.bf16 else "fp32"
+    print(f"model {path}; {what}, pairs={args.pairs}, probes in {precision}; AUROC [95% CI], pooled / "
+          f"position-matched / fixed (tokens "
           f"entered / labelled: critical, contrast)")
     print("| method | signal | signal, matched | signal, fixed | weights | weights, matched | weights, fixed |\n"
           "|---|---|---|---|---|---|---|")
@@ -155,7 +181,8 @@ def main() -> None:
         print(f"| {method} | " + " | ".join(cells + ["- | - | -"] * (2 - len(cells))) + " |")  # @token: signal only
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"model": str(path), "rows": what, "results": as_json(results)}, f, indent=1)
+            json.dump({"model": str(path), "rows": what, "precision": precision, "results": as_json(results)}, f,
+                      indent=1)
     if args.plot:
         from grail.analysis.saliency.plots import plot_position_profiles
 

@@ -91,6 +91,7 @@ class ProbeBatch(NamedTuple):
     adv_B: torch.Tensor | None = None  # the rows' sequence advantages (methods that read the group's outcomes)
     reasoning_BT: torch.Tensor | None = None  # bool: the rows' reasoning tokens (`AnswerSpans.reasoning_BT`)
     tokenizer: Any = None  # the tokenizer of the ids (methods that read the text, e.g. to find reasoning steps)
+    state: Any = None  # the method's per-run state (`MethodSpec.state`); None for a method that keeps none
 
 
 Probe = Callable[[torch.nn.Module, ProbeBatch, WeightingOptions, "torch.Generator | None"], torch.Tensor]
@@ -128,6 +129,7 @@ PROBE_BATCH_FIELDS: dict[str, str] = {
     "adv_B": "(rows,) the rows' sequence advantages A (methods that read the group's outcomes)",
     "reasoning_BT": "(rows, T) bool: the reasoning tokens (see `reasoning` below)",
     "tokenizer": "the tokenizer of the ids (methods that read the text)",
+    "state": "the method's per-run state (`MethodSpec.state`; a fresh one outside a trainer), or None",
 }
 PIPELINE_ARGUMENTS: dict[str, str] = {
     "spec": "the method's own `MethodSpec` (one pipeline can serve several methods, e.g. `permutes`)",
@@ -253,6 +255,9 @@ class MethodSpec:
                                                                   "floor handed to the pipeline (OAR-P); None: 0")
     unshardable: str = _doc("", help="why its probe cannot run on a model sharded over processes (ZeRO-3, FSDP); "
                                      "'' = it can. Training such a model with it is refused with this text")
+    state: Callable[[], Any] | None = _doc(None, help="for a method that learns across steps: a factory of its "
+                                                      "per-run state (`state_dict()`, `load_state_dict(d)`), which "
+                                                      "the trainer hands the probe as `rows.state` and checkpoints")
     options: tuple[MethodOption, ...] = _doc((), help="options of its own (`MethodOption`), each a config field "
                                                       "named `<name>_...`")
     check: Callable[[WeightingOptions, Any], str | None] | None = _doc(
@@ -310,6 +315,9 @@ class MethodSpec:
                              f"different methods must not collide).")
         if len(set(names)) != len(names):
             raise ValueError(f"method {self.name}: an option is declared twice.")
+        if self.state is not None and not callable(self.state):
+            raise ValueError(f"method {self.name}: state must be a function () → an object with state_dict() and "
+                             f"load_state_dict(), made once per run.")
 
     def resolve_options(self, given: Mapping[str, Any] | None) -> dict[str, Scalar]:
         """Every declared option's value: `given` parsed and checked, defaults for the rest. ValueError for a key

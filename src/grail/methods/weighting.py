@@ -63,10 +63,11 @@ def probe_rows(adv_B: torch.Tensor, spans: AnswerSpans, mask_BT: torch.Tensor,
 def run_probe(model, input_ids_BL: torch.Tensor, attention_mask_BL: torch.Tensor, spans: AnswerSpans,
               mask_BT: torch.Tensor, rows_B: torch.Tensor, options: WeightingOptions,
               generator: torch.Generator | None = None, spec: MethodSpec | None = None, *,
-              adv_B: torch.Tensor | None = None, tokenizer=None) -> torch.Tensor:
+              adv_B: torch.Tensor | None = None, tokenizer=None, state=None) -> torch.Tensor:
     """The method's per-token signal (B, T) on `rows_B` (other rows 0), computed on those rows only. `spec`: as
     for `probe_rows`. `adv_B` and `tokenizer` reach the probe in its `ProbeBatch` (methods that read the group's
-    outcomes or the text)."""
+    outcomes or the text), and so does `state`, the method's per-run state (`MethodSpec.state`; None: a fresh one for
+    this call, for a method that keeps state)."""
     spec = _spec_of(options, spec)
     options = _resolved(spec, options)
     if spec.probe is None:
@@ -74,10 +75,12 @@ def run_probe(model, input_ids_BL: torch.Tensor, attention_mask_BL: torch.Tensor
     if model is None and spec.calls_model:
         raise ValueError(f"token_weighting={spec.name!r}: its probe calls the model, and model is None; pass the "
                          f"model (only a method declaring calls_model=False runs without one).")
+    if state is None and spec.state is not None:
+        state = spec.state()
     index = rows_B.nonzero().squeeze(1)
     rows = ProbeBatch(input_ids_BL[index], attention_mask_BL[index], spans.probe_span(options.answer_nll_span)[index],
                       scored_tokens(spans, mask_BT, options)[index], None if adv_B is None else adv_B[index],
-                      spans.reasoning_BT[index], tokenizer)
+                      spans.reasoning_BT[index], tokenizer, state)
     signal = spec.probe(model, rows, options, generator)
     full = torch.zeros(mask_BT.shape, dtype=torch.float32, device=mask_BT.device)
     full[index] = signal.to(full.device, torch.float32)
@@ -110,7 +113,8 @@ def token_weights(model, tokenizer, input_ids_BL: torch.Tensor, attention_mask_B
                   mask_BT: torch.Tensor, adv_B: torch.Tensor, options: WeightingOptions, *,
                   spans: AnswerSpans | None = None, signal_BT: torch.Tensor | None = None,
                   generator: torch.Generator | None = None,
-                  any_process: Callable[[bool], bool] = bool, spec: MethodSpec | None = None) -> TokenWeights:
+                  any_process: Callable[[bool], bool] = bool, spec: MethodSpec | None = None,
+                  state=None) -> TokenWeights:
     """Weights for one batch in TRL's layout (prompt left-padded, completion right-padded after it).
 
     Args:
@@ -129,6 +133,8 @@ def token_weights(model, tokenizer, input_ids_BL: torch.Tensor, attention_mask_B
             it too (on its own rows, result unused), so sharded models run the same collectives everywhere.
         spec: the method's `METHODS` entry (the trainer passes the one it looked up when built); None looks it up
             from `options.token_weighting`, once for the whole batch.
+        state: the method's per-run state (`MethodSpec.state`; the trainer keeps one per run); None: a fresh one.
+            A process that probes only to keep in step with another (no row of its own) does not touch it.
     Returns:
         `TokenWeights`; `weights_BT` is (B, T) float32, detached, 0 on padding.
     """
@@ -144,13 +150,14 @@ def token_weights(model, tokenizer, input_ids_BL: torch.Tensor, attention_mask_B
         if not spec.calls_model:  # no model call: no collective to keep in step, so no other process's rows matter
             if local_any:
                 signal_BT = run_probe(None, input_ids_BL, attention_mask_BL, spans, mask_BT, rows_B, options,
-                                      generator, spec, adv_B=adv_B, tokenizer=tokenizer)
+                                      generator, spec, adv_B=adv_B, tokenizer=tokenizer, state=state)
             path = "separate" if local_any else "skipped"
         elif any_process(local_any):
             run_rows = rows_B if local_any else mask_BT.any(1)
             run_spans = spans if local_any else spans._replace(answer_BT=mask_BT, box_BT=mask_BT)  # something to probe
             signal_BT = run_probe(model, input_ids_BL, attention_mask_BL, run_spans, mask_BT, run_rows, options,
-                                  generator, spec, adv_B=adv_B, tokenizer=tokenizer)
+                                  generator, spec, adv_B=adv_B, tokenizer=tokenizer,
+                                  state=state if local_any else None)
             path = "separate"
         else:
             path = "skipped"

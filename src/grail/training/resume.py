@@ -160,3 +160,30 @@ def load_generator(generator, checkpoint: str | Path, rank: int, method: str) ->
         warnings.warn(f"grail: {checkpoint} holds no token-weighting generator state (saved before grail-rl kept "
                       f"it): if {method} draws from it (the random control and OAR-G do), its draws after this step "
                       f"differ from an uninterrupted run's.", stacklevel=3)
+
+
+# ---- a learning method's state (MethodSpec.state; GRAILTrainer's S6) ----------------------------------------------
+def _method_state_file(checkpoint: str | Path, rank: int) -> Path:
+    return Path(checkpoint) / f"method_state_{rank}.pt"
+
+
+def save_method_state(state, checkpoint: str | Path, rank: int) -> None:
+    """Save process `rank`'s method state (`MethodSpec.state`: what a learning method has learned so far) into a
+    checkpoint, beside the token-weighting generator."""
+    import torch
+
+    torch.save(state.state_dict(), _method_state_file(checkpoint, rank))
+
+
+def load_method_state(state, checkpoint: str | Path, rank: int, method: str) -> None:
+    """Restore what `save_method_state` saved. A checkpoint without it cannot resume the method exactly (it was
+    saved by a run of another method): ValueError naming the file and the fix."""
+    import torch
+
+    path = _method_state_file(checkpoint, rank)
+    if not path.is_file():
+        raise ValueError(f"{checkpoint} holds no state of token_weighting={method!r} ({path.name}): it was saved by a "
+                         f"run of another method, or before the method kept state, and {method} would start learning "
+                         f"again from nothing. Resume it with the method it was trained with, or start a new run "
+                         f"(a new output_dir).")
+    state.load_state_dict(torch.load(path, weights_only=True))

@@ -29,8 +29,9 @@ The seam to TRL. Everything this module relies on that TRL does not document, in
       `unwrap_model_for_generation` yields, which on one process is `accelerator.unwrap_model(self.model)`
       (shared_prompt wraps that object's `generate` for the call; tests/test_shared_prompt.py checks it is called).
   S6. (transformers' Trainer) every process calls `_save_rng_state(output_dir)` while saving a checkpoint, and
-      `_load_rng_state(checkpoint)` once when resuming from one: the trainer's own generator rides along with the
-      RNG states saved there (tests/test_resume.py resumes a `random` run to the uninterrupted result).
+      `_load_rng_state(checkpoint)` once when resuming from one: the trainer's own generator, and a learning
+      method's state (`MethodSpec.state`), ride along with the RNG states saved there (tests/test_resume.py resumes
+      a `random` run to the uninterrupted result, tests/test_oar_p_amortized.py a learning method's).
 The fused path checks S3 at run time too (a wrong count or an early read of `advantages` stops the step). With
 shared_prompt, the mixed-in `grail.training.shared_prompt.SharedPromptForward` overrides S3's and S5's methods: each
 distinct prompt is computed once, and TRL's own run where nothing is shared. Which path a setup can take, and what is
@@ -61,7 +62,7 @@ from grail.methods.weighting import batch_spans, fused_signal, probe_rows, token
 from grail.models.precision import FP32_PROBES, check_cpu_master_weights
 from grail.training import paths
 from grail.training.engines import dropped_engine, refuse_if_unshardable, sharded_by
-from grail.training.resume import load_generator, save_generator
+from grail.training.resume import load_generator, load_method_state, save_generator, save_method_state
 from grail.training.shared_prompt import SharedPromptForward
 
 __all__ = ["GRAILTrainer"]
@@ -105,6 +106,8 @@ class GRAILTrainer(SharedPromptForward, GRPOTrainer):
         if device.type == "cpu":  # bf16 on CPU is autocast over fp32 master weights, never bf16 weights
             check_cpu_master_weights(self.accelerator.unwrap_model(self.model), self.args.learning_rate)
         self._generator = torch.Generator(device=device).manual_seed(self.args.seed + self.accelerator.process_index)
+        # what a learning method has learned so far (`MethodSpec.state`), saved with each checkpoint (S6)
+        self.method_state = self.method.state() if self.method.state is not None else None
         self.weight_sums = WeightSums(self.weighting.weight_min, self.weighting.weight_max,
                                       count_clips=self.weighting.weight_rescale != "none")
         self.cpu_bf16 = bool(self.args.bf16 and device.type == "cpu")  # autocast over fp32 weights (`_cast_once`)
@@ -260,7 +263,7 @@ class GRAILTrainer(SharedPromptForward, GRPOTrainer):
             with self._probe_context(unwrapped), self._probe_precision(unwrapped):
                 weights = token_weights(unwrapped, self.tokenizer, input_ids_BL, attention_mask_BL, mask_BT, adv_B,
                                         self.weighting, spans=spans, generator=self._generator,
-                                        any_process=self._any_process, spec=self.method)
+                                        any_process=self._any_process, spec=self.method, state=self.method_state)
         return super()._compute_loss(model, {**inputs, "advantages": self._token_advantages(adv_B, mask_BT, weights)})
 
     @contextmanager
@@ -341,7 +344,8 @@ class GRAILTrainer(SharedPromptForward, GRPOTrainer):
                 parts.append(token_weights(
                     model, self.tokenizer, input_ids_BL[rows], attention_mask_BL[rows], mask_BT[rows],
                     batch["advantages"][rows], self.weighting, spans=AnswerSpans(*(s[rows] for s in spans)),
-                    generator=self._generator, any_process=self._any_process, spec=self.method))
+                    generator=self._generator, any_process=self._any_process, spec=self.method,
+                    state=self.method_state))
         merged = TokenWeights.concat(parts, path="rollout")
         self._metric_lists(self._mode())["weights/seconds"].append(merged.seconds)
         return merged
@@ -350,11 +354,15 @@ class GRAILTrainer(SharedPromptForward, GRPOTrainer):
     def _save_rng_state(self, output_dir: str) -> None:
         super()._save_rng_state(output_dir)
         save_generator(self._generator, output_dir, self.accelerator.process_index)
+        if self.method_state is not None:
+            save_method_state(self.method_state, output_dir, self.accelerator.process_index)
 
     def _load_rng_state(self, checkpoint: str | None) -> None:
         super()._load_rng_state(checkpoint)
         if checkpoint is not None:
             load_generator(self._generator, checkpoint, self.accelerator.process_index, self.method.name)
+            if self.method_state is not None:
+                load_method_state(self.method_state, checkpoint, self.accelerator.process_index, self.method.name)
 
     # ---- Â and its statistics ---------------------------------------------------------------------------------
     def _token_advantages(self, adv_B, mask_BT, weights: TokenWeights) -> torch.Tensor:

@@ -1,0 +1,191 @@
+"""OAR-P learned online from a few exact rows a step (`--token_weighting oar_p_amortized`).
+
+Why: OAR-P (docs/methods/oar_p.md) is the one signal that finds the reasoning with position held fixed, and it costs a
+forward of the row's suffix for every scored token: T²/2 positions a row. This method computes exact OAR-P on a few
+rows of each probe call and predicts it on the others from what one clean forward gives, as amortized attribution
+does (an explainer trained to predict an expensive attribution: FastSHAP; amortized Shapley values for text,
+arXiv 2305.19998).
+
+Each probe call, on the rows OAR-P would probe (its rows, its scored tokens):
+  1. one no-grad forward of every row gives each scored token's features x_t: the hidden state at the token's own
+     position after the decoder layer `oar_p_amortized_layer` (RMS-normalised, then a fixed random projection to
+     `oar_p_amortized_features` dimensions: the same matrix for every run of a model width, seeded, never learned),
+     the token's surprise −log π(y_t) and the entropy of the distribution it was drawn from (at the predicting
+     position, the sampling temperature), its place in the row (t / n), and a constant;
+  2. `oar_p_amortized_exact_rows` of the rows, drawn with the trainer's generator, get exact OAR-P (OAR-P's own
+     probe); their scored tokens' (x_t, log max(I_t, floor)) update the predictor;
+  3. the other rows get I_t = exp(x_t · θ), θ the ridge regression of log-importance on the features over every
+     exact token seen so far, older calls discounted by `oar_p_amortized_decay` per call;
+  4. OAR-P's bi-level reshaping turns the signal into weights, as for OAR-P.
+
+The target is log-importance, a regression: OAR-P's KLs span several orders of magnitude (1e-8 to 1 nats on one row),
+the bi-level reshaping reads each row's order and relative size, and the log makes a squared error weigh the
+critical tokens' orders of magnitude rather than their absolute KLs. A ridge fit by its sufficient statistics
+(Σ x xᵀ, Σ x y, discounted) is deterministic, exact to resume (the statistics are the whole state), costs F² a token,
+and needs no learning rate. The regulariser is `oar_p_amortized_ridge` × mean(diag Σ x xᵀ), so it does not depend on
+the features' scale or on how many tokens have been seen.
+
+State (`MethodSpec.state`, `Predictor`): the two sums and the count of exact tokens; the trainer keeps one per process
+and saves it with each checkpoint. Outside a trainer each call starts from nothing and fits on its own exact rows.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from grail.methods import oar_probes, probes
+from grail.methods.builtin import BILEVEL_READS, bilevel_pipeline, oar_p_floor, pad_token_id
+from grail.methods.core import entropy_from_logits
+from grail.methods.output_layer import output_logits
+from grail.methods.sharding import unsharded
+from grail.methods.spans import align_to_completion
+from grail.methods.spec import MethodOption, MethodSpec, ProbeBatch
+from grail.options.choices import WeightingOptions
+
+__all__ = ["SPEC", "Predictor", "token_features"]
+
+EXACT_ROWS = "oar_p_amortized_exact_rows"
+LAYER = "oar_p_amortized_layer"
+FEATURES = "oar_p_amortized_features"
+RIDGE = "oar_p_amortized_ridge"
+DECAY = "oar_p_amortized_decay"
+SCALARS = 4  # surprise, entropy, place in the row, constant
+PROJECTION_SEED = 0
+CHUNK_POSITIONS = 1024  # positions whose logits are formed at once (memory: this × V float32)
+
+
+class Predictor:
+    """The ridge regression of log-importance on the features, by its discounted sufficient statistics (float64)."""
+
+    def __init__(self):
+        self.xx_FF: torch.Tensor | None = None  # Σ x xᵀ
+        self.xy_F: torch.Tensor | None = None  # Σ x y
+        self.tokens = 0.0  # discounted count of exact tokens
+        self.calls = 0  # probe calls that updated it
+
+    def update(self, x_NF: torch.Tensor, y_N: torch.Tensor, decay: float) -> None:
+        x, y = x_NF.double().cpu(), y_N.double().cpu()
+        if self.xx_FF is None or self.xx_FF.shape[0] != x.shape[1]:
+            self.xx_FF, self.xy_F, self.tokens = torch.zeros(x.shape[1], x.shape[1], dtype=torch.float64), \
+                torch.zeros(x.shape[1], dtype=torch.float64), 0.0
+        self.xx_FF = decay * self.xx_FF + x.T @ x
+        self.xy_F = decay * self.xy_F + x.T @ y
+        self.tokens = decay * self.tokens + x.shape[0]
+        self.calls += 1
+
+    def coefficients(self, ridge: float) -> torch.Tensor:
+        """θ (F,) float64: (Σ x xᵀ + λ I)⁻¹ Σ x y, λ = ridge × mean(diag Σ x xᵀ) (and at least 1e-12)."""
+        if self.xx_FF is None:
+            raise RuntimeError("oar_p_amortized: the predictor has seen no exact token yet")
+        scale = max(float(self.xx_FF.diagonal().mean()), 1e-12)
+        system = self.xx_FF + max(ridge * scale, 1e-12) * torch.eye(self.xx_FF.shape[0], dtype=torch.float64)
+        return torch.linalg.solve(system, self.xy_F)
+
+    def state_dict(self) -> dict:
+        return {"xx_FF": self.xx_FF, "xy_F": self.xy_F, "tokens": self.tokens, "calls": self.calls}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.xx_FF, self.xy_F = state["xx_FF"], state["xy_F"]
+        self.tokens, self.calls = float(state["tokens"]), int(state["calls"])
+
+
+def _projection(width: int, features: int, device) -> torch.Tensor:
+    """(D, F') the fixed random projection of a D-wide hidden state (F' = min(F, D)); the identity when F ≥ D."""
+    if features >= width:
+        return torch.eye(width, device=device)
+    generator = torch.Generator().manual_seed(PROJECTION_SEED)
+    return (torch.randn(width, features, generator=generator) / features ** 0.5).to(device)
+
+
+def token_features(model, rows: ProbeBatch, options: WeightingOptions) -> torch.Tensor:
+    """(rows, T, F) float32 features of every completion token (0 on padding): the projected hidden state after
+    `LAYER` at the token's own position, then surprise, entropy, t / n and 1. One no-grad forward."""
+    T = rows.scored_BT.shape[1]
+    mask_BT = probes.completion_mask_BT(rows.attention_mask_BL, T)
+    method = options.method_options
+    with torch.no_grad(), unsharded(model), probes.output_of(probes.leaf_module(model, method[LAYER])) as captured:
+        final_BLD = probes.hidden_states_BLD(model, rows.attention_mask_BL, input_ids=rows.input_ids_BL)
+        layer_BTD = align_to_completion(captured[-1], T, at="token").float()
+        predicting_BTD = align_to_completion(final_BLD, T, at="predicting")
+        targets_BT = rows.input_ids_BL[:, -T:]
+        surprise_BT, entropy_BT = (torch.zeros(mask_BT.shape, device=mask_BT.device) for _ in range(2))
+        row_N, col_N = mask_BT.nonzero(as_tuple=True)
+        for start in range(0, row_N.numel(), CHUNK_POSITIONS):  # the output layer on a bounded number of positions
+            r, c = row_N[start:start + CHUNK_POSITIONS], col_N[start:start + CHUNK_POSITIONS]
+            logits_NV = output_logits(model, predicting_BTD[r, c], options.temperature).float()
+            surprise_BT[r, c] = -torch.log_softmax(logits_NV, dim=-1).gather(1, targets_BT[r, c, None])[:, 0]
+            entropy_BT[r, c] = entropy_from_logits(logits_NV)
+    hidden_BTD = layer_BTD / layer_BTD.pow(2).mean(-1, keepdim=True).add(1e-12).sqrt()
+    projected_BTF = hidden_BTD @ _projection(hidden_BTD.shape[-1], method[FEATURES], hidden_BTD.device)
+    lengths_B1 = mask_BT.sum(1, keepdim=True).clamp(min=1)
+    place_BT = torch.arange(T, device=mask_BT.device)[None].float() / lengths_B1
+    extra_BTS = torch.stack([surprise_BT, entropy_BT, place_BT, torch.ones_like(place_BT)], -1)
+    return torch.cat([projected_BTF, extra_BTS], -1) * mask_BT[..., None]
+
+
+def _exact_rows(n: int, budget: int, generator: torch.Generator | None) -> torch.Tensor:
+    """(n,) bool on the CPU: `budget` rows drawn without replacement from `generator` (all of them when n ≤ budget)."""
+    device = generator.device if generator is not None else "cpu"
+    order = torch.randperm(n, generator=generator, device=device).cpu()
+    chosen = torch.zeros(n, dtype=torch.bool)
+    chosen[order[:budget]] = True
+    return chosen
+
+
+def _probe(model, rows: ProbeBatch, options: WeightingOptions, generator) -> torch.Tensor:
+    method = options.method_options
+    predictor = rows.state if rows.state is not None else Predictor()
+    scored_BT = rows.scored_BT.bool()
+    exact_B = _exact_rows(scored_BT.shape[0], method[EXACT_ROWS], generator).to(scored_BT.device)
+    features_BTF = token_features(model, rows, options)
+    signal_BT = torch.zeros(scored_BT.shape, dtype=torch.float32, device=scored_BT.device)
+    exact = rows._replace(input_ids_BL=rows.input_ids_BL[exact_B], attention_mask_BL=rows.attention_mask_BL[exact_B],
+                          answer_BT=rows.answer_BT[exact_B], scored_BT=rows.scored_BT[exact_B])
+    importance_BT = oar_probes.oar_p_importance(
+        model, exact.input_ids_BL, exact.attention_mask_BL, exact.scored_BT, exact.answer_BT,
+        distribution=options.oar_distribution, pad_token_id=pad_token_id(model), temperature=options.temperature,
+        chunk_tokens=options.perturbation_chunk_tokens)
+    signal_BT[exact_B] = importance_BT.float()
+    floor = max(oar_p_floor(model, options), 1e-12)  # the log's floor: OAR-P's rounding floor
+    exact_features_BTF = features_BTF[exact_B]
+    # a token whose features or importance are not finite (a broken forward) stays out of the fit: its row falls
+    # back to uniform weights by the pipeline's rule, and the predictor is not poisoned for the other rows
+    train_NT = scored_BT[exact_B] & torch.isfinite(importance_BT) & torch.isfinite(exact_features_BTF).all(-1)
+    if train_NT.any():
+        predictor.update(exact_features_BTF[train_NT], importance_BT.float()[train_NT].clamp(min=floor).log(),
+                         method[DECAY])
+    rest_B = ~exact_B
+    if rest_B.any() and predictor.xx_FF is not None:
+        theta_F = predictor.coefficients(method[RIDGE]).float().to(features_BTF.device)
+        predicted_BT = (features_BTF[rest_B] @ theta_F).clamp(max=30.0).exp()
+        signal_BT[rest_B] = torch.where(scored_BT[rest_B], predicted_BT, torch.zeros_like(predicted_BT))
+    return signal_BT
+
+
+SPEC = MethodSpec(
+    "oar_p_amortized", "OAR-P (amortized)", _probe, bilevel_pipeline, rows="bilevel", min_importance=oar_p_floor,
+    reads=BILEVEL_READS + ("answer_nll_span", "oar_min_importance", "perturbation_chunk_tokens"), auroc=False,
+    state=Predictor,
+    options=(
+        MethodOption(EXACT_ROWS, 2, "rows of each probe call scored by exact OAR-P (the predictor's training data); "
+                     "the others get the prediction", minimum=1),
+        MethodOption(LAYER, "middle", "the decoder layer whose output at the token's position is the feature",
+                     choices=("embeddings", "first", "middle", "last")),
+        MethodOption(FEATURES, 256, "dimensions of the hidden state's fixed random projection (the width itself "
+                     "or more: no projection)", minimum=1),
+        MethodOption(RIDGE, 0.01, "the ridge regulariser, relative to the mean diagonal of Σ x xᵀ", minimum=0.0),
+        MethodOption(DECAY, 0.95, "each earlier probe call's weight in the fit, per call (1: every call alike)",
+                     minimum=0.0, maximum=1.0),
+    ),
+    title="OAR-P learned online: exact OAR-P on a few rows a step, a ridge predictor of log-importance on the rest",
+    summary="Each probe call scores a few rows with exact OAR-P, adds their tokens to a ridge regression of "
+            "log-importance on features one clean forward gives (a layer's hidden state, randomly projected; the "
+            "token's surprise and entropy; its place), and gives the other rows the prediction; OAR-P's bi-level "
+            "reshaping turns either into weights. The regression's sums are the method's state, saved with "
+            "checkpoints (grail-rl's own method).",
+    example="oar_p_amortized_exact_rows=1, oar_p_amortized_layer='last'",
+    cost="one no-grad forward of every probed row (and the output layer at its completion positions) plus exact "
+         "OAR-P on oar_p_amortized_exact_rows rows",
+    reference="grail-rl; OAR-P: Li et al. 2026, arXiv 2601.07408 (OAR); amortized attribution: Yang et al. 2023, "
+              "arXiv 2305.19998",
+)

@@ -1,0 +1,214 @@
+"""oar_p_amortized (grail.methods.signals.oar_p_amortized): exact OAR-P on a few rows a call, a ridge predictor of
+log-importance on the others. With a budget that covers every row it is OAR-P; the exact rows it draws are OAR-P's on
+them; the predictor recovers a linear law, discounts older calls, and its state round-trips; the features are the
+layer's hidden state, the surprise and the entropy of the model's own logits; it passes the public checker; a trainer
+saves its state with every checkpoint, and a run stopped and resumed ends as the uninterrupted one did."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import grail
+from conftest import WARM_STEPS
+from grail.methods.signals import oar_p_amortized as amortized
+from grail.methods.spec import ProbeBatch
+from grail.methods.table import METHODS
+from grail.options.choices import WeightingOptions
+from probe_batches import probe_batch, probe_model, scored_batch
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    return probe_model(tokenizer)
+
+
+def _options(**method_options):
+    spec = METHODS["oar_p_amortized"]
+    return WeightingOptions(token_weighting="oar_p_amortized", temperature=0.7,
+                            method_options=spec.resolve_options(method_options))
+
+
+def _rows(state=None):
+    ids, attn, answer, scored = scored_batch()
+    return ProbeBatch(ids, attn, answer, scored, state=state)
+
+
+def _oar_p(model, rows, options):
+    oar_p = METHODS["oar_p"]
+    return oar_p.probe(model, rows, WeightingOptions(token_weighting="oar_p", temperature=options.temperature,
+                                                     method_options=oar_p.resolve_options({})), None)
+
+
+def test_it_is_a_registered_method_with_state():
+    spec = METHODS["oar_p_amortized"]
+    assert spec is amortized.SPEC and spec.state is amortized.Predictor and spec.rows == "bilevel"
+
+
+def test_a_budget_that_covers_every_row_is_oar_p(model):
+    options = _options(oar_p_amortized_exact_rows=3)
+    rows = _rows()
+    got = amortized.SPEC.probe(model, rows, options, torch.Generator().manual_seed(0))
+    torch.testing.assert_close(got, _oar_p(model, rows, options).float())
+
+
+def test_the_exact_rows_are_oar_ps_and_the_others_are_predicted_from_them(model):
+    options = _options(oar_p_amortized_exact_rows=1)
+    state = amortized.Predictor()
+    rows = _rows(state)
+    generator = torch.Generator().manual_seed(3)
+    exact_B = amortized._exact_rows(3, 1, torch.Generator().manual_seed(3))  # the draw the probe makes
+    got = amortized.SPEC.probe(model, rows, options, generator)
+    want = _oar_p(model, rows, options).float()
+    torch.testing.assert_close(got[exact_B], want[exact_B])
+    scored = rows.scored_BT.bool()
+    predicted = got[~exact_B]
+    assert torch.isfinite(predicted).all() and (predicted[scored[~exact_B]] > 0).all()
+    assert predicted[~scored[~exact_B]].eq(0).all()
+    assert state.calls == 1 and state.tokens == float(scored[exact_B].sum())
+    again = amortized.SPEC.probe(model, _rows(amortized.Predictor()), options, torch.Generator().manual_seed(3))
+    torch.testing.assert_close(again, got, rtol=0, atol=0)  # deterministic given the seed
+
+
+def test_the_predictor_recovers_a_linear_law_discounts_old_calls_and_round_trips():
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(200, 5, generator=generator, dtype=torch.float64)
+    theta = torch.tensor([1.0, -2.0, 0.5, 0.0, 3.0], dtype=torch.float64)
+    predictor = amortized.Predictor()
+    predictor.update(x, x @ theta, decay=0.9)
+    torch.testing.assert_close(predictor.coefficients(ridge=0.0), theta)
+    predictor.update(x, x @ -theta, decay=0.0)  # decay 0 forgets the first call
+    torch.testing.assert_close(predictor.coefficients(ridge=0.0), -theta)
+    predictor.update(x, x @ theta, decay=1.0)  # two equal calls of opposite laws: their mean, 0
+    torch.testing.assert_close(predictor.coefficients(ridge=0.0), torch.zeros(5, dtype=torch.float64))
+    copy = amortized.Predictor()
+    copy.load_state_dict(predictor.state_dict())
+    assert copy.calls == predictor.calls == 3 and copy.tokens == predictor.tokens == 400
+    torch.testing.assert_close(copy.coefficients(0.01), predictor.coefficients(0.01), rtol=0, atol=0)
+    assert predictor.coefficients(1e6).abs().max() < 1e-3  # a large ridge shrinks θ to 0
+    with pytest.raises(RuntimeError, match="no exact token"):
+        amortized.Predictor().coefficients(0.0)
+
+
+def test_the_features_are_the_layers_state_and_the_models_own_surprise_and_entropy(model):
+    options = _options(oar_p_amortized_layer="last", oar_p_amortized_features=10_000)  # no projection
+    ids, attn, answer = probe_batch()
+    rows = ProbeBatch(ids, attn, answer, attn[:, -answer.shape[1]:].bool())
+    T = answer.shape[1]
+    features = amortized.token_features(model, rows, options)
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=attn, output_hidden_states=True)
+    width = model.config.hidden_size
+    assert features.shape == (3, T, width + amortized.SCALARS)
+    real = attn[:, -T:].bool()
+    hidden = out.hidden_states[model.config.num_hidden_layers - 1][:, -T:]  # leaf 'last': hidden_states[L − 1]
+    hidden = hidden / hidden.pow(2).mean(-1, keepdim=True).add(1e-12).sqrt()
+    torch.testing.assert_close(features[..., :width][real], hidden[real], rtol=1e-4, atol=1e-4)
+    logp = torch.log_softmax(out.logits[:, -T - 1:-1].float() / 0.7, -1)
+    surprise = -logp.gather(-1, ids[:, -T:, None])[..., 0]
+    entropy = -(logp.exp() * logp).sum(-1)
+    torch.testing.assert_close(features[..., width][real], surprise[real], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(features[..., width + 1][real], entropy[real], rtol=1e-4, atol=1e-4)
+    assert features[..., -1][real].eq(1).all() and features[~real].eq(0).all()
+    projected = amortized.token_features(model, rows, _options(oar_p_amortized_features=4))
+    assert projected.shape == (3, T, 4 + amortized.SCALARS)
+
+
+def test_passes_the_public_checker():
+    report = grail.check_method("oar_p_amortized", raise_on_failure=False)
+    assert report.ok, report.text()
+
+
+def test_a_checkpoint_without_the_state_cannot_resume_the_method(tmp_path):
+    from grail.training.resume import load_method_state, save_method_state
+
+    state = amortized.Predictor()
+    state.update(torch.ones(3, 2), torch.ones(3), decay=1.0)
+    save_method_state(state, tmp_path, rank=0)
+    restored = amortized.Predictor()
+    load_method_state(restored, tmp_path, rank=0, method="oar_p_amortized")
+    assert restored.calls == 1 and torch.equal(restored.xx_FF, state.xx_FF)
+    with pytest.raises(ValueError, match="holds no state of token_weighting='oar_p_amortized'.*new run"):
+        load_method_state(amortized.Predictor(), tmp_path, rank=1, method="oar_p_amortized")
+
+
+# ---- a trainer keeps the state across a stop and a resume ------------------------------------------------------
+
+def test_the_trainer_hands_its_state_to_every_probe_call_and_saves_it_with_a_checkpoint(tiny_dir, tmp_path):
+    """One Predictor for the run, updated by each micro-batch's probe (a fresh one per call would stay at 1 call),
+    written by `_save_rng_state` and read back by `_load_rng_state` (transformers' checkpoint seam, trainer S6)."""
+    from batches import loss_and_grads, make_trainer, trl_batch
+    from grail.training.trainer import GRAILTrainer
+
+    trainer = make_trainer(GRAILTrainer, tiny_dir, tmp_path / "a", token_weighting="oar_p_amortized",
+                           method_options={"oar_p_amortized_exact_rows": 1})
+    assert isinstance(trainer.method_state, amortized.Predictor) and trainer.method_state.calls == 0
+    batch = trl_batch(trainer.processing_class)
+    for _ in range(2):
+        loss_and_grads(trainer, batch)
+    assert trainer.method_state.calls == 2
+    checkpoint = tmp_path / "checkpoint-2"
+    checkpoint.mkdir()
+    trainer._save_rng_state(str(checkpoint))
+    other = make_trainer(GRAILTrainer, tiny_dir, tmp_path / "b", token_weighting="oar_p_amortized",
+                         method_options={"oar_p_amortized_exact_rows": 1})
+    other._load_rng_state(str(checkpoint))
+    assert other.method_state.calls == 2
+    torch.testing.assert_close(other.method_state.coefficients(0.01), trainer.method_state.coefficients(0.01),
+                               rtol=0, atol=0)
+
+STEPS = 4
+RUN = ["--preset", "tiny-cpu", "--token_weighting", "oar_p_amortized", "--oar_p_amortized_exact_rows", "1",
+       "--max_steps", str(STEPS), "--save_steps", "100", "--logging_steps", "1", "--per_device_train_batch_size", "16",
+       "--task_num_train", "64", "--learning_rate", "1e-3", "--warmstart_steps", str(WARM_STEPS), "--seed", "7"]
+
+
+def _train(cache, out, *extra, wait=True):
+    command = [sys.executable, "-m", "grail", "train", *RUN, "--cache_dir", str(cache), "--output_dir", str(out),
+               *extra]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    if wait:
+        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.slow  # two tiny-model runs and a resume, about a minute; the seam itself is tested just above
+def test_a_stopped_run_resumes_its_predictor_to_the_uninterrupted_result(tmp_path, warm_cache):
+    """SIGUSR1 after step 1: the checkpoint holds the predictor's state, and the resumed run's weights and final
+    parameters equal an uninterrupted run's (with a predictor started afresh they would not: the rows it predicts
+    after the stop would be fitted to fewer exact rows)."""
+    from grail.training.resume import complete_checkpoints
+    from grail.training.stop import STOPPED_EXIT_CODE
+
+    cache, _ = warm_cache
+    whole = _train(cache, tmp_path / "whole")
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    stopped = tmp_path / "stopped"
+    process = _train(cache, stopped, wait=False)
+    deadline = time.time() + 600
+    while time.time() < deadline and process.poll() is None:
+        metrics = stopped / "metrics.jsonl"
+        lines = metrics.read_text().splitlines() if metrics.exists() else []
+        if any(line.endswith("}") and json.loads(line).get("step") == 1 for line in lines):
+            process.send_signal(signal.SIGUSR1)
+            break
+        time.sleep(0.02)
+    _, err = process.communicate(timeout=600)
+    assert process.returncode == STOPPED_EXIT_CODE, err[-2000:]
+    (checkpoint,) = complete_checkpoints(stopped)
+    assert 1 <= int(checkpoint.name.split("-")[1]) < STEPS
+    state = torch.load(checkpoint / "method_state_0.pt", weights_only=True)
+    assert state["calls"] >= 1 and state["xx_FF"] is not None
+    resumed = _train(cache, stopped, "--resume_from_checkpoint", "true")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    got, want = load_file(stopped / "final" / "model.safetensors"), load_file(tmp_path / "whole" / "final" /
+                                                                              "model.safetensors")
+    assert got.keys() == want.keys()
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-6, msg=name)  # as tests/test_resume.py
