@@ -14,7 +14,8 @@ from grail.methods.spec import MethodOption, MethodSpec, ProbeBatch, TokenWeight
 from grail.options.choices import WeightingOptions
 
 __all__ = ["BILEVEL_READS", "BUILTIN", "OAR_P_FLOOR", "SALIENCY_READS", "bilevel_pipeline", "oar_p_floor",
-           "saliency_pipeline", "scored_tokens", "entropy_probe", "pad_token_id", "uniform_pipeline", "zscore_tokens"]
+           "oar_p_signal", "saliency_pipeline", "scored_tokens", "entropy_probe", "pad_token_id", "uniform_pipeline",
+           "zscore_tokens"]
 
 # The option fields each reusable piece reads (`MethodSpec.reads`): a plug-in that reuses a pipeline or a row
 # selection adds these to its own.
@@ -59,11 +60,16 @@ def _oar_g_probe(model, rows: ProbeBatch, options: WeightingOptions, generator) 
 OAR_P_SPAN = "oar_p_span_tokens"  # the span baseline's k (1: token-level OAR-P)
 
 
-def _oar_p_probe(model, rows: ProbeBatch, options: WeightingOptions, generator) -> torch.Tensor:
+def oar_p_signal(model, rows: ProbeBatch, options: WeightingOptions, span_tokens: int = 1) -> torch.Tensor:
+    """OAR-P's importance on `rows` with the run's OAR options (`span_tokens` > 1: the span baseline)."""
     return oar_probes.oar_p_importance(model, rows.input_ids_BL, rows.attention_mask_BL, rows.scored_BT, rows.answer_BT,
                                    distribution=options.oar_distribution, pad_token_id=pad_token_id(model),
                                    temperature=options.temperature, chunk_tokens=options.perturbation_chunk_tokens,
-                                   span_tokens=options.method_options[OAR_P_SPAN])
+                                   span_tokens=span_tokens)
+
+
+def _oar_p_probe(model, rows: ProbeBatch, options: WeightingOptions, generator) -> torch.Tensor:
+    return oar_p_signal(model, rows, options, span_tokens=options.method_options[OAR_P_SPAN])
 
 
 def pad_token_id(model) -> int:

@@ -93,11 +93,13 @@ def output_logits(model: nn.Module, hidden_ND: torch.Tensor, temperature: float)
 @torch.no_grad()
 def per_position_BT(model: nn.Module, hidden_BTD: torch.Tensor, mask_BT: torch.Tensor, temperature: float,
                     read: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
-                    chunk_positions: int = 1024) -> torch.Tensor:
+                    chunk_positions: int = 1024, width: int | None = None) -> torch.Tensor:
     """(B, T) float32 `read(logits_NV, rows_N, cols_N)` → (N,) at every position of `mask_BT` (0 elsewhere), from the
     hidden states at the predicting positions; the output layer runs on at most `chunk_positions` positions at a time
-    (memory: chunk_positions × V float32). No gradient."""
-    out_BT = torch.zeros(mask_BT.shape, dtype=torch.float32, device=mask_BT.device)
+    (memory: chunk_positions × V float32). With `width`, `read` gives (N, width) values from the same logits and the
+    result is (B, T, width). No gradient."""
+    out_BT = torch.zeros((*mask_BT.shape, width) if width is not None else mask_BT.shape, dtype=torch.float32,
+                         device=mask_BT.device)
     rows, cols = mask_BT.nonzero(as_tuple=True)
     step = max(1, chunk_positions)
     for start in range(0, rows.numel(), step):

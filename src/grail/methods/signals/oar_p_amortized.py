@@ -33,10 +33,10 @@ from __future__ import annotations
 
 import torch
 
-from grail.methods import oar_probes, probes
-from grail.methods.builtin import BILEVEL_READS, bilevel_pipeline, oar_p_floor, pad_token_id
+from grail.methods import probes
+from grail.methods.builtin import BILEVEL_READS, bilevel_pipeline, oar_p_floor, oar_p_signal
 from grail.methods.core import entropy_from_logits
-from grail.methods.output_layer import output_logits
+from grail.methods.output_layer import per_position_BT
 from grail.methods.sharding import unsharded
 from grail.methods.spans import align_to_completion
 from grail.methods.spec import MethodOption, MethodSpec, ProbeBatch
@@ -51,7 +51,6 @@ RIDGE = "oar_p_amortized_ridge"
 DECAY = "oar_p_amortized_decay"
 SCALARS = 4  # surprise, entropy, place in the row, constant
 PROJECTION_SEED = 0
-CHUNK_POSITIONS = 1024  # positions whose logits are formed at once (memory: this × V float32)
 
 
 class Predictor:
@@ -108,18 +107,17 @@ def token_features(model, rows: ProbeBatch, options: WeightingOptions) -> torch.
         layer_BTD = align_to_completion(captured[-1], T, at="token").float()
         predicting_BTD = align_to_completion(final_BLD, T, at="predicting")
         targets_BT = rows.input_ids_BL[:, -T:]
-        surprise_BT, entropy_BT = (torch.zeros(mask_BT.shape, device=mask_BT.device) for _ in range(2))
-        row_N, col_N = mask_BT.nonzero(as_tuple=True)
-        for start in range(0, row_N.numel(), CHUNK_POSITIONS):  # the output layer on a bounded number of positions
-            r, c = row_N[start:start + CHUNK_POSITIONS], col_N[start:start + CHUNK_POSITIONS]
-            logits_NV = output_logits(model, predicting_BTD[r, c], options.temperature).float()
-            surprise_BT[r, c] = -torch.log_softmax(logits_NV, dim=-1).gather(1, targets_BT[r, c, None])[:, 0]
-            entropy_BT[r, c] = entropy_from_logits(logits_NV)
+
+        def surprise_and_entropy(logits_NV, r, c):
+            logp_NV = torch.log_softmax(logits_NV, dim=-1)
+            return torch.stack([-logp_NV.gather(1, targets_BT[r, c, None])[:, 0], entropy_from_logits(logits_NV)], 1)
+
+        read_BT2 = per_position_BT(model, predicting_BTD, mask_BT, options.temperature, surprise_and_entropy, width=2)
     hidden_BTD = layer_BTD / layer_BTD.pow(2).mean(-1, keepdim=True).add(1e-12).sqrt()
     projected_BTF = hidden_BTD @ _projection(hidden_BTD.shape[-1], method[FEATURES], hidden_BTD.device)
     lengths_B1 = mask_BT.sum(1, keepdim=True).clamp(min=1)
     place_BT = torch.arange(T, device=mask_BT.device)[None].float() / lengths_B1
-    extra_BTS = torch.stack([surprise_BT, entropy_BT, place_BT, torch.ones_like(place_BT)], -1)
+    extra_BTS = torch.cat([read_BT2, torch.stack([place_BT, torch.ones_like(place_BT)], -1)], -1)
     return torch.cat([projected_BTF, extra_BTS], -1) * mask_BT[..., None]
 
 
@@ -141,10 +139,7 @@ def _probe(model, rows: ProbeBatch, options: WeightingOptions, generator) -> tor
     signal_BT = torch.zeros(scored_BT.shape, dtype=torch.float32, device=scored_BT.device)
     exact = rows._replace(input_ids_BL=rows.input_ids_BL[exact_B], attention_mask_BL=rows.attention_mask_BL[exact_B],
                           answer_BT=rows.answer_BT[exact_B], scored_BT=rows.scored_BT[exact_B])
-    importance_BT = oar_probes.oar_p_importance(
-        model, exact.input_ids_BL, exact.attention_mask_BL, exact.scored_BT, exact.answer_BT,
-        distribution=options.oar_distribution, pad_token_id=pad_token_id(model), temperature=options.temperature,
-        chunk_tokens=options.perturbation_chunk_tokens)
+    importance_BT = oar_p_signal(model, exact, options)  # OAR-P's own probe, token by token
     signal_BT[exact_B] = importance_BT.float()
     floor = max(oar_p_floor(model, options), 1e-12)  # the log's floor: OAR-P's rounding floor
     exact_features_BTF = features_BTF[exact_B]
