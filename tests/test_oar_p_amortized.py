@@ -94,6 +94,9 @@ def test_the_predictor_recovers_a_linear_law_discounts_old_calls_and_round_trips
     assert predictor.coefficients(1e6).abs().max() < 1e-3  # a large ridge shrinks θ to 0
     with pytest.raises(RuntimeError, match="no exact token"):
         amortized.Predictor().coefficients(0.0)
+    with pytest.raises(ValueError, match="fitted on 5 features a token and this call gives 4"):
+        predictor.update(x[:, :4], x @ theta, decay=0.9)  # a resumed run whose features changed: refused, not reset
+    assert predictor.calls == 3
 
 
 def test_the_features_are_the_layers_state_and_the_models_own_surprise_and_entropy(model):
@@ -119,6 +122,31 @@ def test_the_features_are_the_layers_state_and_the_models_own_surprise_and_entro
     projected = amortized.token_features(model, rows, _options(oar_p_amortized_features=4))
     assert projected.shape == (3, T, 4 + amortized.SCALARS)
 
+
+def test_with_exact_every_k_only_every_kth_call_runs_exact_oar_p_and_the_others_are_all_predicted(model, monkeypatch):
+    calls = []
+    real = amortized.oar_p_signal
+
+    def counted(model, rows, options):
+        calls.append(rows.input_ids_BL.shape[0])
+        return real(model, rows, options)
+
+    monkeypatch.setattr(amortized, "oar_p_signal", counted)
+    options = _options(oar_p_amortized_exact_rows=1, oar_p_amortized_exact_every=3)
+    state = amortized.Predictor()
+    generator = torch.Generator().manual_seed(3)
+    signals = [amortized.SPEC.probe(model, _rows(state), options, generator) for _ in range(5)]
+    assert calls == [1, 1] and state.calls == 2 and state.probe_calls == 5  # calls 0 and 3 fitted
+    scored = _rows().scored_BT.bool()
+    for predicted in signals[1:3]:  # all rows predicted, from the fit of call 0
+        assert (predicted[scored] > 0).all() and predicted[~scored].eq(0).all()
+    torch.testing.assert_close(signals[1], signals[2], rtol=0, atol=0)
+    copy = amortized.Predictor()
+    copy.load_state_dict(state.state_dict())
+    assert copy.probe_calls == 5
+    old = {k: v for k, v in state.state_dict().items() if k != "probe_calls"}  # a state saved before the counter
+    copy.load_state_dict(old)
+    assert copy.probe_calls == copy.calls == 2
 
 def test_passes_the_public_checker():
     report = grail.check_method("oar_p_amortized", raise_on_failure=False)

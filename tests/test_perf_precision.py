@@ -1,4 +1,4 @@
-"""The CPU-precision perf scripts run end to end: perf/benchmarks/step_phases.py in --smoke mode (both precisions on the
+"""The CPU-precision perf scripts run end to end: perf/benchmarks/step_phases.py in --smoke mode (every precision on the
 tiny model), perf/experiments/precision_fidelity.py and perf/experiments/oar_p_spans.py on the shared warm start."""
 
 import json
@@ -7,14 +7,18 @@ import pytest
 
 
 def test_step_phases_smoke_times_every_phase_and_counts_the_flops(tmp_path, capsys):
-    """Both precisions on the tiny model: each phase timed in every timed step, the counted step's FLOPs where the
-    model computes (generation, loss forward, backward), and the ratios printed from the same run."""
+    """Every precision on the tiny model (fp32, bf16 generating from bf16 weights, bf16 generating under autocast):
+    each phase timed in every timed step, the counted step's FLOPs where the model computes (generation, loss forward,
+    backward), and the ratios printed from the same run."""
     import step_phases
 
-    out = step_phases.main(["--smoke", "--json", str(tmp_path / "phases.json")])
+    out = step_phases.main(["--smoke", "--precisions", "fp32,bf16,bf16-autocast-generation",
+                            "--json", str(tmp_path / "phases.json")])
     assert json.loads((tmp_path / "phases.json").read_text()) == out
-    assert set(out["results"]) == {"none/fp32", "none/bf16", "grail/fp32", "grail/bf16"}
+    assert set(out["results"]) == {f"{method}/{precision}" for method in ("none", "grail")
+                                   for precision in ("fp32", "bf16", "bf16-autocast-generation")}
     for key, result in out["results"].items():
+        assert result["generation_from_bf16_weights"] is key.endswith("/bf16"), key
         phases = result["phases"]
         assert set(phases) == set(step_phases.PHASES)
         assert all(phase["gflop"] > 0 for name, phase in phases.items() if name in ("generation", "loss forward",
@@ -24,7 +28,12 @@ def test_step_phases_smoke_times_every_phase_and_counts_the_flops(tmp_path, caps
         assert result["parameter_dtypes"] == ["torch.float32"]  # bf16 too: fp32 master weights
     peak = out["matmul_peak_gflops"]
     assert peak["fp32"] > 0 and peak["bf16"] > 0
-    assert set(out["ratios"]) == {"none bf16/fp32", "grail bf16/fp32", "grail/none fp32", "grail/none bf16"}
+    assert set(out["ratios"]) == {"none bf16/fp32", "grail bf16/fp32", "none bf16-autocast-generation/fp32",
+                                  "grail bf16-autocast-generation/fp32", "grail/none fp32", "grail/none bf16",
+                                  "grail/none bf16-autocast-generation"}
+    with pytest.raises(SystemExit):
+        step_phases.parse_args(["--precisions", "fp32,bf32"])
+    assert "'bf32' is not one of fp32, bf16, bf16-autocast-generation" in capsys.readouterr().err
 
 
 @pytest.mark.slow  # a perf script on real sampling; the fidelity functions' own tests are in the default run

@@ -1,6 +1,11 @@
 """Where a real model's training step spends its time: seconds and FLOP/s of each phase, fp32 beside bf16, against
 this machine's own matmul peak in each precision.
 
+Precisions (`--precisions`, any of them in one run, side by side): `fp32`; `bf16`, a CPU bf16 run as it trains by
+default (autocast over fp32 master weights, generation from bf16 weights: the `cpu_bf16_generation` field);
+`bf16-autocast-generation`, the same with cpu_bf16_generation="autocast" (generation under autocast over the fp32
+weights).
+
 What one step is: `trainer.train()` of `GRAILTrainer` on the regime's setup (the `smollm-chains` preset: SmolLM2 after
 its 30-step `grail sft` warm start, lr 5e-6, shared prompt, one prompt's 8 completions per micro-batch), `--prompts`
 prompts a step (the regime: 8), with two departures that make every step the same amount of work, so that the FLOPs
@@ -30,9 +35,11 @@ The peak: `grail.models.precision.matmul_gflops` at SmolLM2's MLP shape, in fp32
 
     python perf/benchmarks/step_phases.py --methods none,grail,oar_g,oar_p --precisions fp32,bf16 --prompts 2 \
         --steps 2 --json phases.json          # --bf16-methods none: bf16 for GRPO only
+    python perf/benchmarks/step_phases.py --methods none --precisions fp32,bf16,bf16-autocast-generation --prompts 2
 One thread (`--threads 1`, the default), glibc as a user's run has it. Prints one JSON object on stdout: per
 (method, precision) each phase's median seconds over the timed steps with every step's figure, GFLOP and GFLOP/s, the
-step's total, and the ratios of each bf16 step to its fp32 one and of each method to GRPO in the same precision.
+step's total, and the ratios of each bf16 step to its fp32 one ("none bf16/fp32", "none
+bf16-autocast-generation/fp32") and of each method to GRPO in the same precision.
 Nothing else may run on the machine while it times. Needs `grail models fetch smollm2-135m` and
 `grail sft --preset smollm-chains`.
 """
@@ -49,12 +56,18 @@ import time
 from collections import defaultdict
 
 PHASES = ("generation", "rollout rest", "probe", "loss forward", "backward", "optimizer", "other")
+# precision label -> the config fields it sets (bf16 on CPU: autocast over fp32 master weights)
+PRECISIONS = {"fp32": {"bf16": False},
+              "bf16": {"bf16": True, "cpu_bf16_generation": "weights"},
+              "bf16-autocast-generation": {"bf16": True, "cpu_bf16_generation": "autocast"}}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--methods", default="none,grail,oar_g,oar_p", help="comma-separated token_weighting names")
-    p.add_argument("--precisions", default="fp32,bf16", help="fp32, bf16 (CPU autocast, fp32 master weights)")
+    p.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16 (CPU autocast over fp32 "
+                   "master weights, generation from bf16 weights), bf16-autocast-generation (bf16 with generation "
+                   "under autocast too)")
     p.add_argument("--bf16-methods", help="run bf16 for these methods only (default: every method)")
     p.add_argument("--prompts", type=int, default=8, help="prompts a step, 8 completions each (the regime: 8)")
     p.add_argument("--completion-tokens", type=int, default=64, help="every completion's exact length")
@@ -65,7 +78,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--smoke", action="store_true", help="the tiny model on the symbolic task, 4 tokens, 1 step: "
                    "for testing the script only")
     p.add_argument("--json", help="also write the JSON here")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    unknown = [name for name in args.precisions.split(",") if name not in PRECISIONS]
+    if unknown:
+        p.error(f"--precisions: {unknown[0]!r} is not one of {', '.join(PRECISIONS)}")
+    return args
 
 
 class PhaseClock:
@@ -239,7 +256,7 @@ def run_one(method: str, precision: str, args, out_dir: str) -> dict:
               "max_completion_length": args.completion_tokens,
               "generation_kwargs": {"min_new_tokens": args.completion_tokens}, "mask_truncated_completions": False,
               "oar_scope": "completion", "max_steps": 1 + args.steps, "save_steps": 10_000, "logging_steps": 1,
-              "seed": args.seed, "use_cpu": True, "bf16": precision == "bf16", "report_to": "none",
+              "seed": args.seed, "use_cpu": True, **PRECISIONS[precision], "report_to": "none",
               "output_dir": os.path.join(out_dir, f"{method}-{precision}")}
     if args.smoke:
         values.pop("warmstart_steps", None)
@@ -263,9 +280,11 @@ def run_one(method: str, precision: str, args, out_dir: str) -> dict:
         trainer.train()
     params = sum(p.numel() for p in trainer.model.parameters())
     dtypes = sorted({str(p.dtype) for p in trainer.model.parameters()})
+    from_bf16 = trainer.generate_from_bf16
     del trainer
     counted, timed = steps.records[0], steps.records[1:]
     return summarize(counted, timed) | {"parameters": params, "parameter_dtypes": dtypes,
+                                        "generation_from_bf16_weights": from_bf16,
                                         "torch_threads": torch.get_num_threads()}
 
 
@@ -303,13 +322,15 @@ def main(argv=None) -> dict:
     with tempfile.TemporaryDirectory() as out_dir:
         for method in methods:
             for precision in precisions:
-                if precision == "bf16" and args.bf16_methods and method not in args.bf16_methods.split(","):
+                bf16 = PRECISIONS[precision]["bf16"]
+                if bf16 and args.bf16_methods and method not in args.bf16_methods.split(","):
                     continue
                 result = run_one(method, precision, args, out_dir)
+                top = peak["bf16" if bf16 else "fp32"]
                 for phase in result["phases"].values():
-                    phase["share_of_peak"] = (phase["gflops"] / peak[precision] if phase["gflops"] else None)
-                result["step_share_of_peak"] = result["step_gflops"] / peak[precision]
-                result["floor_s"] = result["step_gflop"] / peak[precision]
+                    phase["share_of_peak"] = (phase["gflops"] / top if phase["gflops"] else None)
+                result["step_share_of_peak"] = result["step_gflops"] / top
+                result["floor_s"] = result["step_gflop"] / top
                 result["step_to_floor"] = result["step_s_median"] / result["floor_s"] if result["floor_s"] else None
                 results[f"{method}/{precision}"] = result
                 if args.json:  # kept as it goes: a stopped run keeps what it measured
@@ -320,9 +341,10 @@ def main(argv=None) -> dict:
                     + ", ".join(f"{k} {v['seconds_median']:.1f}" for k, v in result["phases"].items()))
     ratios = {}
     for method in methods:
-        if f"{method}/fp32" in results and f"{method}/bf16" in results:
-            ratios[f"{method} bf16/fp32"] = (results[f"{method}/bf16"]["step_s_median"]
-                                            / results[f"{method}/fp32"]["step_s_median"])
+        for precision in precisions:
+            if precision != "fp32" and f"{method}/fp32" in results and f"{method}/{precision}" in results:
+                ratios[f"{method} {precision}/fp32"] = (results[f"{method}/{precision}"]["step_s_median"]
+                                                       / results[f"{method}/fp32"]["step_s_median"])
         for precision in precisions:
             if method != "none" and f"none/{precision}" in results and f"{method}/{precision}" in results:
                 ratios[f"{method}/none {precision}"] = (results[f"{method}/{precision}"]["step_s_median"]

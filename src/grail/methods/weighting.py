@@ -28,8 +28,8 @@ from grail.methods.spec import MethodSpec, ProbeBatch, TokenWeights
 from grail.methods.table import METHODS, checked, method_spec, probed_rows, scored_tokens
 from grail.options.choices import WeightingOptions
 
-__all__ = ["batch_spans", "fused_signal", "method_function", "probe_rows", "run_probe", "token_weights", "weights_for",
-           "weights_from_signal"]  # and `<method>_weights` for every method with a probe (`method_function`)
+__all__ = ["batch_spans", "fused_signal", "method_function", "probe_batch", "probe_rows", "run_probe", "token_weights",
+           "weights_for", "weights_from_signal"]  # and `<method>_weights` (`method_function`)
 
 def batch_spans(tokenizer, completion_ids_BT: torch.Tensor, mask_BT: torch.Tensor,
                 options: WeightingOptions) -> AnswerSpans:
@@ -77,14 +77,23 @@ def run_probe(model, input_ids_BL: torch.Tensor, attention_mask_BL: torch.Tensor
                          f"model (only a method declaring calls_model=False runs without one).")
     if state is None and spec.state is not None:
         state = spec.state()
-    index = rows_B.nonzero().squeeze(1)
-    rows = ProbeBatch(input_ids_BL[index], attention_mask_BL[index], spans.probe_span(options.answer_nll_span)[index],
-                      scored_tokens(spans, mask_BT, options)[index], None if adv_B is None else adv_B[index],
-                      spans.reasoning_BT[index], tokenizer, state)
+    rows = probe_batch(input_ids_BL, attention_mask_BL, spans, mask_BT, rows_B, options, adv_B=adv_B,
+                       tokenizer=tokenizer, state=state)
     signal = spec.probe(model, rows, options, generator)
     full = torch.zeros(mask_BT.shape, dtype=torch.float32, device=mask_BT.device)
-    full[index] = signal.to(full.device, torch.float32)
+    full[rows_B.nonzero().squeeze(1)] = signal.to(full.device, torch.float32)
     return full
+
+
+def probe_batch(input_ids_BL: torch.Tensor, attention_mask_BL: torch.Tensor, spans: AnswerSpans,
+                mask_BT: torch.Tensor, rows_B: torch.Tensor, options: WeightingOptions, *,
+                adv_B: torch.Tensor | None = None, tokenizer=None, state=None) -> ProbeBatch:
+    """The `ProbeBatch` a probe is handed for `rows_B` of a batch (the rows in order; `options` resolved): what
+    `run_probe` gives the method's probe, for a caller that calls a probe's parts itself."""
+    index = rows_B.nonzero().squeeze(1)
+    return ProbeBatch(input_ids_BL[index], attention_mask_BL[index],
+                      spans.probe_span(options.answer_nll_span)[index], scored_tokens(spans, mask_BT, options)[index],
+                      None if adv_B is None else adv_B[index], spans.reasoning_BT[index], tokenizer, state)
 
 
 def weights_from_signal(signal_BT: torch.Tensor, adv_B: torch.Tensor, spans: AnswerSpans, mask_BT: torch.Tensor,

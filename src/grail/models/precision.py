@@ -12,10 +12,11 @@ GFLOPS fp32 against 17 bf16 on SmolLM2's MLP shape, one thread). So the choice i
     matmuls, sets its step: bf16 measured ~1.7× slower there). It returns the choice and the sentence saying why,
     which `grail train`, `grail eval` and `grail compare` print.
 
-What bf16 means on a CPU here (`grail.training.trainer`): mixed precision, never bf16 weights. The policy's master
-weights and AdamW's state stay fp32; the matmuls run in bf16 under autocast, with generation, each separate probe and
-each micro-batch's loss forward inside one autocast region, so every weight is cast to bf16 once per phase rather
-than at every new token or every forward. Pure bf16 weights would lose the updates: an AdamW step moves a weight by
+What bf16 means on a CPU here (`grail.training.trainer`): mixed precision, never bf16 master weights. The policy's
+master weights and AdamW's state stay fp32; the matmuls run in bf16 under autocast, with each separate probe and each
+micro-batch's loss forward inside one autocast region, so every weight is cast to bf16 once per phase rather than at
+every forward; generation computes from a bf16 cast of the weights held for the call (`grail.models.bf16_weights`,
+the `cpu_bf16_generation` field). Training pure bf16 weights would lose the updates: an AdamW step moves a weight by
 about the learning rate, and at 5e-6 that is below half of bf16's spacing (2^(e-8) for a weight in [2^(e-1), 2^e))
 for any weight above about 2e-3 in size, most of a model's (`bf16_lost_update_share`). `check_cpu_master_weights`
 refuses such a run before its first step.

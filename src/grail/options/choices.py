@@ -25,10 +25,10 @@ from typing import Literal
 from grail.tasks.arithmetic import TaskConfig
 
 __all__ = [
-    "AnswerBox", "AnswerNllSpan", "Distribution", "EVERY_METHOD", "Leaf", "Method", "OAR_VARIANT_DEFAULTS",
-    "OarScope", "OarVariant", "RewardName", "RolloutSymmetry", "SaliencyPath", "ScoringName", "UNIVERSAL_OPTIONS",
-    "WEIGHTING_FIELDS", "WarmStartConfig", "WeightRescale", "WeightingFields", "WeightingOptions", "WeightsFrom",
-    "ZscoreScope",
+    "AnswerBox", "AnswerNllSpan", "CpuBf16Generation", "Distribution", "EVERY_METHOD", "Leaf", "Method",
+    "OAR_VARIANT_DEFAULTS", "OarScope", "OarVariant", "RewardName", "RolloutSymmetry", "SaliencyPath", "ScoringName",
+    "UNIVERSAL_OPTIONS", "WEIGHTING_FIELDS", "WarmStartConfig", "WeightRescale", "WeightingFields", "WeightingOptions",
+    "WeightsFrom", "ZscoreScope",
 ]
 
 # ---- the choices: one Literal per option; the registries they name check against them in the tests ----------
@@ -43,6 +43,8 @@ Distribution = Literal["last_position", "answer_mean"]  # OAR's answer distribut
 OarVariant = Literal["oar_excerpt", "grail_release"]
 WeightsFrom = Literal["current_policy", "rollout_policy"]
 SaliencyPath = Literal["auto", "fused", "separate"]
+# how CPU bf16 runs generation: from bf16 weights (grail.models.bf16_weights) or under autocast over the fp32 ones
+CpuBf16Generation = Literal["weights", "autocast"]
 # grail.evaluation.rewards.REWARDS (+ auto)
 RewardName = Literal["auto", "exact_int", "math_verify", "math_verify_all_boxes"]
 ScoringName = Literal["grail", "grail_all_boxes", "release"]  # grail.evaluation.release_scoring.SCORINGS

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from grail.options.choices import (
+    CpuBf16Generation,
     RewardName,
     SaliencyPath,
     ScoringName,
@@ -155,6 +156,20 @@ class GRAILFields(WeightingFields):
                   "Exact to float rounding (log-probs, entropies, gradients, the fused saliency and the sampled "
                   "tokens, tested on Llama, Qwen3 and Gemma 3); it pays where prompts are long beside completions. "
                   "One process only, activation checkpointing off."},
+    )
+    # ---- CPU precision (bf16 itself is TRL's field, chosen per machine when left unset: grail.models.precision) ----
+    cpu_bf16_generation: CpuBf16Generation = field(
+        default="weights",
+        metadata={"help": "How generation computes in CPU bf16 training: it acts only when bf16 is on and the policy "
+                  "is on the CPU (fp32 runs and GPUs are unchanged). `weights`: from bf16 weights: for each "
+                  "generation call every floating-point parameter holds a bf16 cast of its fp32 master weight, put "
+                  "back after (grail.models.bf16_weights), so the activations and the KV cache are bf16 and autocast "
+                  "casts none (SmolLM2 sampled 16 rows of 64 tokens in 11.9 s from a bf16 copy against 14.4-15.6 s "
+                  "under autocast: docs/results/cpu-step-native.md). One plain process only: a DDP, DeepSpeed or FSDP "
+                  "run generates under autocast whatever this says (under DDP a change of a weight's dtype stops its "
+                  "gradient all-reduce). `autocast`: one autocast region over the fp32 weights, each weight cast to "
+                  "bf16 once per generation and the activations at every layer. The loss's forward and backward run "
+                  "under autocast over the fp32 master weights either way."},
     )
     # ---- embedded synthetic task and tiny model -------------------------------------------------------
     # Fields shared by the arithmetic styles and the chain task default to None: the style's own default (one home:

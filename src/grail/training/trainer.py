@@ -27,7 +27,8 @@ The seam to TRL. Everything this module relies on that TRL does not document, in
   S4. `self._metrics[mode]` maps metric names to lists that `log()` averages and clears.
   S5. With transformers' generate, `_generate_single_turn(prompt_ids, ...)` calls `generate` on the model
       `unwrap_model_for_generation` yields, which on one process is `accelerator.unwrap_model(self.model)`
-      (shared_prompt wraps that object's `generate` for the call; tests/test_shared_prompt.py checks it is called).
+      (shared_prompt wraps that object's `generate` for the call, and CPU bf16 casts its weights to bf16 for it:
+      tests/test_shared_prompt.py checks the wrapper is called, tests/test_bf16_generation.py that generate sees bf16).
   S6. (transformers' Trainer) every process calls `_save_rng_state(output_dir)` while saving a checkpoint, and
       `_load_rng_state(checkpoint)` once when resuming from one: the trainer's own generator, and a learning
       method's state (`MethodSpec.state`), ride along with the RNG states saved there (tests/test_resume.py resumes
@@ -39,8 +40,10 @@ refused before the first step, are plain functions in `grail.training.paths`.
 
 On a CPU in bf16 (grail.models.precision), generation (S5), each separate probe and each micro-batch's loss
 forward (S2) run inside one autocast region (`_cast_once`), so each fp32 master weight is cast to bf16 once per phase;
-the policy's weights must be fp32 there (`check_cpu_master_weights`); a method of `precision.FP32_PROBES` is probed
-separately, in fp32 (`_probe_precision`), while its loss stays bf16.
+on one plain process generation computes from bf16 weights instead, the fp32 master weights put back after
+(`_generation_precision`, grail.models.bf16_weights, the `cpu_bf16_generation` field); the policy's weights must be
+fp32 there (`check_cpu_master_weights`); a method of `precision.FP32_PROBES` is probed separately, in fp32
+(`_probe_precision`), while its loss stays bf16.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ from grail.methods.spans import AnswerSpans
 from grail.methods.spec import TokenWeights
 from grail.methods.weight_metrics import WeightSums, pooled_metrics
 from grail.methods.weighting import batch_spans, fused_signal, probe_rows, token_weights, weights_from_signal
+from grail.models.bf16_weights import bf16_weights
 from grail.models.precision import FP32_PROBES, check_cpu_master_weights
 from grail.training import paths
 from grail.training.engines import dropped_engine, refuse_if_unshardable, sharded_by
@@ -103,7 +107,7 @@ class GRAILTrainer(SharedPromptForward, GRPOTrainer):
         paths.check_probe_reaches_the_model(self.method, self.accelerator.unwrap_model(self.model),
                                             self.weighting.saliency_leaf)
         device = self.accelerator.device
-        if device.type == "cpu":  # bf16 on CPU is autocast over fp32 master weights, never bf16 weights
+        if device.type == "cpu":  # bf16 on CPU trains fp32 master weights; bf16 only ever holds casts of them
             check_cpu_master_weights(self.accelerator.unwrap_model(self.model), self.args.learning_rate)
         self._generator = torch.Generator(device=device).manual_seed(self.args.seed + self.accelerator.process_index)
         # what a learning method has learned so far (`MethodSpec.state`), saved with each checkpoint (S6)
@@ -111,6 +115,9 @@ class GRAILTrainer(SharedPromptForward, GRPOTrainer):
         self.weight_sums = WeightSums(self.weighting.weight_min, self.weighting.weight_max,
                                       count_clips=self.weighting.weight_rescale != "none")
         self.cpu_bf16 = bool(self.args.bf16 and device.type == "cpu")  # autocast over fp32 weights (`_cast_once`)
+        # generation from bf16 weights on one plain process only (`bf16_weights`: a dtype swap stops DDP's all-reduce)
+        self.generate_from_bf16 = (self.cpu_bf16 and self.args.cpu_bf16_generation == "weights"
+                                   and self.accelerator.distributed_type.name == "NO")
         # a method whose weights do not hold in bf16 is probed separately, in fp32 (precision.FP32_PROBES)
         self.fp32_probe = self.cpu_bf16 and self.method.name in FP32_PROBES
         self.fused_unavailable = self._fused_unavailable_reason()
@@ -179,8 +186,21 @@ class GRAILTrainer(SharedPromptForward, GRPOTrainer):
             if original is not None:
                 model.forward = wrapped
 
-    def _generate_single_turn(self, prompt_ids, *args, **kwargs):  # S5, inside one cast region
-        with self._cast_once():
+    @contextmanager
+    def _generation_precision(self):
+        """Around generation (S5): under CPU bf16, from bf16 weights (`bf16_weights` on the model TRL generates with,
+        `accelerator.unwrap_model`) where `generate_from_bf16`, and inside one cast region (`_cast_once`) either way.
+        Over bf16 weights the region casts nothing a plain model makes (its norms compute in fp32 and cast back by
+        their own code), but it catches fp32 activations that would meet a bf16 weight: TRL's cast_lm_head_to_fp32 on
+        tied embeddings casts the embeddings' output back to fp32, which fails without autocast
+        (tests/test_bf16_generation.py), and accelerate's autocast wrapper covers only the forward it wrapped (PEFT's
+        generate calls the base model's)."""
+        model = self.accelerator.unwrap_model(self.model)
+        with bf16_weights(model) if self.generate_from_bf16 else nullcontext(), self._cast_once():
+            yield
+
+    def _generate_single_turn(self, prompt_ids, *args, **kwargs):  # S5
+        with self._generation_precision():
             return super()._generate_single_turn(prompt_ids, *args, **kwargs)
 
     # ---- masks and spans ------------------------------------------------------------------------------------

@@ -13,7 +13,9 @@ Each probe call, on the rows OAR-P would probe (its rows, its scored tokens):
      the token's surprise −log π(y_t) and the entropy of the distribution it was drawn from (at the predicting
      position, the sampling temperature), its place in the row (t / n), and a constant;
   2. `oar_p_amortized_exact_rows` of the rows, drawn with the trainer's generator, get exact OAR-P (OAR-P's own
-     probe); their scored tokens' (x_t, log max(I_t, floor)) update the predictor;
+     probe); their scored tokens' (x_t, log max(I_t, floor)) update the predictor. With
+     `oar_p_amortized_exact_every` = k, only every k-th call does (and any call before the first fit): a trainer
+     probes each micro-batch, so k = gradient_accumulation_steps buys the exact rows once an optimizer step;
   3. the other rows get I_t = exp(x_t · θ), θ the ridge regression of log-importance on the features over every
      exact token seen so far, older calls discounted by `oar_p_amortized_decay` per call;
   4. OAR-P's bi-level reshaping turns the signal into weights, as for OAR-P.
@@ -49,6 +51,7 @@ LAYER = "oar_p_amortized_layer"
 FEATURES = "oar_p_amortized_features"
 RIDGE = "oar_p_amortized_ridge"
 DECAY = "oar_p_amortized_decay"
+EVERY = "oar_p_amortized_exact_every"
 SCALARS = 4  # surprise, entropy, place in the row, constant
 PROJECTION_SEED = 0
 
@@ -61,10 +64,16 @@ class Predictor:
         self.xy_F: torch.Tensor | None = None  # Σ x y
         self.tokens = 0.0  # discounted count of exact tokens
         self.calls = 0  # probe calls that updated it
+        self.probe_calls = 0  # probe calls that read it (`EVERY`: which of them compute exact rows)
 
     def update(self, x_NF: torch.Tensor, y_N: torch.Tensor, decay: float) -> None:
         x, y = x_NF.double().cpu(), y_N.double().cpu()
-        if self.xx_FF is None or self.xx_FF.shape[0] != x.shape[1]:
+        if self.xx_FF is not None and self.xx_FF.shape[0] != x.shape[1]:
+            raise ValueError(
+                f"oar_p_amortized: the predictor was fitted on {self.xx_FF.shape[0]} features a token and this call "
+                f"gives {x.shape[1]}: {FEATURES} or the model's width changed since its state was saved (a resumed "
+                f"run keeps both). Resume with the options the run started with, or start the run afresh.")
+        if self.xx_FF is None:
             self.xx_FF, self.xy_F, self.tokens = torch.zeros(x.shape[1], x.shape[1], dtype=torch.float64), \
                 torch.zeros(x.shape[1], dtype=torch.float64), 0.0
         self.xx_FF = decay * self.xx_FF + x.T @ x
@@ -81,11 +90,13 @@ class Predictor:
         return torch.linalg.solve(system, self.xy_F)
 
     def state_dict(self) -> dict:
-        return {"xx_FF": self.xx_FF, "xy_F": self.xy_F, "tokens": self.tokens, "calls": self.calls}
+        return {"xx_FF": self.xx_FF, "xy_F": self.xy_F, "tokens": self.tokens, "calls": self.calls,
+                "probe_calls": self.probe_calls}
 
     def load_state_dict(self, state: dict) -> None:
         self.xx_FF, self.xy_F = state["xx_FF"], state["xy_F"]
         self.tokens, self.calls = float(state["tokens"]), int(state["calls"])
+        self.probe_calls = int(state.get("probe_calls", state["calls"]))  # a state saved before the counter
 
 
 def _projection(width: int, features: int, device) -> torch.Tensor:
@@ -134,21 +145,26 @@ def _probe(model, rows: ProbeBatch, options: WeightingOptions, generator) -> tor
     method = options.method_options
     predictor = rows.state if rows.state is not None else Predictor()
     scored_BT = rows.scored_BT.bool()
-    exact_B = _exact_rows(scored_BT.shape[0], method[EXACT_ROWS], generator).to(scored_BT.device)
+    fits = predictor.xx_FF is None or predictor.probe_calls % method[EVERY] == 0
+    predictor.probe_calls += 1
+    budget = method[EXACT_ROWS] if fits else 0
+    exact_B = _exact_rows(scored_BT.shape[0], budget, generator).to(scored_BT.device)
     features_BTF = token_features(model, rows, options)
     signal_BT = torch.zeros(scored_BT.shape, dtype=torch.float32, device=scored_BT.device)
-    exact = rows._replace(input_ids_BL=rows.input_ids_BL[exact_B], attention_mask_BL=rows.attention_mask_BL[exact_B],
-                          answer_BT=rows.answer_BT[exact_B], scored_BT=rows.scored_BT[exact_B])
-    importance_BT = oar_p_signal(model, exact, options)  # OAR-P's own probe, token by token
-    signal_BT[exact_B] = importance_BT.float()
-    floor = max(oar_p_floor(model, options), 1e-12)  # the log's floor: OAR-P's rounding floor
-    exact_features_BTF = features_BTF[exact_B]
-    # a token whose features or importance are not finite (a broken forward) stays out of the fit: its row falls
-    # back to uniform weights by the pipeline's rule, and the predictor is not poisoned for the other rows
-    train_NT = scored_BT[exact_B] & torch.isfinite(importance_BT) & torch.isfinite(exact_features_BTF).all(-1)
-    if train_NT.any():
-        predictor.update(exact_features_BTF[train_NT], importance_BT.float()[train_NT].clamp(min=floor).log(),
-                         method[DECAY])
+    if exact_B.any():  # a call that only predicts (`EVERY`) runs no exact OAR-P
+        exact = rows._replace(input_ids_BL=rows.input_ids_BL[exact_B],
+                              attention_mask_BL=rows.attention_mask_BL[exact_B], answer_BT=rows.answer_BT[exact_B],
+                              scored_BT=rows.scored_BT[exact_B])
+        importance_BT = oar_p_signal(model, exact, options)  # OAR-P's own probe, token by token
+        signal_BT[exact_B] = importance_BT.float()
+        floor = max(oar_p_floor(model, options), 1e-12)  # the log's floor: OAR-P's rounding floor
+        exact_features_BTF = features_BTF[exact_B]
+        # a token whose features or importance are not finite (a broken forward) stays out of the fit: its row falls
+        # back to uniform weights by the pipeline's rule, and the predictor is not poisoned for the other rows
+        train_NT = scored_BT[exact_B] & torch.isfinite(importance_BT) & torch.isfinite(exact_features_BTF).all(-1)
+        if train_NT.any():
+            predictor.update(exact_features_BTF[train_NT], importance_BT.float()[train_NT].clamp(min=floor).log(),
+                             method[DECAY])
     rest_B = ~exact_B
     if rest_B.any() and predictor.xx_FF is not None:
         theta_F = predictor.coefficients(method[RIDGE]).float().to(features_BTF.device)
@@ -169,8 +185,11 @@ SPEC = MethodSpec(
         MethodOption(FEATURES, 256, "dimensions of the hidden state's fixed random projection (the width itself "
                      "or more: no projection)", minimum=1),
         MethodOption(RIDGE, 0.01, "the ridge regulariser, relative to the mean diagonal of Σ x xᵀ", minimum=0.0),
-        MethodOption(DECAY, 0.95, "each earlier probe call's weight in the fit, per call (1: every call alike)",
+        MethodOption(DECAY, 0.95, "each earlier fitting call's weight in the fit, per call (1: every call alike)",
                      minimum=0.0, maximum=1.0),
+        MethodOption(EVERY, 1, "exact rows on every k-th probe call only (and on the first), the others all "
+                     "predicted: a probe call is a micro-batch, so k = gradient_accumulation_steps gives "
+                     "oar_p_amortized_exact_rows exact rows an optimizer step", minimum=1),
     ),
     title="OAR-P learned online: exact OAR-P on a few rows a step, a ridge predictor of log-importance on the rest",
     summary="Each probe call scores a few rows with exact OAR-P, adds their tokens to a ridge regression of "

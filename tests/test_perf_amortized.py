@@ -1,0 +1,81 @@
+"""perf/experiments/oar_p_amortized_fidelity.py on the tiny model's warm start: its features are the method's own, the
+fit is scored at each reachable call count on held-out rows, and a rerun from its cache computes nothing again and
+gives the same figures."""
+
+import json
+
+import pytest
+import torch
+
+
+def test_a_variants_features_are_the_methods_own_at_that_projection(warm_cache):
+    """The script projects the full-width features afterwards; that must be what `token_features` computes with the
+    narrower `oar_p_amortized_features` (the same fixed projection, then the same scalar columns)."""
+    from dataclasses import replace
+
+    from oar_p_amortized_fidelity import variant_features
+    from transformers import AutoModelForCausalLM
+
+    from grail.methods.signals import oar_p_amortized as amortized
+    from grail.methods.spec import ProbeBatch
+    from grail.methods.table import METHODS
+    from grail.options.choices import WeightingOptions
+
+    model = AutoModelForCausalLM.from_pretrained(warm_cache[1], dtype=torch.float32)
+    width = model.config.hidden_size
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, model.config.vocab_size, (3, 14), generator=g)
+    attention = torch.ones_like(ids)
+    attention[0, :2] = 0  # a left-padded prompt
+    scored = torch.zeros(3, 6, dtype=torch.bool)
+    scored[:, 1:4] = True
+    rows = ProbeBatch(ids, attention, scored.clone(), scored)
+    base = WeightingOptions(token_weighting="oar_p_amortized",
+                            method_options=METHODS["oar_p_amortized"].resolve_options({}))
+
+    def features(f):
+        return amortized.token_features(model, rows, replace(base, method_options={**base.method_options,
+                                                                                  amortized.FEATURES: f}))
+
+    full = features(1 << 30)
+    assert full.shape[-1] == width + amortized.SCALARS
+    narrow = width // 4
+    torch.testing.assert_close(variant_features(full, width, narrow), features(narrow))
+    torch.testing.assert_close(variant_features(full, width, 0, scalars=True), full[..., width:])
+
+
+@pytest.mark.slow  # samples rollouts and runs exact OAR-P on them; the method's own tests are in the default run
+def test_the_fit_is_scored_at_each_reachable_call_count_and_a_rerun_reads_its_cache(warm_cache, tmp_path,
+                                                                                    monkeypatch, capsys):
+    import oar_p_amortized_fidelity as script
+
+    args = ["--preset", "tiny-cpu", "--model", str(warm_cache[1]), "--groups", "3", "--heldout-groups", "1",
+            "--exact-rows", "1", "--calls", "1,2,100000", "--layers", "middle,last", "--features", "8",
+            "--ridges", "0.01", "--decays", "0.95", "--cache", str(tmp_path / "cache")]
+    out = script.main([*args, "--out", str(tmp_path / "a.json")])
+    assert json.loads((tmp_path / "a.json").read_text()) == out
+    assert out["mixed_groups"] == 3 and out["heldout_rows"] > 0 and out["stream_rows"] > 2
+    assert set(out["variants"]) == {"middle/8/ridge=0.01/decay=0.95", "last/8/ridge=0.01/decay=0.95",
+                                    "scalars/ridge=0.01/decay=0.95"}
+    for scores in out["variants"].values():
+        assert set(scores) == {"1", "2"}  # 100000 calls are beyond the stream: not scored
+        for score in scores.values():
+            assert score["rows"] > 0 and -1.0 <= score["spearman_min"] <= score["spearman_median"] <= 1.0
+            assert 0.0 <= score["weights"]["sign_changed_share"] <= 1.0
+    assert set(out["single_features"]) == {"surprise", "entropy", "place"}
+    assert out["exact_seconds_per_row"] > 0
+
+    from grail.methods import builtin
+
+    def no_exact(*a, **k):
+        raise AssertionError("the cache holds every group's exact OAR-P")
+
+    monkeypatch.setattr(builtin, "oar_p_signal", no_exact)
+    again = script.main(args)
+    assert again["variants"] == out["variants"] and again["rewards"] == out["rewards"]
+
+    with pytest.raises(SystemExit, match="holds the rollouts of"):
+        script.main([*args, "--seed", "5"])
+    with pytest.raises(SystemExit):
+        script.main([*args, "--heldout-groups", "3"])
+    assert "needs 1 <= it < --groups" in capsys.readouterr().err
