@@ -15,6 +15,7 @@ def test_step_phases_smoke_times_every_phase_and_counts_the_flops(tmp_path, caps
     out = step_phases.main(["--smoke", "--precisions", "fp32,bf16,bf16-autocast-generation",
                             "--json", str(tmp_path / "phases.json")])
     assert json.loads((tmp_path / "phases.json").read_text()) == out
+    assert not (tmp_path / "phases.json.partial").exists()  # kept only while the run goes on
     assert set(out["results"]) == {f"{method}/{precision}" for method in ("none", "grail")
                                    for precision in ("fp32", "bf16", "bf16-autocast-generation")}
     for key, result in out["results"].items():

@@ -54,6 +54,7 @@ import statistics
 import tempfile
 import time
 from collections import defaultdict
+from pathlib import Path
 
 PHASES = ("generation", "rollout rest", "probe", "loss forward", "backward", "optimizer", "other")
 # precision label -> the config fields it sets (bf16 on CPU: autocast over fp32 master weights)
@@ -358,6 +359,7 @@ def main(argv=None) -> dict:
     if args.json:
         with open(args.json, "w") as f:
             f.write(text + "\n")
+        Path(args.json + ".partial").unlink(missing_ok=True)  # the whole run is in the JSON now
     return out
 
 
