@@ -37,6 +37,18 @@ def test_step_phases_smoke_times_every_phase_and_counts_the_flops(tmp_path, caps
     assert "'bf32' is not one of fp32, bf16, bf16-autocast-generation" in capsys.readouterr().err
 
 
+
+def test_step_phases_takes_a_methods_own_fields_in_the_arm_syntax(tmp_path):
+    """METHOD@field=value: the method with its own option set (here the amortized OAR-P's exact rows on every
+    second call), keyed and compared with GRPO under its label."""
+    import step_phases
+
+    arm = "oar_p_amortized@oar_p_amortized_exact_every=2"
+    out = step_phases.main(["--smoke", "--methods", f"none,{arm}", "--precisions", "fp32"])
+    assert set(out["results"]) == {"none/fp32", f"{arm}/fp32"}
+    assert out["results"][f"{arm}/fp32"]["phases"]["probe"]["seconds_median"] > 0
+    assert set(out["ratios"]) == {f"{arm}/none fp32"}
+
 @pytest.mark.slow  # a perf script on real sampling; the fidelity functions' own tests are in the default run
 def test_precision_fidelity_compares_each_method_on_the_same_rollouts(warm_cache, tmp_path, capsys):
     import precision_fidelity

@@ -65,7 +65,9 @@ PRECISIONS = {"fp32": {"bf16": False},
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--methods", default="none,grail,oar_g,oar_p", help="comma-separated token_weighting names")
+    p.add_argument("--methods", help="comma-separated benchmark names (default none,grail,oar_g,oar_p; --smoke: "
+                   "none,grail): each method of the table and perf/benchmarks/harness.py's variants, or "
+                   "METHOD@field=value@... with fields of its own (oar_p_amortized@oar_p_amortized_exact_every=8)")
     p.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16 (CPU autocast over fp32 "
                    "master weights, generation from bf16 weights), bf16-autocast-generation (bf16 with generation "
                    "under autocast too)")
@@ -246,10 +248,16 @@ def phase_record(clock: PhaseClock, total: float, counted: bool) -> dict:
 
 
 def run_one(method: str, precision: str, args, out_dir: str) -> dict:
+    """One trainer's steps; `method` is a benchmark name or METHOD@field=value@... (`grail compare`'s arm syntax,
+    e.g. oar_p_amortized@oar_p_amortized_exact_every=2), the fields over the run's own."""
     import torch
     from harness import coin_reward, log, make_trainer
 
+    from grail.analysis.compare.plan import parse_arms
     from grail.options.presets import SMOLLM_CHAINS, TINY_CPU
+    from grail.training.overrides import fold_method_options
+
+    arm = parse_arms(method)[0] if "@" in method else None
 
     base = TINY_CPU if args.smoke else SMOLLM_CHAINS
     values = {**base, "model_name_or_path": "tiny" if args.smoke else args.model,
@@ -266,7 +274,10 @@ def run_one(method: str, precision: str, args, out_dir: str) -> dict:
         values["shared_prompt"] = True
     if method == "grail":
         values["saliency_path"] = "fused"
-    trainer, _ = make_trainer(method, values, reward=coin_reward(args.seed))
+    if arm is not None:
+        values = fold_method_options({**values, **arm.fields,
+                                      "output_dir": os.path.join(out_dir, f"{arm.slug}-{precision}")})
+    trainer, _ = make_trainer(arm.method if arm else method, values, reward=coin_reward(args.seed))
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     for noisy in (PrinterCallback, ProgressCallback):  # stdout carries the JSON only
@@ -309,14 +320,15 @@ def summarize(counted: dict, timed: list[dict]) -> dict:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.smoke:
-        args.methods, args.completion_tokens, args.steps, args.prompts = "none,grail", 4, 1, 1
+        args.methods, args.completion_tokens, args.steps, args.prompts = args.methods or "none,grail", 4, 1, 1
     import torch
     from harness import log
 
     from grail.models.precision import cpu_bf16_flags, cpu_model_name, matmul_gflops
 
     torch.set_num_threads(args.threads)
-    methods, precisions = args.methods.split(","), args.precisions.split(",")
+    methods = (args.methods or "none,grail,oar_g,oar_p").split(",")
+    precisions = args.precisions.split(",")
     peak = {"fp32": matmul_gflops(torch.float32), "bf16": matmul_gflops(torch.bfloat16)}
     log(f"matmul peak at {args.threads} thread(s): fp32 {peak['fp32']:.1f}, bf16 {peak['bf16']:.1f} GFLOP/s")
     results: dict[str, dict] = {}
