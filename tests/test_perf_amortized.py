@@ -79,3 +79,25 @@ def test_the_fit_is_scored_at_each_reachable_call_count_and_a_rerun_reads_its_ca
     with pytest.raises(SystemExit):
         script.main([*args, "--heldout-groups", "3"])
     assert "needs 1 <= it < --groups" in capsys.readouterr().err
+
+
+def test_render_ranks_the_variants_at_the_largest_count_each_reached(tmp_path, capsys):
+    from oar_p_amortized_fidelity import main
+
+    def score(median):
+        return {"rows": 3, "spearman_median": median, "spearman_q25": median - 0.1, "spearman_min": median - 0.2,
+                "weights": {"spearman_median": median - 0.05}}
+
+    out = {"heldout_rows": 3, "stream_rows": 40, "exact_rows_per_call": 2,
+           "variants": {"middle/8/ridge=0.01/decay=0.95": {"10": score(0.5), "20": score(0.6)},
+                        "last/8/ridge=0.01/decay=0.95": {"10": score(0.7), "20": score(0.4)},
+                        "scalars/ridge=0.01/decay=0.95": {"10": score(0.3), "20": score(0.2)}},
+           "single_features": {"surprise": {"spearman_median": 0.25, "spearman_min": -0.1}}}
+    (tmp_path / "out.json").write_text(json.dumps(out))
+    main(["--render", str(tmp_path / "out.json"), "1"])
+    table = capsys.readouterr().out
+    rows = [line for line in table.splitlines() if line.startswith("| middle") or line.startswith("| last")
+            or line.startswith("| scalars")]
+    assert [row.split(" |")[0] for row in rows] == ["| middle/8/ridge=0.01/decay=0.95",
+                                                     "| scalars/ridge=0.01/decay=0.95"]  # top 1 at 20 calls, then
+    assert "0.60 [0.50, 0.40] / 0.55" in rows[0] and "| surprise | 0.25 | -0.10 |" in table  # the features-free one

@@ -84,19 +84,23 @@ def test_saliency_auroc_bf16_runs_each_probe_as_a_bf16_cpu_run_does():
     import torch
     from saliency_auroc import in_precision
 
+    from grail.analysis.saliency.quality import SaliencyQualityOptions
     from grail.models.precision import FP32_PROBES
 
     seen = {}
 
-    def score(names):
+    def score(names, options):  # as quality.saliency_auroc: a method read at its token must be among the methods
+        assert set(options.read_at_token) <= set(names), (names, options.read_at_token)
         for name in names:
             seen[name] = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
-        return {out: out for name in names for out in ((name, f"{name}@token") if name == "grail" else (name,))}
+        return {out: out for name in names
+                for out in ((name, f"{name}@token") if name in options.read_at_token else (name,))}
 
     methods = ["oar_g", "grail", "oar_p"]
+    options = SaliencyQualityOptions(read_at_token=("grail",))
     assert "oar_g" in FP32_PROBES and not {"grail", "oar_p"} & FP32_PROBES
-    assert list(in_precision(score, methods, bf16=True)) == ["oar_g", "grail", "grail@token", "oar_p"]
+    assert list(in_precision(score, methods, True, options)) == ["oar_g", "grail", "grail@token", "oar_p"]
     assert seen == {"oar_g": False, "grail": True, "oar_p": True}
     seen.clear()
-    assert list(in_precision(score, methods, bf16=False)) == ["oar_g", "grail", "grail@token", "oar_p"]
+    assert list(in_precision(score, methods, False, options)) == ["oar_g", "grail", "grail@token", "oar_p"]
     assert seen == {"oar_g": False, "grail": False, "oar_p": False}

@@ -28,7 +28,6 @@ on a model never warm-started on the chain task) is reported as skipped, with th
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import sys
 import time
@@ -105,8 +104,8 @@ def screen(model, tokenizer, methods: list[str], label_sets: list[str], args, on
                                          read_at_token=at_token)
         seconds, probed, before = Counter(), Counter(), _counts()
         with timed_probes(seconds, probed):
-            results = in_precision(functools.partial(saliency_auroc, model, tokenizer, rows, options=options),
-                                   methods, args.bf16)
+            results = in_precision(lambda names, own, rows=rows: saliency_auroc(model, tokenizer, rows, names, own),
+                                   methods, args.bf16, options)
         after = _counts()
         for m in [*methods, *(f"{m}@token" for m in options.read_at_token)]:
             fixed = results[m]["signal"].fixed

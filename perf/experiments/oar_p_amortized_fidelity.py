@@ -26,7 +26,8 @@ cost: about T²/2 forwards of a row's suffix), so a stopped run goes on where it
 `--groups` computes only the new groups. Everything after the exact values (the fits) takes seconds.
 
     python perf/experiments/oar_p_amortized_fidelity.py --groups 56 --cache ~/runs/amortized-dev --out dev.json
-Prints one JSON object.
+    python perf/experiments/oar_p_amortized_fidelity.py --render dev.json [TOP]     # the table again, no run
+Prints one JSON object (with --render, a Markdown table of the TOP variants, 10 by default).
 """
 
 from __future__ import annotations
@@ -46,6 +47,12 @@ SINGLE_FEATURES = ("surprise", "entropy", "place")  # the scalar columns after t
 def main(argv=None) -> dict:
     from precision_fidelity import rollout_arguments
 
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["--render"]:
+        out = json.loads(Path(argv[1]).read_text())
+        print(render(out, top=int(argv[2]) if len(argv) > 2 else 10))
+        return out
     p = rollout_arguments(__doc__, groups=8)
     p.add_argument("--cache", type=Path, help="keep rollouts and exact values here; a rerun goes on from them")
     p.add_argument("--heldout-groups", type=int, default=3)
@@ -262,6 +269,33 @@ def _single_features(held, width) -> dict:
         out[name] = {"rows": int(kept.numel()), "spearman_median": _q(kept, 0.5),
                      "spearman_min": float(kept.min()) if kept.numel() else None}
     return out
+
+
+def render(out: dict, top: int = 10) -> str:
+    """A Markdown table of a run's output: the `top` variants by median signal Spearman at the largest call count
+    every variant reached, each at every call count, then each cheap feature alone."""
+    variants = out["variants"]
+    counts = sorted({int(c) for scores in variants.values() for c in scores})
+    if not counts:
+        return "no call count was reached: the stream holds fewer rows than the smallest --calls"
+    last = str(max(c for c in counts if all(str(c) in scores for scores in variants.values())))
+    ranked = sorted(variants, key=lambda name: -(variants[name][last]["spearman_median"] or -2))
+    head = " | ".join(f"after {c} calls" for c in counts)
+    lines = [f"{out['heldout_rows']} held-out rows, {out['stream_rows']} stream rows, "
+             f"{out['exact_rows_per_call']} a call; each cell: signal Spearman median [lower quartile, worst] / "
+             "weights' Spearman median",
+             "", f"| variant | {head} |", "|---|" + "---|" * len(counts)]
+    for name in ranked[:top] + [n for n in ranked[top:] if n.startswith("scalars/")][:1]:
+        cells = []
+        for c in counts:
+            score = variants[name].get(str(c))
+            cells.append("—" if score is None else f"{score['spearman_median']:.2f} [{score['spearman_q25']:.2f}, "
+                         f"{score['spearman_min']:.2f}] / {score['weights']['spearman_median']:.2f}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", "| one feature alone | Spearman median | worst |", "|---|---|---|"]
+    for name, score in out["single_features"].items():
+        lines.append(f"| {name} | {score['spearman_median']:.2f} | {score['spearman_min']:.2f} |")
+    return "\n".join(lines)
 
 
 def _q(t: torch.Tensor, q: float) -> float | None:

@@ -98,18 +98,20 @@ def chain_rollout_rows(model, tokenizer, prompts: int, samples: int, seed: int, 
     return rows, skipped
 
 
-def in_precision(score, methods: list[str], bf16: bool) -> dict:
-    """`score(methods)` ({name: result}, where a name may add '@token' to a method) in fp32, or with --bf16 as a
-    bf16 CPU run computes each method's probe: under bf16 autocast, the FP32_PROBES methods without it. The results
-    keep `methods`' order."""
+def in_precision(score, methods: list[str], bf16: bool, options: SaliencyQualityOptions) -> dict:
+    """`score(methods, options)` ({name: result}, where a name may add '@token' to a method) in fp32, or with --bf16
+    as a bf16 CPU run computes each method's probe: under bf16 autocast, the FP32_PROBES methods without it, each
+    group scored with the `read_at_token` methods it holds (`quality.saliency_auroc` refuses one it does not). The
+    results keep `methods`' order."""
     if not bf16:
-        return score(methods)
+        return score(methods, options)
     results = {}
     for cast in (True, False):
         names = [m for m in methods if (m not in FP32_PROBES) == cast]
         if names:
+            own = replace(options, read_at_token=tuple(m for m in options.read_at_token if m in names))
             with torch.autocast("cpu", dtype=torch.bfloat16) if cast else contextlib.nullcontext():
-                results.update(score(names))
+                results.update(score(names, own))
     return dict(sorted(results.items(), key=lambda item: methods.index(item[0].split("@")[0])))
 
 
@@ -165,11 +167,11 @@ def main() -> None:
     options = SaliencyQualityOptions(pairs=args.pairs, fixed_group=args.fixed_group, read_at_token=at_token,
                                      traces="reference" if args.label_set == "chain_rollouts" else "both")
     if args.label_set == "chain_rollouts":  # the model is loaded already; its own completions, their own advantages
-        results = in_precision(lambda names: saliency_auroc(model, tokenizer, rows, names, options), methods,
-                               args.bf16)
+        results = in_precision(lambda names, own: saliency_auroc(model, tokenizer, rows, names, own), methods,
+                               args.bf16, options)
     else:
-        results = in_precision(lambda names: model_dir_saliency_auroc(path, rows, names, options=options,
-                                                                      device="cpu"), methods, args.bf16)
+        results = in_precision(lambda names, own: model_dir_saliency_auroc(path, rows, names, options=own,
+                                                                           device="cpu"), methods, args.bf16, options)
     precision = "bf16" if args.bf16 else "fp32"
     print(f"model {path}; {what}, pairs={args.pairs}, probes in {precision}; AUROC [95% CI], pooled / "
           f"position-matched / fixed (tokens "
