@@ -3,6 +3,11 @@ training, a run that had not finished is left out and trains from the archive as
 another comparison is refused."""
 
 import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
 
 from comparing import compare_argv
 from grail.analysis.compare.archive import (
@@ -132,3 +137,13 @@ def test_archiving_again_copies_only_the_runs_that_changed(tmp_path):
                  for arm in ("none", "grail") for seed in range(2)}
     assert again["bytes"] == plan_bytes + run_bytes["grail", 1] + run_bytes["none", 0]  # those two runs alone
     assert not (run_path(dest, "none", 1) / "final").exists()  # weights never
+
+
+def test_the_repository_keeps_an_archived_comparison_and_ignores_the_default_run_directories():
+    root = Path(__file__).resolve().parents[1]
+    if shutil.which("git") is None or not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    archived = "results/credit-pays/archive/runs/none/seed10/compare_result.json"
+    ignored = subprocess.run(["git", "check-ignore", "--no-index", archived, "runs/demo-1/metrics.jsonl"],
+                             cwd=root, capture_output=True, text=True).stdout.split()
+    assert ignored == ["runs/demo-1/metrics.jsonl"]  # an archive's runs/ folder is committed; the root's is not

@@ -99,6 +99,20 @@ def test_the_predictor_recovers_a_linear_law_discounts_old_calls_and_round_trips
     assert predictor.calls == 3
 
 
+def test_the_ridge_leaves_the_constant_alone_so_a_strong_one_keeps_the_rows_order():
+    """Log-importance sits far below 0 (log 1e-8 to 0): a penalised constant would leave its mean to the other
+    features, and a strong ridge then turned the place coefficient negative, reversing every row's order."""
+    place_N = torch.linspace(0, 1, 100, dtype=torch.float64)
+    x_NF = torch.stack([place_N, torch.ones_like(place_N)], 1)  # the method's last feature is the constant
+    predictor = amortized.Predictor()
+    predictor.update(x_NF, -12.0 + 2.0 * place_N, decay=1.0)
+    for ridge in (0.0, 0.1, 1.0, 10.0):
+        slope, constant = predictor.coefficients(ridge).tolist()
+        assert 0 < slope <= 2.0 + 1e-9, (ridge, slope)  # shrunk towards 0, never past it
+        assert constant == pytest.approx(-12.0 + (2.0 - slope) * 0.5)  # the constant keeps the mean
+    assert predictor.coefficients(1e6)[0] < 1e-3
+
+
 def test_the_features_are_the_layers_state_and_the_models_own_surprise_and_entropy(model):
     options = _options(oar_p_amortized_layer="last", oar_p_amortized_features=10_000)  # no projection
     ids, attn, answer = probe_batch()

@@ -1,8 +1,10 @@
 """perf/experiments/oar_p_amortized_fidelity.py on the tiny model's warm start: its features are the method's own, the
 fit is scored at each reachable call count on held-out rows, and a rerun from its cache computes nothing again and
-gives the same figures."""
+gives the same figures, a larger --groups extends it; perf/experiments/oar_p_amortized_auroc.py hands a fitted
+predictor to the AUROC and scores every row by prediction."""
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -74,6 +76,29 @@ def test_the_fit_is_scored_at_each_reachable_call_count_and_a_rerun_reads_its_ca
     again = script.main(args)
     assert again["variants"] == out["variants"] and again["rewards"] == out["rewards"]
 
+    monkeypatch.undo()
+    calls = []
+
+    def counted(*a, **k):
+        calls.append(1)
+        return exact(*a, **k)
+
+    exact = builtin.oar_p_signal
+    monkeypatch.setattr(builtin, "oar_p_signal", counted)
+    more = script.main([*args, "--groups", "4"])  # the cache extended: exact OAR-P on the new group only
+    assert calls == [1] and more["mixed_groups"] == 4 and more["rewards"][:len(out["rewards"])] == out["rewards"]
+    fewer = script.main([*args, "--groups", "2", "--heldout-groups", "1"])  # read from the larger cache
+    assert calls == [1] and fewer["mixed_groups"] == 2
+    import oar_p_amortized_auroc
+
+    variant = ["--cache", str(tmp_path / "cache"), "--variant", "middle/8/ridge=0.01/decay=0.95"]
+    auroc = oar_p_amortized_auroc.main([*variant, "--exact-rows", "1", "--label-sets", "counterbalanced_filler",
+                                        "--rows", "1", "--words", "3", "--json", str(tmp_path / "auroc.json")])
+    assert auroc["predictor"]["calls"] == more["stream_rows"] + more["heldout_rows"]  # every cached row, one a call
+    cell = auroc["label_sets"]["counterbalanced_filler"]["methods"]["oar_p_amortized"]
+    assert 0.0 <= cell["auroc"] <= 1.0 and cell["critical_entered"] > 0
+    with pytest.raises(SystemExit, match="the cache holds"):
+        oar_p_amortized_auroc.main([*variant, "--calls", "100000"])
     with pytest.raises(SystemExit, match="holds the rollouts of"):
         script.main([*args, "--seed", "5"])
     with pytest.raises(SystemExit):
@@ -101,3 +126,50 @@ def test_render_ranks_the_variants_at_the_largest_count_each_reached(tmp_path, c
     assert [row.split(" |")[0] for row in rows] == ["| middle/8/ridge=0.01/decay=0.95",
                                                      "| scalars/ridge=0.01/decay=0.95"]  # top 1 at 20 calls, then
     assert "0.60 [0.50, 0.40] / 0.55" in rows[0] and "| surprise | 0.25 | -0.10 |" in table  # the features-free one
+
+
+def test_a_fitted_predictor_handed_to_the_auroc_scores_every_row_by_prediction(tokenizer, monkeypatch):
+    """`SaliencyQualityOptions.states` reaches the method's probe on every batch: with the AUROC script's options
+    (exact rows on no call) exact OAR-P never runs and the fit is not touched; without a state each batch fits on its
+    own exact rows."""
+    from oar_p_amortized_auroc import PREDICT_ONLY
+
+    from grail.analysis.saliency.counterbalanced import counterbalanced_filler_rows
+    from grail.analysis.saliency.quality import SaliencyQualityOptions, saliency_auroc
+    from grail.methods.signals import oar_p_amortized as amortized
+    from grail.methods.table import METHODS
+    from grail.models.tiny import build_tiny_model
+    from grail.options.choices import WeightingOptions
+
+    model = build_tiny_model(tokenizer, seed=0)
+    rows = counterbalanced_filler_rows(1, seed=0, words=3, shots=0)
+    own = METHODS["oar_p_amortized"].resolve_options({amortized.FEATURES: 8, amortized.EVERY: PREDICT_ONLY})
+    weighting = WeightingOptions(token_weighting="oar_p_amortized", method_options=own)
+    calls = []
+    real = amortized.oar_p_signal
+    monkeypatch.setattr(amortized, "oar_p_signal", lambda *a, **k: calls.append(1) or real(*a, **k))
+    g = torch.Generator().manual_seed(0)
+    predictor = amortized.Predictor()
+    predictor.update(torch.randn(40, 8 + amortized.SCALARS, generator=g), torch.randn(40, generator=g), 1.0)
+    predictor.probe_calls = predictor.calls
+    before = {k: v.clone() if torch.is_tensor(v) else v for k, v in predictor.state_dict().items()}
+    options = SaliencyQualityOptions(num_bootstrap=0, batch_size=2, weighting=weighting,
+                                     states={"oar_p_amortized": predictor})
+    results = saliency_auroc(model, tokenizer, rows, ["oar_p_amortized"], options)
+    batches = -(-2 * len(rows) // 2)  # both traces of each row, two a batch
+    assert calls == [] and predictor.probe_calls == predictor.calls + batches
+    assert all(torch.equal(v, before[k]) if torch.is_tensor(v) else v == before[k]
+               for k, v in predictor.state_dict().items() if k != "probe_calls")
+    assert results["oar_p_amortized"]["signal"].n_critical > 0
+    saliency_auroc(model, tokenizer, rows, ["oar_p_amortized"], replace(options, states={}))
+    assert len(calls) == batches  # a fresh state each batch: its exact rows first
+
+
+def test_the_auroc_script_reads_a_variant_and_refuses_the_features_free_one():
+    from oar_p_amortized_auroc import parse_variant
+
+    assert parse_variant("middle/256/ridge=0.01/decay=0.95") == ("middle", 256, 0.01, 0.95)
+    with pytest.raises(SystemExit, match="not a configuration"):
+        parse_variant("scalars/ridge=0.01/decay=0.95")
+    with pytest.raises(SystemExit, match="expected LAYER/FEATURES"):
+        parse_variant("middle/256")

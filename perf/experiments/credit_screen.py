@@ -84,9 +84,12 @@ def _counts():
     return {name: Counter(counts) for name, counts in FALLBACK_COUNTS.items()}
 
 
-def screen(model, tokenizer, methods: list[str], label_sets: list[str], args, on_set=None) -> dict:
+def screen(model, tokenizer, methods: list[str], label_sets: list[str], args, on_set=None, weighting=None,
+           states=None) -> dict:
     """{label set: {"rows": description, "skipped": reason or None, "methods": {method: cell}}}; `on_set(out)` is
-    called after each label set (main writes the JSON then, so a run stopped part-way keeps its finished sets)."""
+    called after each label set (main writes the JSON then, so a run stopped part-way keeps its finished sets).
+    `weighting` (WeightingOptions; None: the released defaults) and `states` ({method: its per-run state}) go to
+    `SaliencyQualityOptions` as they are (perf/experiments/oar_p_amortized_auroc.py hands a fitted predictor)."""
     from grail.analysis.saliency.quality import SaliencyQualityOptions, saliency_auroc
     from grail.methods.table import method_spec
 
@@ -99,9 +102,10 @@ def screen(model, tokenizer, methods: list[str], label_sets: list[str], args, on
             out[name]["skipped"] = "no labelled row (is the model warm-started on the chain task?)"
             continue
         at_token = ("grail",) if args.grail_at_token and "grail" in methods else ()
+        extra = {"weighting": weighting} if weighting is not None else {}
         options = SaliencyQualityOptions(traces="reference" if name == "chain_rollouts" else "both",
                                          batch_size=args.batch_size, fixed_group=args.fixed_group,
-                                         read_at_token=at_token)
+                                         read_at_token=at_token, states=states or {}, **extra)
         seconds, probed, before = Counter(), Counter(), _counts()
         with timed_probes(seconds, probed):
             results = in_precision(lambda names, own, rows=rows: saliency_auroc(model, tokenizer, rows, names, own),
@@ -216,14 +220,9 @@ def render_files(paths: list[str]) -> str:
     return "\n".join(out)
 
 
-def main(argv: list[str] | None = None) -> int:
-    from grail.options.fields import TINY_MODEL
-
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=TINY_MODEL, help="tiny (the warm-started tiny model), a real model's name "
-                        "(`grail models fetch` it first) or a save_pretrained directory")
-    parser.add_argument("--methods", default=DEFAULT_METHODS, help="comma-separated: methods with a probe, built-in "
-                        f"or candidates ({', '.join(CANDIDATES)})")
+def label_set_arguments(parser) -> None:
+    """The arguments that build and score the label sets (`screen` reads them; shared with
+    perf/experiments/oar_p_amortized_auroc.py)."""
     parser.add_argument("--label-sets", default=",".join(LABEL_SETS),
                         help="comma-separated, of " + ", ".join(LABEL_SETS))
     parser.add_argument("--seed", type=int, default=0, help="the label sets' seed (0: the development seed)")
@@ -236,6 +235,26 @@ def main(argv: list[str] | None = None) -> int:
                         help="the fixed AUROC's group: the rows' own (a counterbalanced group, a prompt) or one; "
                              "`all` lets more of chain_rollouts' tokens enter, its interval resampling the prompts "
                              "(docs/guides/position-fixed.md)")
+
+
+def label_sets_of(args) -> list[str]:
+    """--label-sets as a list; SystemExit naming the choices when one is not a label set."""
+    label_sets = [s.strip() for s in args.label_sets.split(",") if s.strip()]
+    bad = [s for s in label_sets if s not in LABEL_SETS]
+    if bad or not label_sets:
+        raise SystemExit(f"error: --label-sets {bad or label_sets}: choose from {', '.join(LABEL_SETS)}")
+    return label_sets
+
+
+def main(argv: list[str] | None = None) -> int:
+    from grail.options.fields import TINY_MODEL
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=TINY_MODEL, help="tiny (the warm-started tiny model), a real model's name "
+                        "(`grail models fetch` it first) or a save_pretrained directory")
+    parser.add_argument("--methods", default=DEFAULT_METHODS, help="comma-separated: methods with a probe, built-in "
+                        f"or candidates ({', '.join(CANDIDATES)})")
+    label_set_arguments(parser)
     parser.add_argument("--grail-at-token", action="store_true",
                         help="also report GRAIL's saliency read at the token's own position (as grail@token; its "
                              "default read is at the position that predicts the token); same probe, no extra cost")
@@ -253,11 +272,13 @@ def main(argv: list[str] | None = None) -> int:
         print(pivot(args.render) if args.pivot else render_files(args.render))
         return 0
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    label_sets = [s.strip() for s in args.label_sets.split(",") if s.strip()]
-    bad = [s for s in label_sets if s not in LABEL_SETS]
-    if bad or not label_sets or not methods:
-        print(f"error: --label-sets {bad or label_sets}: choose from {', '.join(LABEL_SETS)}; and give --methods",
-              file=sys.stderr)
+    if not methods:
+        print("error: --methods is empty: give at least one method", file=sys.stderr)
+        return 2
+    try:
+        label_sets = label_sets_of(args)
+    except SystemExit as error:
+        print(error, file=sys.stderr)
         return 2
     register_candidates([m for m in methods if m in CANDIDATES])
     from grail.methods.table import method_names

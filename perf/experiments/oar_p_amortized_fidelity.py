@@ -2,8 +2,9 @@
 features? Exact OAR-P and the predictor's features on the regime's rollouts, then the predictor fitted call by call
 as a training run fits it, scored on rows it never trained on.
 
-Rollouts: as perf/experiments/precision_fidelity.py samples them (the preset's model, default `smollm-chains`: SmolLM2
-after its 30-step warm start; groups of 8 with mixed rewards, `--groups` of them, seeded by `--seed`). The rows a
+Rollouts: as perf/experiments/precision_fidelity.py samples them, in its stable-prefix order (the preset's model,
+default `smollm-chains`: SmolLM2 after its 30-step warm start; groups of 8 with mixed rewards, `--groups` of them,
+seeded by `--seed`). The rows a
 run probes (OAR-P's bi-level rows) get exact OAR-P (`builtin.oar_p_signal`, the method's own exact path) and the
 features of every layer choice (`oar_p_amortized.token_features` at the model's full width; a narrower projection
 is the same fixed random projection applied afterwards, so each variant's features are the method's own).
@@ -23,7 +24,8 @@ for that; this measures how fast the fit converges and how far it gets on one po
 
 `--cache DIR` keeps the rollouts and each group's exact OAR-P and features as they are computed (exact OAR-P is the
 cost: about T²/2 forwards of a row's suffix), so a stopped run goes on where it stopped, and a run with more
-`--groups` computes only the new groups. Everything after the exact values (the fits) takes seconds.
+`--groups` samples the rollouts again (the prompts in one seeded shuffle, so the first groups are the same; checked)
+and computes exact values for the new groups only. Everything after the exact values (the fits) takes seconds.
 
     python perf/experiments/oar_p_amortized_fidelity.py --groups 56 --cache ~/runs/amortized-dev --out dev.json
     python perf/experiments/oar_p_amortized_fidelity.py --render dev.json [TOP]     # the table again, no run
@@ -118,25 +120,55 @@ def main(argv=None) -> dict:
 
 
 def _rollouts(values: dict, args, cache: Path | None):
-    """`precision_fidelity.mixed_groups`' rollouts, read from `cache` when it holds them for the same arguments."""
+    """`precision_fidelity.mixed_groups`' rollouts in its stable-prefix order, read from `cache` when it holds at
+    least `--groups` of them for the same preset, model and seed; a cache of fewer is extended (the rollouts are
+    sampled again for the larger count, and their first groups must equal the cached ones, so the cached exact values
+    stay valid)."""
     from precision_fidelity import mixed_groups
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    key = {"preset": args.preset, "model": args.model, "groups": args.groups, "seed": args.seed}
+    key = {"preset": args.preset, "model": args.model, "seed": args.seed, "order": "stable_prefix"}
     file = cache / "rollouts.pt" if cache else None
-    if file is not None and file.exists():
-        saved = torch.load(file, weights_only=False)
+    saved = torch.load(file, weights_only=False) if file is not None and file.exists() else None
+    if saved is not None:
         if saved["key"] != key:
             raise SystemExit(f"oar_p_amortized_fidelity: --cache {cache} holds the rollouts of {saved['key']}, not "
                              f"{key}; give another --cache directory, or the same arguments as before")
-        tokenizer = AutoTokenizer.from_pretrained(saved["path"])
-        model = AutoModelForCausalLM.from_pretrained(saved["path"], dtype=torch.float32).train()
-        return model, tokenizer, saved["path"], saved["groups"], saved["rewards"], saved["rollout_seconds"]
-    model, tokenizer, path, groups, rewards, seconds = mixed_groups(values, args.model, args.groups, args.seed)
+        if len(saved["groups"]) >= args.groups:
+            tokenizer = AutoTokenizer.from_pretrained(saved["path"])
+            model = AutoModelForCausalLM.from_pretrained(saved["path"], dtype=torch.float32).train()
+            n = args.groups
+            drawn = _drawn_through(saved["rewards"], n)
+            return model, tokenizer, saved["path"], saved["groups"][:n], saved["rewards"][:drawn], \
+                saved["rollout_seconds"]
+    model, tokenizer, path, groups, rewards, seconds = mixed_groups(values, args.model, args.groups, args.seed,
+                                                                    stable_prefix=True)
+    if saved is not None and not all(_same_group(a, b) for a, b in zip(saved["groups"], groups, strict=False)):
+        raise SystemExit(f"oar_p_amortized_fidelity: the rollouts sampled again for --groups {args.groups} differ "
+                         f"from the {len(saved['groups'])} groups in --cache {cache} (another torch version or "
+                         f"machine samples differently); give a new --cache directory")
     if file is not None:
         file.parent.mkdir(parents=True, exist_ok=True)
         _save(file, {"key": key, "path": str(path), "groups": groups, "rewards": rewards, "rollout_seconds": seconds})
     return model, tokenizer, path, groups, rewards, seconds
+
+
+def _drawn_through(rewards: list, n: int) -> int:
+    """How many drawn groups (mixed or not) it took to reach the n-th mixed one."""
+    mixed = 0
+    for i, r in enumerate(rewards):
+        mixed += len(set(r)) > 1
+        if mixed == n:
+            return i + 1
+    return len(rewards)
+
+
+def _same_group(a, b) -> bool:
+    """Whether two sampled groups ((batch tensors), A_G) hold the same tokens and advantages."""
+    (batch_a, adv_a), (batch_b, adv_b) = a, b
+    return len(batch_a) == len(batch_b) and all(x.shape == y.shape and torch.equal(x, y)
+                                                for x, y in zip(batch_a, batch_b, strict=True)) \
+        and torch.equal(adv_a, adv_b)
 
 
 def _save(file: Path, obj) -> None:
@@ -151,7 +183,7 @@ def _exact_group(model, tokenizer, k: int, group, adv_G, options, layers, cache:
     file = cache / f"group_{k:03d}.pt" if cache else None
     if file is not None and file.exists():
         saved = torch.load(file, weights_only=False)
-        if set(layers) <= set(saved["features"]):
+        if set(layers) <= set(saved["features"]) and _same_group((saved["group"], saved["adv_G"]), (group, adv_G)):
             return saved
     from dataclasses import replace
 
@@ -203,20 +235,27 @@ def _fit_and_score(held, stream_rows, options, floor, width, layer, features, ri
     predictor, scores, done = Predictor(), {}, 0
     for c in calls:
         while done < c and (done + 1) * per_call <= len(stream_rows):
-            xs, ys = [], []
-            for g, i in stream_rows[done * per_call:(done + 1) * per_call]:
-                x_TF = variant_features(g["features"][layer][i], width, features, scalars)
-                keep_T = g["scored_RT"][i] & torch.isfinite(g["exact_RT"][i]) & torch.isfinite(x_TF).all(-1)
-                xs.append(x_TF[keep_T])
-                ys.append(g["exact_RT"][i][keep_T].clamp(min=floor).log())
-            if torch.cat(xs).shape[0]:
-                predictor.update(torch.cat(xs), torch.cat(ys), decay)
+            fit_call(predictor, stream_rows[done * per_call:(done + 1) * per_call], layer, width, features, floor,
+                     decay, scalars)
             done += 1
         if done < c:
             break  # the stream is shorter than c calls
         theta_F = predictor.coefficients(ridge).float()
         scores[str(c)] = _score(held, options, floor, width, layer, features, scalars, theta_F)
     return scores
+
+
+def fit_call(predictor, rows, layer, width, features, floor, decay, scalars=False) -> None:
+    """One probe call's update of `predictor` from `rows` [(cached group, row index)]: the variant's features of
+    their scored tokens against log max(exact OAR-P, floor), as the method's probe updates it."""
+    xs, ys = [], []
+    for g, i in rows:
+        x_TF = variant_features(g["features"][layer][i], width, features, scalars)
+        keep_T = g["scored_RT"][i] & torch.isfinite(g["exact_RT"][i]) & torch.isfinite(x_TF).all(-1)
+        xs.append(x_TF[keep_T])
+        ys.append(g["exact_RT"][i][keep_T].clamp(min=floor).log())
+    if torch.cat(xs).shape[0]:
+        predictor.update(torch.cat(xs), torch.cat(ys), decay)
 
 
 def _score(held, options, floor, width, layer, features, scalars, theta_F) -> dict:

@@ -89,9 +89,12 @@ def rollout_arguments(doc: str, groups: int) -> argparse.ArgumentParser:
     return p
 
 
-def mixed_groups(values: dict, model_dir: str | None, n_groups: int, seed: int):
+def mixed_groups(values: dict, model_dir: str | None, n_groups: int, seed: int, stable_prefix: bool = False):
     """The rollouts (module docstring): (model, tokenizer, model path, [(group batch, A_G)], every group's rewards,
-    seconds), the model in fp32 and in train mode, as the trainer probes (dropout is 0 in these models)."""
+    seconds), the model in fp32 and in train mode, as the trainer probes (dropout is 0 in these models).
+    `stable_prefix`: the prompts in one seeded shuffle of the whole split, so that a call for more groups draws the
+    same first groups (the default order, `random.sample` of 10 × n_groups prompts, depends on n_groups; the
+    published figures of this script and oar_p_spans.py were drawn with it)."""
     from gradient_noise import group_batch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -113,7 +116,12 @@ def mixed_groups(values: dict, model_dir: str | None, n_groups: int, seed: int):
     torch.manual_seed(seed)
     groups, group_rewards = [], []
     start = time.perf_counter()
-    order = random.Random(seed).sample(range(len(rows)), min(len(rows), 10 * n_groups))
+    if stable_prefix:
+        order = list(range(len(rows)))
+        random.Random(seed).shuffle(order)
+        order = order[:10 * n_groups]
+    else:
+        order = random.Random(seed).sample(range(len(rows)), min(len(rows), 10 * n_groups))
     for index in order:
         if len(groups) == n_groups:
             break

@@ -54,10 +54,10 @@ no labelled token to score (e.g. grail's weights with traces="reference") gets A
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -115,7 +115,10 @@ class SaliencyQualityOptions:
     read_at_token: methods whose signal is GRAIL's saliency (fuse="saliency": grail), read at the position that
     PREDICTS each token, to report also read at the token's OWN position (the embedding of the token itself, where
     OAR reads), as the method `<method>@token` of the results, its signal only
-    (`grail.methods.spans.predicting_to_token`; no extra pass)."""
+    (`grail.methods.spans.predicting_to_token`; no extra pass).
+    states: {method: its per-run state (`MethodSpec.state`)} handed to that method's probe on every batch, so that a
+    method that learns (oar_p_amortized's predictor) is scored as a run that already holds the state would score the
+    rows, and goes on updating it; a method not named gets a fresh state per batch, as outside a trainer."""
 
     weighting: WeightingOptions = field(default_factory=WeightingOptions)
     traces: Traces = "both"
@@ -129,6 +132,7 @@ class SaliencyQualityOptions:
     profile_bins: int = 10
     fixed_group: FixedGroup = "row"
     read_at_token: tuple[str, ...] = ()
+    states: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
         if self.traces not in ("both", "reference", "corrupted"):
@@ -295,7 +299,8 @@ def saliency_auroc(model, tokenizer, rows: Sequence[dict], methods: Sequence[str
                 opts = method_options[m]
                 if spec.probe not in probed:
                     probed[spec.probe] = run_probe(model, ids_BL, attn_BL, spans, mask_BT, mask_BT.any(1), opts,
-                                                   generators[m], spec, adv_B=adv_B, tokenizer=tokenizer)
+                                                   generators[m], spec, adv_B=adv_B, tokenizer=tokenizer,
+                                                   state=options.states.get(m))
                 signal_BT = probed[spec.probe]
                 rows_B = probe_rows(adv_B, spans, mask_BT, opts, spec)
                 floor = spec.min_importance(model, opts) if spec.min_importance is not None else 0.0

@@ -25,7 +25,7 @@ the bi-level reshaping reads each row's order and relative size, and the log mak
 critical tokens' orders of magnitude rather than their absolute KLs. A ridge fit by its sufficient statistics
 (Σ x xᵀ, Σ x y, discounted) is deterministic, exact to resume (the statistics are the whole state), costs F² a token,
 and needs no learning rate. The regulariser is `oar_p_amortized_ridge` × mean(diag Σ x xᵀ), so it does not depend on
-the features' scale or on how many tokens have been seen.
+the features' scale or on how many tokens have been seen; it leaves the constant alone (an intercept is not shrunk).
 
 State (`MethodSpec.state`, `Predictor`): the two sums and the count of exact tokens; the trainer keeps one per process
 and saves it with each checkpoint. Outside a trainer each call starts from nothing and fits on its own exact rows.
@@ -82,11 +82,16 @@ class Predictor:
         self.calls += 1
 
     def coefficients(self, ridge: float) -> torch.Tensor:
-        """θ (F,) float64: (Σ x xᵀ + λ I)⁻¹ Σ x y, λ = ridge × mean(diag Σ x xᵀ) (and at least 1e-12)."""
+        """θ (F,) float64: (Σ x xᵀ + λ P)⁻¹ Σ x y, λ = ridge × mean(diag Σ x xᵀ) (and at least 1e-12), P the
+        identity but for the last feature, the constant, which is not penalised: log-importance sits far below 0,
+        and a penalised constant hands its mean to the other features (a strong ridge reversed each row's order)."""
         if self.xx_FF is None:
             raise RuntimeError("oar_p_amortized: the predictor has seen no exact token yet")
         scale = max(float(self.xx_FF.diagonal().mean()), 1e-12)
-        system = self.xx_FF + max(ridge * scale, 1e-12) * torch.eye(self.xx_FF.shape[0], dtype=torch.float64)
+        penalty_F = torch.ones(self.xx_FF.shape[0], dtype=torch.float64)
+        penalty_F[-1] = 0.0
+        # the constant's own 1e-12 keeps the system solvable before any token has a non-zero constant
+        system = self.xx_FF + torch.diag(max(ridge * scale, 1e-12) * penalty_F + 1e-12 * (1 - penalty_F))
         return torch.linalg.solve(system, self.xy_F)
 
     def state_dict(self) -> dict:
@@ -180,11 +185,11 @@ SPEC = MethodSpec(
     options=(
         MethodOption(EXACT_ROWS, 2, "rows of each probe call scored by exact OAR-P (the predictor's training data); "
                      "the others get the prediction", minimum=1),
-        MethodOption(LAYER, "middle", "the decoder layer whose output at the token's position is the feature",
+        MethodOption(LAYER, "last", "the decoder layer whose output at the token's position is the feature",
                      choices=("embeddings", "first", "middle", "last")),
-        MethodOption(FEATURES, 256, "dimensions of the hidden state's fixed random projection (the width itself "
+        MethodOption(FEATURES, 64, "dimensions of the hidden state's fixed random projection (the width itself "
                      "or more: no projection)", minimum=1),
-        MethodOption(RIDGE, 0.01, "the ridge regulariser, relative to the mean diagonal of Σ x xᵀ", minimum=0.0),
+        MethodOption(RIDGE, 0.001, "the ridge regulariser, relative to the mean diagonal of Σ x xᵀ", minimum=0.0),
         MethodOption(DECAY, 0.95, "each earlier fitting call's weight in the fit, per call (1: every call alike)",
                      minimum=0.0, maximum=1.0),
         MethodOption(EVERY, 1, "exact rows on every k-th probe call only (and on the first), the others all "
