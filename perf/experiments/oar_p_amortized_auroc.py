@@ -4,7 +4,7 @@ training run fits it, then every row of the label sets scored by the prediction 
 The fit: the rollouts and exact OAR-P that perf/experiments/oar_p_amortized_fidelity.py keeps in its `--cache` (the
 model there is the model scored here: the predictor reads that model's hidden states), every cached group's probed
 rows in order, `--exact-rows` a call, for `--calls` calls (or as many as the cache holds), with the variant's layer,
-projection width, ridge and decay (`--variant` as the fidelity script names it, e.g. `middle/256/ridge=0.01/decay=0.95`;
+projection width, ridge and decay (`--variant` as the fidelity script names it, e.g. `last/64/ridge=0.001/decay=0.95`;
 the features-free `scalars` variant is not a configuration of the method and is refused).
 
 The scoring: perf/experiments/credit_screen.py's label sets and cells (`credit_screen.screen`, same options), the
@@ -15,7 +15,7 @@ as the screen scores them (OAR-P's exact cells, GRAIL), on the same rows; in fp3
 features is not read from bf16 ones).
 
     python perf/experiments/oar_p_amortized_auroc.py --cache ~/runs/amortized-sft40 \\
-        --variant middle/256/ridge=0.01/decay=0.95 --calls 50 --label-sets counterbalanced_filler --rows 3 --seed 1 \\
+        --variant last/64/ridge=0.001/decay=0.95 --calls 50 --label-sets counterbalanced_filler --rows 3 --seed 1 \\
         [--also oar_p] [--json out.json]
 The JSON is credit_screen.py's (its `--render` and `--pivot` read it), with the fit under "predictor".
 """
@@ -46,7 +46,7 @@ def parse_variant(text: str) -> tuple[str, int, float, float]:
             raise SystemExit(f"--variant {text}: the features-free variant is not a configuration of {METHOD} (its "
                              f"features always hold a layer's hidden state); choose a layer's variant") from None
         raise SystemExit(f"--variant {text}: expected LAYER/FEATURES/ridge=R/decay=D, as "
-                         f"oar_p_amortized_fidelity.py names its variants (e.g. middle/256/ridge=0.01/decay=0.95)"
+                         f"oar_p_amortized_fidelity.py names its variants (e.g. last/64/ridge=0.001/decay=0.95)"
                          ) from None
 
 
@@ -95,7 +95,7 @@ def fitted_predictor(groups: list[dict], layer: str, features: int, decay: float
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cache", type=Path, required=True, help="oar_p_amortized_fidelity.py's --cache directory")
-    p.add_argument("--variant", default="middle/256/ridge=0.01/decay=0.95")
+    p.add_argument("--variant", default="last/64/ridge=0.001/decay=0.95")
     p.add_argument("--calls", type=int, help="fitting calls (default: all the cache holds)")
     p.add_argument("--exact-rows", type=int, default=2, help="rows a fitting call (oar_p_amortized_exact_rows)")
     p.add_argument("--also", default="", help="comma-separated methods scored beside it (e.g. oar_p,grail)")
