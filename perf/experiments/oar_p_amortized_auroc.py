@@ -56,9 +56,9 @@ def cached_groups(cache: Path, layer: str) -> tuple[str, list[dict]]:
     if not rollouts.exists():
         raise SystemExit(f"--cache {cache}: no rollouts.pt there; run oar_p_amortized_fidelity.py with this --cache "
                          f"first")
-    path = torch.load(rollouts, weights_only=False)["path"]
-    groups = []
-    for k in range(len(torch.load(rollouts, weights_only=False)["groups"])):
+    saved = torch.load(rollouts, weights_only=False)
+    path, groups = saved["path"], []
+    for k in range(len(saved["groups"])):
         file = cache / f"group_{k:03d}.pt"
         if not file.exists():
             break  # a run stopped part-way: the groups before it
