@@ -162,6 +162,50 @@ def test_with_exact_every_k_only_every_kth_call_runs_exact_oar_p_and_the_others_
     copy.load_state_dict(old)
     assert copy.probe_calls == copy.calls == 2
 
+def test_a_token_budget_perturbs_only_that_many_tokens_and_predicts_every_row(model, monkeypatch):
+    seen = []
+    real = amortized.oar_p_signal
+
+    def counted(model, rows, options):
+        seen.append(rows.scored_BT.clone())
+        return real(model, rows, options)
+
+    monkeypatch.setattr(amortized, "oar_p_signal", counted)
+    options = _options(oar_p_amortized_exact_rows=2, oar_p_amortized_exact_tokens=5)
+    state = amortized.Predictor()
+    rows = _rows(state)
+    scored = rows.scored_BT.bool()
+    got = amortized.SPEC.probe(model, rows, options, torch.Generator().manual_seed(3))
+    exact_B = amortized._exact_rows(3, 2, torch.Generator().manual_seed(3))
+    (perturbed,) = seen
+    assert perturbed.shape[0] == 2 and int(perturbed.sum()) == 5  # 5 copies: the budget, not the rows' tokens
+    assert int(scored[exact_B].sum()) > 5 and not (perturbed & ~scored[exact_B]).any()
+    assert state.tokens == 5.0
+    theta_F = state.coefficients(options.method_options["oar_p_amortized_ridge"]).float()
+    want = (amortized.token_features(model, rows, options) @ theta_F).exp() * scored  # every row, exact ones too
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=0)
+    again = amortized.SPEC.probe(model, _rows(amortized.Predictor()), options, torch.Generator().manual_seed(3))
+    torch.testing.assert_close(again, got, rtol=0, atol=0)  # the tokens drawn from the seeded generator
+
+
+def test_the_features_from_a_forwards_reads_are_the_probes_own(model):
+    """`features_from` on a plain forward's layer output, log-probs and entropies (what the fused path hands it)
+    gives `token_features`."""
+    from grail.methods import probes
+
+    options = _options()
+    rows = _rows()
+    T = rows.scored_BT.shape[1]
+    layer = probes.leaf_module(model, options.method_options["oar_p_amortized_layer"])
+    with torch.no_grad(), probes.output_of(layer) as captured:
+        logits = model(input_ids=rows.input_ids_BL, attention_mask=rows.attention_mask_BL).logits[:, -T - 1:-1]
+    logp = torch.log_softmax(logits.float() / options.temperature, -1)
+    logps_BT = logp.gather(-1, rows.input_ids_BL[:, -T:, None])[..., 0]
+    entropy_BT = -(logp.exp() * logp).sum(-1)
+    got = amortized.features_from(captured[0], -logps_BT, entropy_BT, rows.attention_mask_BL, options)
+    torch.testing.assert_close(got, amortized.token_features(model, rows, options), rtol=1e-4, atol=1e-5)
+
+
 def test_passes_the_public_checker():
     report = grail.check_method("oar_p_amortized", raise_on_failure=False)
     assert report.ok, report.text()
@@ -204,6 +248,44 @@ def test_the_trainer_hands_its_state_to_every_probe_call_and_saves_it_with_a_che
     assert other.method_state.calls == 2
     torch.testing.assert_close(other.method_state.coefficients(0.01), trainer.method_state.coefficients(0.01),
                                rtol=0, atol=0)
+
+
+def test_fused_with_trls_forward_it_gives_the_separate_probes_weights_and_fits_the_same_predictor(tiny_dir, tmp_path):
+    """On the fused path the features come from TRL's training forward (the layer captured there, TRL's log-probs and
+    entropies): the same exact rows (the run's generator), the same fit and the same weights as the separate probe's
+    own forward, to float rounding, and the loss and gradients with them."""
+    from batches import assert_same, loss_and_grads, make_trainer, trl_batch
+    from grail.training.trainer import GRAILTrainer
+
+    results = {}
+    for path in ("fused", "separate"):
+        trainer = make_trainer(GRAILTrainer, tiny_dir, tmp_path / path, token_weighting="oar_p_amortized",
+                               saliency_path=path, method_options={"oar_p_amortized_exact_rows": 1})
+        with torch.no_grad():  # as test_trainer's fused check: embeddings large enough that the signal varies
+            trainer.model.get_input_embeddings().weight.mul_(3.0)
+        results[path] = (loss_and_grads(trainer, trl_batch(trainer.processing_class)), trainer.last_token_weights,
+                         trainer.method_state)
+    (fused, w_fused, s_fused), (separate, w_separate, s_separate) = results["fused"], results["separate"]
+    assert w_fused.path == "fused" and w_separate.path == "separate"
+    assert s_fused.calls == s_separate.calls == 1
+    torch.testing.assert_close(s_fused.xx_FF, s_separate.xx_FF, rtol=1e-4, atol=1e-4)
+    real = w_separate.weights_BT > 0
+    assert real.sum() >= 10 and w_separate.weights_BT[real].std() > 0.02  # weights that vary (≫ the tolerance)
+    torch.testing.assert_close(w_fused.weights_BT, w_separate.weights_BT, rtol=0, atol=1e-4)
+    assert_same(fused, separate, atol=1e-4)
+
+
+def test_the_fused_path_is_refused_where_the_probe_would_call_the_model_inside_an_engines_forward():
+    from grail.training.paths import fused_unavailable_reason
+
+    spec = METHODS["oar_p_amortized"]
+    common = dict(peft=False, sharded=None, deepspeed=False, reentrant=True, leaf_trainable=lambda: False)
+    assert fused_unavailable_reason(spec, "auto", "current_policy", **common) is None  # no gradient query
+    for change in ({"peft": True}, {"sharded": "FSDP2"}, {"deepspeed": True}):
+        assert "inside the training forward" in fused_unavailable_reason(spec, "auto", "current_policy",
+                                                                         **{**common, **change})
+    assert "rollout" in fused_unavailable_reason(spec, "auto", "rollout_policy", **common)
+
 
 STEPS = 4
 RUN = ["--preset", "tiny-cpu", "--token_weighting", "oar_p_amortized", "--oar_p_amortized_exact_rows", "1",

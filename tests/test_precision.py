@@ -255,7 +255,7 @@ def test_a_method_whose_weights_do_not_hold_is_probed_in_fp32_under_cpu_bf16(tin
     with pytest.warns(UserWarning):
         grail = _trainer(tiny_dir, tmp_path / "grail", bf16=True, token_weighting="grail")
     assert not grail.fp32_probe and grail.fused_unavailable is None
-    monkeypatch.setattr("grail.training.trainer.FP32_PROBES", frozenset({"grail"}))
+    monkeypatch.setattr("grail.training.cpu_precision.FP32_PROBES", frozenset({"grail"}))
     with pytest.warns(UserWarning):
         listed = _trainer(tiny_dir, tmp_path / "listed", bf16=True, token_weighting="grail")
     assert listed.fp32_probe and "fp32" in listed.fused_unavailable

@@ -19,8 +19,9 @@ Phases, timed by wrappers on the trainer's own methods (nothing of TRL's is re-i
   generation      TRL's `_generate_single_turn` (the shared-prefill generate)
   rollout rest    the rest of `_generate_and_score_completions` (rewards, advantages, the answer spans)
   probe           the trainer's probe functions: a separate probe (`token_weights`), or on the fused path the signal
-                  and weights computed after TRL's forward (`fused_signal`, `weights_from_signal`: what
-                  `TokenWeights.seconds` counts), in the loss or, with weights_from rollout_policy, in the rollout
+                  and weights computed after TRL's forward (`fused_signal` or `fused_probe_signal`, then
+                  `weights_from_signal`: what `TokenWeights.seconds` counts), in the loss or, with weights_from
+                  rollout_policy, in the rollout
   loss forward    `_compute_loss` less the probe
   backward        `accelerator.backward`
   optimizer       AdamW's step (between transformers' pre- and post-optimizer-step callbacks; gradient clipping before
@@ -175,12 +176,13 @@ def instrument(trainer, clock: PhaseClock) -> None:
 
 @contextlib.contextmanager
 def probe_phase(clock: PhaseClock):
-    """For the trainer module's probe functions (`token_weights` on the separate and rollout paths; `fused_signal` and
-    `weights_from_signal` on the fused one, the time `TokenWeights.seconds` counts there): each call timed, and its
-    FLOPs counted, as the phase "probe"; a call nested in another probe call counts once. Restored on exit."""
+    """For the trainer module's probe functions (`token_weights` on the separate and rollout paths; `fused_signal` or
+    `fused_probe_signal`, and `weights_from_signal`, on the fused one: the time `TokenWeights.seconds` counts there):
+    each call timed, and its FLOPs counted, as the phase "probe"; a call nested in another probe call counts once.
+    Restored on exit."""
     import grail.training.trainer as module
 
-    names = ("token_weights", "fused_signal", "weights_from_signal")
+    names = ("token_weights", "fused_signal", "fused_probe_signal", "weights_from_signal")
     originals = {name: getattr(module, name) for name in names}
 
     def timed(original):

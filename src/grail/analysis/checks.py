@@ -19,8 +19,9 @@ The checks (each a `CheckResult`; `MethodReport.ok` when every one passed or was
   8. `options`: changing a `SCOPED_OPTIONS` field the method does not declare in `reads` leaves the weights
      unchanged (an undeclared field it does read would be refused on the command line while it works).
   9. `model_free` (`calls_model=False`, run first): the method runs with `model=None`, as training runs it.
- 10. `fused` (`fuse`): the signal read from a training forward (`weighting.fused_signal`) equals the probe's on the
-     selected rows, and so do the weights.
+ 10. `fused` (`fuse`): the signal read from a training forward (`weighting.fused_signal`, or for `fuse="probe"`
+     `weighting.fused_probe_signal` on that forward's reads) equals the probe's on the selected rows, and so do the
+     weights.
 """
 
 from __future__ import annotations
@@ -233,7 +234,7 @@ def _fused(spec, model, run, options, batch) -> CheckResult:
     if spec.fuse is None:
         return CheckResult("fused", None, "fuse=None")
     from grail.methods import probes
-    from grail.methods.weighting import batch_spans, fused_signal, probe_rows, run_probe
+    from grail.methods.weighting import batch_spans, fused_probe_signal, fused_signal, probe_rows, run_probe
 
     input_ids_BL, attention_mask_BL, mask_BT, adv_B = batch
     spans = batch_spans(run.tokenizer, input_ids_BL[:, -mask_BT.shape[1]:], mask_BT, options)
@@ -241,13 +242,20 @@ def _fused(spec, model, run, options, batch) -> CheckResult:
     if not rows_B.any():
         return CheckResult("fused", False, "no selected row to compare")
     T = mask_BT.shape[1]
-    with probes.output_of(probes.leaf_module(model, options.saliency_leaf)) as captured:
+    leaf = options.saliency_leaf if spec.fuse != "probe" else spec.fused_leaf(options) if spec.fused_leaf else None
+    with probes.output_of(probes.leaf_module(model, leaf or "embeddings")) as captured:
         logits_BTV = model(input_ids=input_ids_BL, attention_mask=attention_mask_BL).logits[:, -T - 1:-1].float()
     logp_BTV = torch.log_softmax(logits_BTV / options.temperature, dim=-1)
     logps_BT = logp_BTV.gather(-1, input_ids_BL[:, -T:, None]).squeeze(-1)
     entropies_BT = -(logp_BTV.exp() * logp_BTV).sum(-1)
     answer_BT = spans.probe_span(options.answer_nll_span) & rows_B[:, None]
-    fused_BT = fused_signal(spec, logps_BT, entropies_BT, captured[0], answer_BT, options)
+    if spec.fuse == "probe":  # the probe on the forward's reads, with the generator the probe below gets
+        with torch.no_grad():
+            fused_BT = fused_probe_signal(spec, model, input_ids_BL, attention_mask_BL, spans, mask_BT, rows_B,
+                                          options, logps_BT, entropies_BT, captured[0] if leaf else None,
+                                          torch.Generator().manual_seed(SEED), adv_B=adv_B, tokenizer=run.tokenizer)
+    else:
+        fused_BT = fused_signal(spec, logps_BT, entropies_BT, captured[0], answer_BT, options)
     model.zero_grad(set_to_none=True)
     separate_BT = run_probe(model, input_ids_BL, attention_mask_BL, spans, mask_BT, rows_B, options,
                             torch.Generator().manual_seed(SEED), spec, adv_B=adv_B, tokenizer=run.tokenizer)

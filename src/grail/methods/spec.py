@@ -17,8 +17,9 @@ import torch
 
 from grail.options.choices import UNIVERSAL_OPTIONS, WeightingOptions
 
-__all__ = ["MethodOption", "MethodSpec", "PIPELINE_ARGUMENTS", "PROBE_ARGUMENTS", "PROBE_BATCH_FIELDS", "ProbeBatch",
-           "REASONING", "ROW_SELECTIONS", "Rows", "SCOPED_OPTIONS", "TokenWeights", "UNIVERSAL_OPTIONS"]
+__all__ = ["FusedProbe", "MethodOption", "MethodSpec", "PIPELINE_ARGUMENTS", "PROBE_ARGUMENTS", "PROBE_BATCH_FIELDS",
+           "ProbeBatch", "REASONING", "ROW_SELECTIONS", "Rows", "SCOPED_OPTIONS", "TokenWeights", "TrainingReads",
+           "UNIVERSAL_OPTIONS"]
 
 
 @dataclass
@@ -95,6 +96,21 @@ class ProbeBatch(NamedTuple):
 
 
 Probe = Callable[[torch.nn.Module, ProbeBatch, WeightingOptions, "torch.Generator | None"], torch.Tensor]
+
+
+class TrainingReads(NamedTuple):
+    """What the trainer's fused path hands a `fuse="probe"` method from TRL's training forward, for the probed rows
+    (in order), all detached: TRL's log-probs of the completion tokens and the entropies of the distributions they
+    were drawn from (both at the sampling temperature), and the output of the leaf `MethodSpec.fused_leaf` names."""
+
+    logps_BT: torch.Tensor
+    entropies_BT: torch.Tensor
+    hidden_BLD: torch.Tensor | None  # the leaf's output; None when the method names no leaf
+
+
+# (model, rows, reads, options, generator) → signal on the rows: a probe that reads the training forward
+FusedProbe = Callable[[torch.nn.Module, ProbeBatch, TrainingReads, WeightingOptions, "torch.Generator | None"],
+                      torch.Tensor]
 # (spec, signal_BT, adv_B, spans, mask_BT, rows_B, options, generator, min_importance) → TokenWeights
 ToWeights = Callable[..., TokenWeights]
 Rows = Literal["none", "saliency", "bilevel", "advantaged"]
@@ -241,9 +257,16 @@ class MethodSpec:
                                            "`check_method` verifies that undeclared fields leave the weights "
                                            "unchanged. Built-in pieces come with theirs: `builtin.SALIENCY_READS`, "
                                            "`builtin.BILEVEL_READS`")
-    fuse: Literal["saliency", "entropy"] | None = _doc(None, help="what the fused path reads from TRL's training "
-                                                                  "forward instead of running the probe: GRAIL's "
-                                                                  "saliency or TRL's token entropies (None: nothing)")
+    fuse: Literal["saliency", "entropy", "probe"] | None = _doc(
+        None, help="what the fused path reads from TRL's training forward instead of running the probe: GRAIL's "
+                   "saliency, TRL's token entropies, or (`probe`) whatever `fused_probe` reads from it (None: nothing)")
+    fused_probe: FusedProbe | None = _doc(
+        None, help="with fuse='probe': `(model, rows, reads: TrainingReads, options, generator) → signal`, the probe "
+                   "computed from the training forward's reads instead of a forward of its own (it may still call "
+                   "the model, e.g. for exact values on a few rows); it must give the probe's signal")
+    fused_leaf: Callable[[WeightingOptions], str] | None = _doc(
+        None, help="with fuse='probe': `options → leaf` (as `saliency_leaf` names one), the module whose output the "
+                   "training forward hands `fused_probe` (None: no hidden state)")
     per_surprise: Callable[[torch.Tensor, torch.Tensor, WeightingOptions], torch.Tensor] | None = _doc(
         None, help="with fuse='saliency': `(saliency_BT, surprise_BT, options) → signal_BT`, the fused signal from "
                    "the saliency and TRL's −log π(token) (the probe computes the same). None: the saliency")
@@ -300,6 +323,11 @@ class MethodSpec:
         if self.fuse is not None and not self.calls_model:
             raise ValueError(f"method {self.name}: fuse={self.fuse!r} reads the training forward, which only a method "
                              f"whose probe calls the model has; set calls_model=True or fuse=None.")
+        if (self.fuse == "probe") != (self.fused_probe is not None) or (
+                self.fused_leaf is not None and self.fuse != "probe"):
+            raise ValueError(f"method {self.name}: fuse='probe' and fused_probe come together (fused_leaf with them); "
+                             f"got fuse={self.fuse!r}, fused_probe={'set' if self.fused_probe else None}, "
+                             f"fused_leaf={'set' if self.fused_leaf else None}.")
         if self.per_surprise is not None and self.fuse != "saliency":
             raise ValueError(f"method {self.name}: per_surprise combines the fused saliency with the surprise; it "
                              f"needs fuse='saliency' (fuse={self.fuse!r}).")

@@ -24,12 +24,13 @@ import torch
 
 from grail.methods import core, probes
 from grail.methods.spans import AnswerSpans, align_to_completion, answer_spans
-from grail.methods.spec import MethodSpec, ProbeBatch, TokenWeights
+from grail.methods.spec import MethodSpec, ProbeBatch, TokenWeights, TrainingReads
 from grail.methods.table import METHODS, checked, method_spec, probed_rows, scored_tokens
 from grail.options.choices import WeightingOptions
 
-__all__ = ["batch_spans", "fused_signal", "method_function", "probe_batch", "probe_rows", "run_probe", "token_weights",
-           "weights_for", "weights_from_signal"]  # and `<method>_weights` (`method_function`)
+__all__ = ["batch_spans", "fused_probe_signal", "fused_signal", "method_function", "probe_batch", "probe_rows",
+           "run_probe", "token_weights", "weights_for", "weights_from_signal"]  # and `<method>_weights`
+
 
 def batch_spans(tokenizer, completion_ids_BT: torch.Tensor, mask_BT: torch.Tensor,
                 options: WeightingOptions) -> AnswerSpans:
@@ -79,10 +80,37 @@ def run_probe(model, input_ids_BL: torch.Tensor, attention_mask_BL: torch.Tensor
         state = spec.state()
     rows = probe_batch(input_ids_BL, attention_mask_BL, spans, mask_BT, rows_B, options, adv_B=adv_B,
                        tokenizer=tokenizer, state=state)
-    signal = spec.probe(model, rows, options, generator)
+    return _on_rows(spec.probe(model, rows, options, generator), rows_B, mask_BT)
+
+
+def _on_rows(signal: torch.Tensor, rows_B: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
+    """(B, T) float32: a probe's signal on the probed rows (in order), 0 on the others."""
     full = torch.zeros(mask_BT.shape, dtype=torch.float32, device=mask_BT.device)
     full[rows_B.nonzero().squeeze(1)] = signal.to(full.device, torch.float32)
     return full
+
+
+def fused_probe_signal(spec: MethodSpec, model, input_ids_BL: torch.Tensor, attention_mask_BL: torch.Tensor,
+                       spans: AnswerSpans, mask_BT: torch.Tensor, rows_B: torch.Tensor, options: WeightingOptions,
+                       logps_BT: torch.Tensor, entropies_BT: torch.Tensor, hidden_BLD: torch.Tensor | None,
+                       generator: torch.Generator | None = None, *, adv_B: torch.Tensor | None = None,
+                       tokenizer=None, state=None) -> torch.Tensor:
+    """A `fuse="probe"` method's signal (B, T) on `rows_B` (other rows 0), from a training forward's reads instead of
+    a forward of its own: `logps_BT`, `entropies_BT` (B, T, at the sampling temperature) and `hidden_BLD`, the output
+    of the leaf `spec.fused_leaf` names in that forward (None when it names none), for the whole batch. The method's
+    `fused_probe` gets them for its rows, detached, with the `ProbeBatch` `run_probe` would give its probe; it must
+    give the probe's signal (`check_method`'s `fused` check holds them equal)."""
+    if spec.fuse != "probe":
+        raise ValueError(f"token_weighting={spec.name!r} reads no probe from the training forward (fuse={spec.fuse!r})")
+    options = _resolved(spec, options)
+    if state is None and spec.state is not None:
+        state = spec.state()
+    rows = probe_batch(input_ids_BL, attention_mask_BL, spans, mask_BT, rows_B, options, adv_B=adv_B,
+                       tokenizer=tokenizer, state=state)
+    index = rows_B.nonzero().squeeze(1)
+    reads = TrainingReads(logps_BT[index].detach().float(), entropies_BT[index].detach().float(),
+                          None if hidden_BLD is None else hidden_BLD[index].detach())
+    return _on_rows(spec.fused_probe(model, rows, reads, options, generator), rows_B, mask_BT)
 
 
 def probe_batch(input_ids_BL: torch.Tensor, attention_mask_BL: torch.Tensor, spans: AnswerSpans,
@@ -201,6 +229,9 @@ def fused_signal(spec: MethodSpec, logps_BT: torch.Tensor, entropies_BT: torch.T
     """
     if spec.fuse == "entropy":
         return entropies_BT.detach().float()
+    if spec.fuse == "probe":
+        raise ValueError(f"token_weighting={spec.name!r} computes its fused signal with the model: use "
+                         f"fused_probe_signal")
     if spec.fuse != "saliency":
         raise ValueError(f"token_weighting={spec.name!r} has no signal to read from the training forward (fuse=None)")
     if hidden_BLD is None or not answer_BT.any():

@@ -32,13 +32,18 @@ def fused_unavailable_reason(method: MethodSpec, saliency_path: str, weights_fro
     shards the model (`engines.sharded_by`), if any; `leaf_trainable`: whether the input embeddings or the saliency
     leaf have a parameter that requires grad (asked last, only when everything else allows fusing)."""
     if method.fuse is None:
-        return f"token_weighting={method.name!r} has no saliency or entropy signal to fuse"
+        return f"token_weighting={method.name!r} has no saliency, entropy or probe signal to fuse"
     if saliency_path == "separate":
         return "saliency_path='separate'"
     if weights_from != "current_policy":
         return "weights_from='rollout_policy' computes weights at generation time, outside the training forward"
     if method.fuse == "entropy":
         return None  # TRL's forward computes the entropies anyway
+    if method.fuse == "probe" and (peft or sharded or deepspeed):
+        return ("a PEFT/LoRA model, a sharded model or DeepSpeed (the method's probe would call the model inside the "
+                "training forward, where adapters, gathered parameters and the engine's hooks are the trainer's)")
+    if method.fuse == "probe":
+        return None  # no gradient query: checkpointing and frozen leaves do not matter
     if peft:
         return "a PEFT/LoRA model (frozen base embeddings, adapter-wrapped modules)"
     if sharded:

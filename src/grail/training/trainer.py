@@ -38,12 +38,8 @@ shared_prompt, the mixed-in `grail.training.shared_prompt.SharedPromptForward` o
 distinct prompt is computed once, and TRL's own run where nothing is shared. Which path a setup can take, and what is
 refused before the first step, are plain functions in `grail.training.paths`.
 
-On a CPU in bf16 (grail.models.precision), generation (S5), each separate probe and each micro-batch's loss
-forward (S2) run inside one autocast region (`_cast_once`), so each fp32 master weight is cast to bf16 once per phase;
-on one plain process generation computes from bf16 weights instead, the fp32 master weights put back after
-(`_generation_precision`, grail.models.bf16_weights, the `cpu_bf16_generation` field); the policy's weights must be
-fp32 there (`check_cpu_master_weights`); a method of `precision.FP32_PROBES` is probed separately, in fp32
-(`_probe_precision`), while its loss stays bf16.
+On a CPU in bf16, where each phase computes and in which precision is the mixed-in
+`grail.training.cpu_precision.CPUPrecision`'s (S5's method is wrapped there).
 """
 
 from __future__ import annotations
@@ -61,10 +57,17 @@ from grail.methods import core, probes
 from grail.methods.spans import AnswerSpans
 from grail.methods.spec import TokenWeights
 from grail.methods.weight_metrics import WeightSums, pooled_metrics
-from grail.methods.weighting import batch_spans, fused_signal, probe_rows, token_weights, weights_from_signal
-from grail.models.bf16_weights import bf16_weights
-from grail.models.precision import FP32_PROBES, check_cpu_master_weights
+from grail.methods.weighting import (
+    batch_spans,
+    fused_probe_signal,
+    fused_signal,
+    probe_rows,
+    token_weights,
+    weights_from_signal,
+)
+from grail.models.precision import check_cpu_master_weights
 from grail.training import paths
+from grail.training.cpu_precision import CPUPrecision
 from grail.training.engines import dropped_engine, refuse_if_unshardable, sharded_by
 from grail.training.resume import load_generator, load_method_state, save_generator, save_method_state
 from grail.training.shared_prompt import SharedPromptForward
@@ -89,7 +92,7 @@ class _AdvantagesWatch(dict):
         return super().__getitem__(key)
 
 
-class GRAILTrainer(SharedPromptForward, GRPOTrainer):
+class GRAILTrainer(CPUPrecision, SharedPromptForward, GRPOTrainer):
     """GRPOTrainer whose policy-gradient advantage is per token: Â_{i,t} = w_{i,t} · A_i."""
 
     def __init__(self, *args, **kwargs):
@@ -114,12 +117,7 @@ class GRAILTrainer(SharedPromptForward, GRPOTrainer):
         self.method_state = self.method.state() if self.method.state is not None else None
         self.weight_sums = WeightSums(self.weighting.weight_min, self.weighting.weight_max,
                                       count_clips=self.weighting.weight_rescale != "none")
-        self.cpu_bf16 = bool(self.args.bf16 and device.type == "cpu")  # autocast over fp32 weights (`_cast_once`)
-        # generation from bf16 weights on one plain process only (`bf16_weights`: a dtype swap stops DDP's all-reduce)
-        self.generate_from_bf16 = (self.cpu_bf16 and self.args.cpu_bf16_generation == "weights"
-                                   and self.accelerator.distributed_type.name == "NO")
-        # a method whose weights do not hold in bf16 is probed separately, in fp32 (precision.FP32_PROBES)
-        self.fp32_probe = self.cpu_bf16 and self.method.name in FP32_PROBES
+        self.choose_cpu_precision(device)  # grail.training.cpu_precision
         self.fused_unavailable = self._fused_unavailable_reason()
         paths.check_fused_request(self.args.saliency_path, self.fused_unavailable)
         self.last_token_weights: TokenWeights | None = None  # the latest micro-batch's weights (inspection, tests)
@@ -151,57 +149,6 @@ class GRAILTrainer(SharedPromptForward, GRPOTrainer):
         """Activation checkpointing is on with use_reentrant=True (`paths.reentrant_checkpointing`)."""
         return paths.reentrant_checkpointing(self._checkpointing(), self.args.activation_checkpointing_kwargs
                                              or self.args.gradient_checkpointing_kwargs)
-
-
-    @contextmanager
-    def _cast_once(self):
-        """CPU bf16: one autocast region around a whole phase (generation, a separate probe, a micro-batch's loss
-        forward), so autocast's cast cache holds each fp32 weight's bf16 copy for the phase: TRL's and accelerate's
-        own regions open and close around every model call, and each closing empties the cache, so without this
-        generation would re-cast every weight at every new token. Backward still reaches the fp32 weights through
-        the cached casts (tests/test_precision.py). A no-op in fp32 and on GPUs (their path is unchanged)."""
-        if self.cpu_bf16:
-            with self.accelerator.autocast():
-                yield
-        else:
-            yield
-
-    @contextmanager
-    def _probe_precision(self, model):
-        """Around a separate probe: in fp32 for a method of FP32_PROBES under CPU bf16 (autocast off, and the model's
-        own forward in place of accelerate's autocast wrapper, `_original_forward`, put back after); else one cast
-        region (`_cast_once`)."""
-        if not self.fp32_probe:
-            with self._cast_once():
-                yield
-            return
-        wrapped = model.__dict__.get("forward")
-        original = model.__dict__.get("_original_forward")
-        if original is not None:
-            model.forward = original
-        try:
-            with torch.autocast("cpu", enabled=False):
-                yield
-        finally:
-            if original is not None:
-                model.forward = wrapped
-
-    @contextmanager
-    def _generation_precision(self):
-        """Around generation (S5): under CPU bf16, from bf16 weights (`bf16_weights` on the model TRL generates with,
-        `accelerator.unwrap_model`) where `generate_from_bf16`, and inside one cast region (`_cast_once`) either way.
-        Over bf16 weights the region casts nothing a plain model makes (its norms compute in fp32 and cast back by
-        their own code), but it catches fp32 activations that would meet a bf16 weight: TRL's cast_lm_head_to_fp32 on
-        tied embeddings casts the embeddings' output back to fp32, which fails without autocast
-        (tests/test_bf16_generation.py), and accelerate's autocast wrapper covers only the forward it wrapped (PEFT's
-        generate calls the base model's)."""
-        model = self.accelerator.unwrap_model(self.model)
-        with bf16_weights(model) if self.generate_from_bf16 else nullcontext(), self._cast_once():
-            yield
-
-    def _generate_single_turn(self, prompt_ids, *args, **kwargs):  # S5
-        with self._generation_precision():
-            return super()._generate_single_turn(prompt_ids, *args, **kwargs)
 
     # ---- masks and spans ------------------------------------------------------------------------------------
     @staticmethod
@@ -313,11 +260,14 @@ class GRAILTrainer(SharedPromptForward, GRPOTrainer):
 
     def _fused_weights(self, trl_forward, call_inputs, adv_B, mask_BT, spans, model, input_ids, attention_mask,
                        logits_to_keep, *args, **kwargs):
-        options = self.weighting
-        rows_B = probe_rows(adv_B, spans, mask_BT, options, spec=self.method)
-        need_grad = self.method.fuse == "saliency" and bool(rows_B.any())
-        leaf = probes.leaf_module(self.accelerator.unwrap_model(model), options.saliency_leaf) if need_grad else None
-        with probes.output_of(leaf) if need_grad else nullcontext([]) as captured:
+        options, method = self.weighting, self.method
+        rows_B = probe_rows(adv_B, spans, mask_BT, options, spec=method)
+        leaf_name = options.saliency_leaf if method.fuse == "saliency" else \
+            method.fused_leaf(options) if method.fuse == "probe" and method.fused_leaf is not None else None
+        need_leaf = leaf_name is not None and bool(rows_B.any())
+        unwrapped = self.accelerator.unwrap_model(model)
+        leaf = probes.leaf_module(unwrapped, leaf_name) if need_leaf else None
+        with probes.output_of(leaf) if need_leaf else nullcontext([]) as captured:
             result = trl_forward(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
         if not (isinstance(result, tuple) and len(result) == 3):
             raise RuntimeError(f"fused saliency: TRL's _get_per_token_logps_and_entropies returned "
@@ -326,17 +276,25 @@ class GRAILTrainer(SharedPromptForward, GRPOTrainer):
         logps_BT, entropies_BT, _ = result
         start = time.perf_counter()
         chunks = self.forward_chunks  # [1], or [2] with a shared prompt: the prompt's pass, then the rows' suffixes
-        if need_grad and (len(chunks) != 1 or len(captured) != chunks[0]):
+        if need_leaf and (len(chunks) != 1 or len(captured) != chunks[0]):
             raise RuntimeError(f"fused saliency: the leaf module ran {len(captured)} times in a forward of "
                                f"{len(chunks)} chunk(s) (expected one forward of the micro-batch); set "
                                f"saliency_path='separate'.")
-        answer_BT = spans.probe_span(options.answer_nll_span) & rows_B[:, None]
         # the last pass holds every completion position (with a shared prompt: the rows' suffixes, which is all the
-        # saliency reads: align_to_completion counts from the end)
-        signal_BT = fused_signal(self.method, logps_BT, entropies_BT, captured[-1] if need_grad else None, answer_BT,
-                                 options)
-        weights = weights_from_signal(signal_BT, adv_B, spans, mask_BT, rows_B, options, self._generator,
-                                      spec=self.method)  # no probe, so no min_importance floor
+        # signal reads: align_to_completion counts from the end)
+        hidden_BLD = captured[-1] if need_leaf else None
+        floor = 0.0  # a signal read from the forward alone has no probe's rounding floor
+        if method.fuse == "probe":  # the method's own probe, on the forward's reads (it may call the model too)
+            with torch.no_grad():
+                signal_BT = fused_probe_signal(method, unwrapped, input_ids, attention_mask, spans, mask_BT, rows_B,
+                                               options, logps_BT, entropies_BT, hidden_BLD, self._generator,
+                                               adv_B=adv_B, tokenizer=self.tokenizer, state=self.method_state)
+            floor = method.min_importance(unwrapped, options) if method.min_importance is not None else 0.0
+        else:
+            answer_BT = spans.probe_span(options.answer_nll_span) & rows_B[:, None]
+            signal_BT = fused_signal(method, logps_BT, entropies_BT, hidden_BLD, answer_BT, options)
+        weights = weights_from_signal(signal_BT, adv_B, spans, mask_BT, rows_B, options, self._generator, floor,
+                                      spec=method)
         weights.path, weights.seconds = "fused", time.perf_counter() - start  # the signal and the pipeline, once
         call_inputs["advantages"] = self._token_advantages(adv_B, mask_BT, weights)
         call_inputs.written = True

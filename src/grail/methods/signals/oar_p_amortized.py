@@ -14,11 +14,18 @@ Each probe call, on the rows OAR-P would probe (its rows, its scored tokens):
      position, the sampling temperature), its place in the row (t / n), and a constant;
   2. `oar_p_amortized_exact_rows` of the rows, drawn with the trainer's generator, get exact OAR-P (OAR-P's own
      probe); their scored tokens' (x_t, log max(I_t, floor)) update the predictor. With
+     `oar_p_amortized_exact_tokens` = N > 0, only N of those rows' scored tokens, drawn at random, get OAR-P's
+     perturbed copy (a cost of N suffixes, whatever the length: at 1,024 tokens a whole row is 1,024 of them), and
+     every row, those too, gets the prediction. With
      `oar_p_amortized_exact_every` = k, only every k-th call does (and any call before the first fit): a trainer
      probes each micro-batch, so k = gradient_accumulation_steps buys the exact rows once an optimizer step;
   3. the other rows get I_t = exp(x_t · θ), θ the ridge regression of log-importance on the features over every
      exact token seen so far, older calls discounted by `oar_p_amortized_decay` per call;
   4. OAR-P's bi-level reshaping turns the signal into weights, as for OAR-P.
+In a trainer on the fused path (`fuse="probe"`, `saliency_path`), step 1's forward is TRL's own training forward:
+the layer's output is captured there and the surprise and entropy are TRL's log-probs and entropies of that forward,
+so the features cost nothing beyond it and the exact rows' OAR-P is the only model call left (`_fused_probe`; the
+same features, `features_from`, to float rounding).
 
 The target is log-importance, a regression: OAR-P's KLs span several orders of magnitude (1e-8 to 1 nats on one row),
 the bi-level reshaping reads each row's order and relative size, and the log makes a squared error weigh the
@@ -41,10 +48,10 @@ from grail.methods.core import entropy_from_logits
 from grail.methods.output_layer import per_position_BT
 from grail.methods.sharding import unsharded
 from grail.methods.spans import align_to_completion
-from grail.methods.spec import MethodOption, MethodSpec, ProbeBatch
+from grail.methods.spec import MethodOption, MethodSpec, ProbeBatch, TrainingReads
 from grail.options.choices import WeightingOptions
 
-__all__ = ["SPEC", "Predictor", "token_features"]
+__all__ = ["SPEC", "Predictor", "features_from", "token_features"]
 
 EXACT_ROWS = "oar_p_amortized_exact_rows"
 LAYER = "oar_p_amortized_layer"
@@ -52,6 +59,7 @@ FEATURES = "oar_p_amortized_features"
 RIDGE = "oar_p_amortized_ridge"
 DECAY = "oar_p_amortized_decay"
 EVERY = "oar_p_amortized_exact_every"
+EXACT_TOKENS = "oar_p_amortized_exact_tokens"
 SCALARS = 4  # surprise, entropy, place in the row, constant
 PROJECTION_SEED = 0
 
@@ -120,7 +128,6 @@ def token_features(model, rows: ProbeBatch, options: WeightingOptions) -> torch.
     method = options.method_options
     with torch.no_grad(), unsharded(model), probes.output_of(probes.leaf_module(model, method[LAYER])) as captured:
         final_BLD = probes.hidden_states_BLD(model, rows.attention_mask_BL, input_ids=rows.input_ids_BL)
-        layer_BTD = align_to_completion(captured[-1], T, at="token").float()
         predicting_BTD = align_to_completion(final_BLD, T, at="predicting")
         targets_BT = rows.input_ids_BL[:, -T:]
 
@@ -129,11 +136,25 @@ def token_features(model, rows: ProbeBatch, options: WeightingOptions) -> torch.
             return torch.stack([-logp_NV.gather(1, targets_BT[r, c, None])[:, 0], entropy_from_logits(logits_NV)], 1)
 
         read_BT2 = per_position_BT(model, predicting_BTD, mask_BT, options.temperature, surprise_and_entropy, width=2)
+    return features_from(captured[-1], read_BT2[..., 0], read_BT2[..., 1], rows.attention_mask_BL, options)
+
+
+def features_from(layer_BLD: torch.Tensor, surprise_BT: torch.Tensor, entropy_BT: torch.Tensor,
+                  attention_mask_BL: torch.Tensor, options: WeightingOptions) -> torch.Tensor:
+    """(rows, T, F) float32 features (`token_features`) from what a forward gives: the output of the layer `LAYER`
+    (B, L', D, its last T positions the completion's), each token's surprise −log π(y_t) and the entropy of the
+    distribution it was drawn from, at the sampling temperature (B, T). Pure: the probe's own forward and the
+    trainer's training forward (`fused_probe`) both end here."""
+    T = surprise_BT.shape[1]
+    mask_BT = probes.completion_mask_BT(attention_mask_BL, T)
+    layer_BTD = align_to_completion(layer_BLD, T, at="token").float()
     hidden_BTD = layer_BTD / layer_BTD.pow(2).mean(-1, keepdim=True).add(1e-12).sqrt()
-    projected_BTF = hidden_BTD @ _projection(hidden_BTD.shape[-1], method[FEATURES], hidden_BTD.device)
+    projected_BTF = hidden_BTD @ _projection(hidden_BTD.shape[-1], options.method_options[FEATURES],
+                                             hidden_BTD.device)
     lengths_B1 = mask_BT.sum(1, keepdim=True).clamp(min=1)
     place_BT = torch.arange(T, device=mask_BT.device)[None].float() / lengths_B1
-    extra_BTS = torch.cat([read_BT2, torch.stack([place_BT, torch.ones_like(place_BT)], -1)], -1)
+    extra_BTS = torch.stack([surprise_BT.float(), entropy_BT.float(), place_BT.expand_as(surprise_BT),
+                             torch.ones_like(surprise_BT, dtype=torch.float32)], -1)
     return torch.cat([projected_BTF, extra_BTS], -1) * mask_BT[..., None]
 
 
@@ -146,7 +167,31 @@ def _exact_rows(n: int, budget: int, generator: torch.Generator | None) -> torch
     return chosen
 
 
+def _exact_tokens(scored_NT: torch.Tensor, budget: int, generator: torch.Generator | None) -> torch.Tensor:
+    """(N, T) bool: `budget` of the scored tokens, drawn without replacement from `generator` over all N rows (all
+    of them when they are fewer)."""
+    index = scored_NT.flatten().nonzero().squeeze(1)
+    device = generator.device if generator is not None else "cpu"
+    order = torch.randperm(index.numel(), generator=generator, device=device).to(index.device)
+    chosen = torch.zeros(scored_NT.numel(), dtype=torch.bool, device=scored_NT.device)
+    chosen[index[order[:budget]]] = True
+    return chosen.view_as(scored_NT)
+
+
 def _probe(model, rows: ProbeBatch, options: WeightingOptions, generator) -> torch.Tensor:
+    """The probe: features from a no-grad forward of its own (`token_features`), then `_fit_and_predict`."""
+    return _fit_and_predict(model, rows, options, generator, lambda: token_features(model, rows, options))
+
+
+def _fused_probe(model, rows: ProbeBatch, reads: TrainingReads, options: WeightingOptions, generator) -> torch.Tensor:
+    """The probe read from the training forward (`fuse="probe"`): the same features from TRL's log-probs and
+    entropies and the layer's output captured there, so the only model calls left are the exact rows' OAR-P."""
+    return _fit_and_predict(model, rows, options, generator, lambda: features_from(
+        reads.hidden_BLD, -reads.logps_BT, reads.entropies_BT, rows.attention_mask_BL, options))
+
+
+def _fit_and_predict(model, rows: ProbeBatch, options: WeightingOptions, generator, features) -> torch.Tensor:
+    """Steps 2-3 of the module docstring on `rows`, with `features()` → (rows, T, F) the tokens' features."""
     method = options.method_options
     predictor = rows.state if rows.state is not None else Predictor()
     scored_BT = rows.scored_BT.bool()
@@ -154,23 +199,28 @@ def _probe(model, rows: ProbeBatch, options: WeightingOptions, generator) -> tor
     predictor.probe_calls += 1
     budget = method[EXACT_ROWS] if fits else 0
     exact_B = _exact_rows(scored_BT.shape[0], budget, generator).to(scored_BT.device)
-    features_BTF = token_features(model, rows, options)
+    features_BTF = features()
     signal_BT = torch.zeros(scored_BT.shape, dtype=torch.float32, device=scored_BT.device)
+    tokens = method[EXACT_TOKENS]  # 0: the exact rows' every scored token, each row's exact values its signal
     if exact_B.any():  # a call that only predicts (`EVERY`) runs no exact OAR-P
+        exact_scored_BT = scored_BT[exact_B]
+        if tokens:  # a token budget: OAR-P's copies for `tokens` of the exact rows' scored tokens only
+            exact_scored_BT = _exact_tokens(exact_scored_BT, tokens, generator)
         exact = rows._replace(input_ids_BL=rows.input_ids_BL[exact_B],
                               attention_mask_BL=rows.attention_mask_BL[exact_B], answer_BT=rows.answer_BT[exact_B],
-                              scored_BT=rows.scored_BT[exact_B])
+                              scored_BT=exact_scored_BT)
         importance_BT = oar_p_signal(model, exact, options)  # OAR-P's own probe, token by token
-        signal_BT[exact_B] = importance_BT.float()
+        if not tokens:
+            signal_BT[exact_B] = importance_BT.float()
         floor = max(oar_p_floor(model, options), 1e-12)  # the log's floor: OAR-P's rounding floor
         exact_features_BTF = features_BTF[exact_B]
         # a token whose features or importance are not finite (a broken forward) stays out of the fit: its row falls
         # back to uniform weights by the pipeline's rule, and the predictor is not poisoned for the other rows
-        train_NT = scored_BT[exact_B] & torch.isfinite(importance_BT) & torch.isfinite(exact_features_BTF).all(-1)
+        train_NT = exact_scored_BT & torch.isfinite(importance_BT) & torch.isfinite(exact_features_BTF).all(-1)
         if train_NT.any():
             predictor.update(exact_features_BTF[train_NT], importance_BT.float()[train_NT].clamp(min=floor).log(),
                              method[DECAY])
-    rest_B = ~exact_B
+    rest_B = ~exact_B if not tokens else torch.ones_like(exact_B)  # a token budget: every row predicted
     if rest_B.any() and predictor.xx_FF is not None:
         theta_F = predictor.coefficients(method[RIDGE]).float().to(features_BTF.device)
         predicted_BT = (features_BTF[rest_B] @ theta_F).clamp(max=30.0).exp()
@@ -180,11 +230,16 @@ def _probe(model, rows: ProbeBatch, options: WeightingOptions, generator) -> tor
 
 SPEC = MethodSpec(
     "oar_p_amortized", "OAR-P (amortized)", _probe, bilevel_pipeline, rows="bilevel", min_importance=oar_p_floor,
-    reads=BILEVEL_READS + ("answer_nll_span", "oar_min_importance", "perturbation_chunk_tokens"), auroc=False,
-    state=Predictor,
+    reads=BILEVEL_READS + ("answer_nll_span", "oar_min_importance", "perturbation_chunk_tokens", "saliency_path"),
+    auroc=False,
+    state=Predictor, fuse="probe", fused_probe=_fused_probe, fused_leaf=lambda options: options.method_options[LAYER],
     options=(
         MethodOption(EXACT_ROWS, 2, "rows of each probe call scored by exact OAR-P (the predictor's training data); "
                      "the others get the prediction", minimum=1),
+        MethodOption(EXACT_TOKENS, 0, "a budget of scored tokens instead of whole rows: exact OAR-P (one perturbed "
+                     "copy each) for this many of the exact rows' scored tokens, drawn at random, as the fit's data, "
+                     "and every row, the exact rows too, predicted (0: the exact rows' every token, and their exact "
+                     "values as their signal)", minimum=0),
         MethodOption(LAYER, "last", "the decoder layer whose output at the token's position is the feature",
                      choices=("embeddings", "first", "middle", "last")),
         MethodOption(FEATURES, 64, "dimensions of the hidden state's fixed random projection (the width itself "
@@ -203,8 +258,8 @@ SPEC = MethodSpec(
             "reshaping turns either into weights. The regression's sums are the method's state, saved with "
             "checkpoints (grail-rl's own method).",
     example="oar_p_amortized_exact_rows=1, oar_p_amortized_layer='last'",
-    cost="one no-grad forward of every probed row (and the output layer at its completion positions) plus exact "
-         "OAR-P on oar_p_amortized_exact_rows rows",
+    cost="exact OAR-P on oar_p_amortized_exact_rows rows, plus (unless fused with TRL's forward, which gives the "
+         "features) one no-grad forward of every probed row and the output layer at its completion positions",
     reference="grail-rl; OAR-P: Li et al. 2026, arXiv 2601.07408 (OAR); amortized attribution: Yang et al. 2023, "
               "arXiv 2305.19998",
 )
