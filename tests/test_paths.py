@@ -25,8 +25,8 @@ def test_grail_fuses_when_nothing_stands_in_the_way():
 
 
 @pytest.mark.parametrize("name, kwargs, why", [
-    ("none", {}, "token_weighting='none' has no saliency or entropy signal"),
-    ("oar_g", {}, "has no saliency or entropy signal"),
+    ("none", {}, "token_weighting='none' has no saliency, entropy or probe signal"),
+    ("oar_g", {}, "has no saliency, entropy or probe signal"),
     ("grail", {"saliency_path": "separate"}, "saliency_path='separate'"),
     ("grail", {"weights_from": "rollout_policy"}, "weights_from='rollout_policy' computes weights at generation"),
     ("grail", {"peft": True}, "PEFT/LoRA"),
