@@ -26,6 +26,7 @@ The checks (each a `CheckResult`; `MethodReport.ok` when every one passed or was
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -234,7 +235,14 @@ def _fused(spec, model, run, options, batch) -> CheckResult:
     if spec.fuse is None:
         return CheckResult("fused", None, "fuse=None")
     from grail.methods import probes
-    from grail.methods.weighting import batch_spans, fused_probe_signal, fused_signal, probe_rows, run_probe
+    from grail.methods.weighting import (
+        batch_spans,
+        fused_leaf_name,
+        fused_probe_signal,
+        fused_signal,
+        probe_rows,
+        run_probe,
+    )
 
     input_ids_BL, attention_mask_BL, mask_BT, adv_B = batch
     spans = batch_spans(run.tokenizer, input_ids_BL[:, -mask_BT.shape[1]:], mask_BT, options)
@@ -242,8 +250,8 @@ def _fused(spec, model, run, options, batch) -> CheckResult:
     if not rows_B.any():
         return CheckResult("fused", False, "no selected row to compare")
     T = mask_BT.shape[1]
-    leaf = options.saliency_leaf if spec.fuse != "probe" else spec.fused_leaf(options) if spec.fused_leaf else None
-    with probes.output_of(probes.leaf_module(model, leaf or "embeddings")) as captured:
+    leaf = fused_leaf_name(spec, options)
+    with probes.output_of(probes.leaf_module(model, leaf)) if leaf else contextlib.nullcontext([]) as captured:
         logits_BTV = model(input_ids=input_ids_BL, attention_mask=attention_mask_BL).logits[:, -T - 1:-1].float()
     logp_BTV = torch.log_softmax(logits_BTV / options.temperature, dim=-1)
     logps_BT = logp_BTV.gather(-1, input_ids_BL[:, -T:, None]).squeeze(-1)
@@ -255,7 +263,7 @@ def _fused(spec, model, run, options, batch) -> CheckResult:
                                           options, logps_BT, entropies_BT, captured[0] if leaf else None,
                                           torch.Generator().manual_seed(SEED), adv_B=adv_B, tokenizer=run.tokenizer)
     else:
-        fused_BT = fused_signal(spec, logps_BT, entropies_BT, captured[0], answer_BT, options)
+        fused_BT = fused_signal(spec, logps_BT, entropies_BT, captured[0] if leaf else None, answer_BT, options)
     model.zero_grad(set_to_none=True)
     separate_BT = run_probe(model, input_ids_BL, attention_mask_BL, spans, mask_BT, rows_B, options,
                             torch.Generator().manual_seed(SEED), spec, adv_B=adv_B, tokenizer=run.tokenizer)

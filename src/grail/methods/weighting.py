@@ -28,8 +28,8 @@ from grail.methods.spec import MethodSpec, ProbeBatch, TokenWeights, TrainingRea
 from grail.methods.table import METHODS, checked, method_spec, probed_rows, scored_tokens
 from grail.options.choices import WeightingOptions
 
-__all__ = ["batch_spans", "fused_probe_signal", "fused_signal", "method_function", "probe_batch", "probe_rows",
-           "run_probe", "token_weights", "weights_for", "weights_from_signal"]  # and `<method>_weights`
+__all__ = ["batch_spans", "fused_leaf_name", "fused_probe_signal", "fused_signal", "method_function", "probe_batch",
+           "probe_rows", "run_probe", "token_weights", "weights_for", "weights_from_signal"]  # and `<method>_weights`
 
 
 def batch_spans(tokenizer, completion_ids_BT: torch.Tensor, mask_BT: torch.Tensor,
@@ -206,6 +206,14 @@ def token_weights(model, tokenizer, input_ids_BL: torch.Tensor, attention_mask_B
     result = weights_from_signal(signal_BT, adv_B, spans, mask_BT, rows_B, options, generator, floor, spec)
     result.path, result.seconds = path, time.perf_counter() - start
     return result
+
+
+def fused_leaf_name(spec: MethodSpec, options: WeightingOptions) -> str | None:
+    """The leaf whose output the fused path captures in the training forward: `saliency_leaf` for fuse="saliency",
+    the method's `fused_leaf` for fuse="probe", else none."""
+    if spec.fuse == "saliency":
+        return options.saliency_leaf
+    return spec.fused_leaf(options) if spec.fuse == "probe" and spec.fused_leaf is not None else None
 
 
 def fused_signal(spec: MethodSpec, logps_BT: torch.Tensor, entropies_BT: torch.Tensor | None,

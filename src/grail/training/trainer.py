@@ -59,6 +59,7 @@ from grail.methods.spec import TokenWeights
 from grail.methods.weight_metrics import WeightSums, pooled_metrics
 from grail.methods.weighting import (
     batch_spans,
+    fused_leaf_name,
     fused_probe_signal,
     fused_signal,
     probe_rows,
@@ -262,8 +263,7 @@ class GRAILTrainer(CPUPrecision, SharedPromptForward, GRPOTrainer):
                        logits_to_keep, *args, **kwargs):
         options, method = self.weighting, self.method
         rows_B = probe_rows(adv_B, spans, mask_BT, options, spec=method)
-        leaf_name = options.saliency_leaf if method.fuse == "saliency" else \
-            method.fused_leaf(options) if method.fuse == "probe" and method.fused_leaf is not None else None
+        leaf_name = fused_leaf_name(method, options)
         need_leaf = leaf_name is not None and bool(rows_B.any())
         unwrapped = self.accelerator.unwrap_model(model)
         leaf = probes.leaf_module(unwrapped, leaf_name) if need_leaf else None

@@ -168,13 +168,11 @@ def _exact_rows(n: int, budget: int, generator: torch.Generator | None) -> torch
 
 
 def _exact_tokens(scored_NT: torch.Tensor, budget: int, generator: torch.Generator | None) -> torch.Tensor:
-    """(N, T) bool: `budget` of the scored tokens, drawn without replacement from `generator` over all N rows (all
-    of them when they are fewer)."""
+    """(N, T) bool: `budget` of the scored tokens, drawn as `_exact_rows` draws rows, over all N rows (all of them
+    when they are fewer)."""
     index = scored_NT.flatten().nonzero().squeeze(1)
-    device = generator.device if generator is not None else "cpu"
-    order = torch.randperm(index.numel(), generator=generator, device=device).to(index.device)
     chosen = torch.zeros(scored_NT.numel(), dtype=torch.bool, device=scored_NT.device)
-    chosen[index[order[:budget]]] = True
+    chosen[index[_exact_rows(index.numel(), budget, generator).to(index.device)]] = True
     return chosen.view_as(scored_NT)
 
 
