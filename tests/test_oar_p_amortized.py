@@ -275,6 +275,20 @@ def test_fused_with_trls_forward_it_gives_the_separate_probes_weights_and_fits_t
     assert_same(fused, separate, atol=1e-4)
 
 
+def test_a_fused_step_with_no_row_to_probe_calls_no_probe_and_leaves_the_predictor_alone(tiny_dir, tmp_path):
+    """A micro-batch with no mixed group (every advantage 0): the fused path captures no layer and the probe is not
+    called (no exact row, no fit), as the separate path skips it; the step's loss is GRPO's."""
+    from batches import loss_and_grads, make_trainer, trl_batch
+    from grail.training.trainer import GRAILTrainer
+
+    trainer = make_trainer(GRAILTrainer, tiny_dir, tmp_path, token_weighting="oar_p_amortized", saliency_path="fused")
+    inputs = {**trl_batch(trainer.processing_class), "advantages": torch.zeros(4)}
+    loss, _ = loss_and_grads(trainer, inputs)
+    assert torch.isfinite(loss)
+    assert trainer.last_token_weights.path == "fused" and not trainer.last_token_weights.probed_B.any()
+    assert trainer.method_state.calls == 0
+
+
 def test_the_fused_path_is_refused_where_the_probe_would_call_the_model_inside_an_engines_forward():
     from grail.training.paths import fused_unavailable_reason
 

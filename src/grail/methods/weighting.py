@@ -99,9 +99,12 @@ def fused_probe_signal(spec: MethodSpec, model, input_ids_BL: torch.Tensor, atte
     a forward of its own: `logps_BT`, `entropies_BT` (B, T, at the sampling temperature) and `hidden_BLD`, the output
     of the leaf `spec.fused_leaf` names in that forward (None when it names none), for the whole batch. The method's
     `fused_probe` gets them for its rows, detached, with the `ProbeBatch` `run_probe` would give its probe; it must
-    give the probe's signal (`check_method`'s `fused` check holds them equal)."""
+    give the probe's signal (`check_method`'s `fused` check holds them equal). With no row to probe it is 0 and the
+    probe is not called (as the separate path skips it; the leaf is then not captured: `hidden_BLD` is None)."""
     if spec.fuse != "probe":
         raise ValueError(f"token_weighting={spec.name!r} reads no probe from the training forward (fuse={spec.fuse!r})")
+    if not bool(rows_B.any()):
+        return torch.zeros(mask_BT.shape, dtype=torch.float32, device=mask_BT.device)
     options = _resolved(spec, options)
     if state is None and spec.state is not None:
         state = spec.state()
