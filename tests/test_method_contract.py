@@ -268,3 +268,15 @@ def test_a_shared_option_goes_to_the_arms_that_read_it_and_one_no_arm_reads_is_r
         make_plan(parse_arms("none,grail"), 1, {"oar_beta": 1.5}, tmp_path)
     assert main(["demo", "--method", "none,grail", "--oar_quantile", "0.3", "--output_dir", str(tmp_path / "d")]) == 2
     assert "--oar_quantile is read by none of the demo's methods" in capsys.readouterr().err
+
+
+def test_a_specs_rounding_floor_is_its_min_importance_or_zero():
+    """`MethodSpec.rounding_floor`, the one place the pipelines' `min_importance` comes from: OAR-P's by the model's
+    dtype or its option, 0.0 for a method without one."""
+    from grail.options.choices import WeightingOptions
+
+    bf16 = torch.nn.Linear(2, 2).to(torch.bfloat16)
+    oar_p, grail_spec = table.METHODS["oar_p"], table.METHODS["grail"]
+    assert oar_p.rounding_floor(bf16, WeightingOptions(token_weighting="oar_p")) == builtin.OAR_P_FLOOR[16]
+    assert oar_p.rounding_floor(None, WeightingOptions(token_weighting="oar_p", oar_min_importance=0.25)) == 0.25
+    assert grail_spec.rounding_floor(bf16, WeightingOptions(token_weighting="grail")) == 0.0

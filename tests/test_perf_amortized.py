@@ -173,3 +173,14 @@ def test_the_auroc_script_reads_a_variant_and_refuses_the_features_free_one():
         parse_variant("scalars/ridge=0.01/decay=0.95")
     with pytest.raises(SystemExit, match="expected LAYER/FEATURES"):
         parse_variant("middle/256")
+
+
+def test_a_fidelity_variants_name_reads_back_as_its_configuration():
+    """The variant's name has one home (the fidelity script writes it, the AUROC script reads it with the same
+    parser): every layer's variant round-trips; the features-free one is not a configuration."""
+    from oar_p_amortized_fidelity import parse_variant, variant_name
+
+    for variant in (("last", 64, 0.001, 0.95), ("middle", 256, 0.01, 0.9), ("embeddings", 8, 1.0, 1.0)):
+        assert parse_variant(variant_name(*variant)) == variant
+    with pytest.raises(ValueError, match="LAYER/FEATURES"):
+        parse_variant(variant_name("scalars", 0, 0.01, 0.95))

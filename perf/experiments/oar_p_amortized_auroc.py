@@ -29,25 +29,22 @@ from pathlib import Path
 
 import torch
 from credit_screen import label_set_arguments, label_sets_of, render, screen
+from oar_p_amortized_fidelity import parse_variant as fidelity_variant
 
 METHOD = "oar_p_amortized"
 PREDICT_ONLY = 1 << 40  # oar_p_amortized_exact_every beyond any call count: no batch computes exact rows
 
 
 def parse_variant(text: str) -> tuple[str, int, float, float]:
-    """(layer, features, ridge, decay) of a fidelity variant's name `layer/F/ridge=R/decay=D`."""
-    parts = text.split("/")
+    """(layer, features, ridge, decay) of `--variant`, a fidelity variant's name (`variant_name`); SystemExit naming
+    the problem otherwise."""
     try:
-        layer, features, ridge, decay = parts
-        assert ridge.startswith("ridge=") and decay.startswith("decay=")
-        return layer, int(features), float(ridge.removeprefix("ridge=")), float(decay.removeprefix("decay="))
-    except (ValueError, AssertionError):
-        if parts[0] == "scalars":
+        return fidelity_variant(text)
+    except ValueError as error:
+        if text.split("/")[0] == "scalars":
             raise SystemExit(f"--variant {text}: the features-free variant is not a configuration of {METHOD} (its "
                              f"features always hold a layer's hidden state); choose a layer's variant") from None
-        raise SystemExit(f"--variant {text}: expected LAYER/FEATURES/ridge=R/decay=D, as "
-                         f"oar_p_amortized_fidelity.py names its variants (e.g. last/64/ridge=0.001/decay=0.95)"
-                         ) from None
+        raise SystemExit(f"--variant {text}: {error}, as oar_p_amortized_fidelity.py names its variants") from None
 
 
 def cached_groups(cache: Path, layer: str) -> tuple[str, list[dict]]:

@@ -46,6 +46,29 @@ LAYERS = ("embeddings", "first", "middle", "last")
 SINGLE_FEATURES = ("surprise", "entropy", "place")  # the scalar columns after the hidden state, in token_features
 
 
+VARIANT_FORMAT = "LAYER/FEATURES/ridge=R/decay=D"  # a variant's name, as variant_name writes it
+
+
+def variant_name(layer: str, features: int, ridge: float, decay: float) -> str:
+    """A variant's name in the output (`VARIANT_FORMAT`; the features-free one: `scalars/ridge=R/decay=D`)."""
+    head = "scalars" if layer == "scalars" else f"{layer}/{features}"
+    return f"{head}/ridge={ridge:g}/decay={decay:g}"
+
+
+def parse_variant(text: str) -> tuple[str, int, float, float]:
+    """(layer, features, ridge, decay) of a layer's variant named as `variant_name` writes it. ValueError, naming the
+    format, for any other text (the features-free variant included: it has no layer and no width)."""
+    parts = text.split("/")
+    if len(parts) == 4 and parts[0] != "scalars" and parts[2].startswith("ridge=") and parts[3].startswith("decay="):
+        try:
+            return (parts[0], int(parts[1]), float(parts[2].removeprefix("ridge=")),
+                    float(parts[3].removeprefix("decay=")))
+        except ValueError:
+            pass
+    raise ValueError(f"{text!r} is not a layer's variant: expected {VARIANT_FORMAT} "
+                     f"(e.g. last/64/ridge=0.001/decay=0.95)")
+
+
 def main(argv=None) -> dict:
     from precision_fidelity import rollout_arguments
 
@@ -98,8 +121,7 @@ def main(argv=None) -> dict:
     variants += [("scalars", 0, r, d) for r, d in itertools.product(ridges, decays)]
     results = {}
     for layer, f, ridge, decay in variants:
-        name = f"{layer}/{f}/ridge={ridge:g}/decay={decay:g}" if layer != "scalars" else \
-            f"scalars/ridge={ridge:g}/decay={decay:g}"
+        name = variant_name(layer, f, ridge, decay)
         results[name] = _fit_and_score(held, stream_rows, options, floor, width, layer if layer != "scalars" else
                                        layers[0], f, ridge, decay, args.exact_rows, calls, scalars=layer == "scalars")
         print(f"{name}: {json.dumps(results[name])}", file=sys.stderr, flush=True)

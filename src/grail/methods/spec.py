@@ -360,3 +360,8 @@ class MethodSpec:
                              f"them.")
         return {name: option.parse(given[name]) if name in given else option.default
                 for name, option in declared.items()}
+
+    def rounding_floor(self, model, options) -> float:
+        """The signal's rounding floor the pipeline gets as `min_importance`: the spec's `min_importance(model,
+        options)`, or 0.0 when it has none."""
+        return float(self.min_importance(model, options)) if self.min_importance is not None else 0.0

@@ -205,7 +205,7 @@ def token_weights(model, tokenizer, input_ids_BL: torch.Tensor, attention_mask_B
         path = "fused"
     if signal_BT is None:
         signal_BT = torch.zeros(mask_BT.shape, dtype=torch.float32, device=mask_BT.device)
-    floor = spec.min_importance(model, options) if spec.min_importance is not None else 0.0
+    floor = spec.rounding_floor(model, options)
     result = weights_from_signal(signal_BT, adv_B, spans, mask_BT, rows_B, options, generator, floor, spec)
     result.path, result.seconds = path, time.perf_counter() - start
     return result

@@ -289,7 +289,7 @@ class GRAILTrainer(CPUPrecision, SharedPromptForward, GRPOTrainer):
                 signal_BT = fused_probe_signal(method, unwrapped, input_ids, attention_mask, spans, mask_BT, rows_B,
                                                options, logps_BT, entropies_BT, hidden_BLD, self._generator,
                                                adv_B=adv_B, tokenizer=self.tokenizer, state=self.method_state)
-            floor = method.min_importance(unwrapped, options) if method.min_importance is not None else 0.0
+            floor = method.rounding_floor(unwrapped, options)
         else:
             answer_BT = spans.probe_span(options.answer_nll_span) & rows_B[:, None]
             signal_BT = fused_signal(method, logps_BT, entropies_BT, hidden_BLD, answer_BT, options)

@@ -303,7 +303,7 @@ def saliency_auroc(model, tokenizer, rows: Sequence[dict], methods: Sequence[str
                                                    state=options.states.get(m))
                 signal_BT = probed[spec.probe]
                 rows_B = probe_rows(adv_B, spans, mask_BT, opts, spec)
-                floor = spec.min_importance(model, opts) if spec.min_importance is not None else 0.0
+                floor = spec.rounding_floor(model, opts)
                 weights_BT = weights_from_signal(signal_BT, adv_B, spans, mask_BT, rows_B, opts, generators[m],
                                                  floor, spec).weights_BT
                 if m in options.read_at_token:
