@@ -277,7 +277,7 @@ def test_fused_with_trls_forward_it_gives_the_separate_probes_weights_and_fits_t
 
 def test_a_fused_step_with_no_row_to_probe_calls_no_probe_and_leaves_the_predictor_alone(tiny_dir, tmp_path):
     """A micro-batch with no mixed group (every advantage 0): the fused path captures no layer and the probe is not
-    called (no exact row, no fit), as the separate path skips it; the step's loss is GRPO's."""
+    called (no exact row, no fit), as the separate path skips it."""
     from batches import loss_and_grads, make_trainer, trl_batch
     from grail.training.trainer import GRAILTrainer
 
